@@ -1,0 +1,1 @@
+"""The `adaflash` command line: one module per command group, imported only when used."""

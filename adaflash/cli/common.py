@@ -1,0 +1,83 @@
+"""Helpers every command shares: the workspace, the run log, output formats and clean errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from adaflash.runlog import RunLog
+from adaflash.workspace import workspace_dir
+
+
+def workspace_of(ctx: click.Context) -> str:
+    root = ctx.find_root()
+    explicit = (root.obj or {}).get("workspace") if root.obj else None
+    return str(workspace_dir(explicit))
+
+
+def runlog_of(ctx: click.Context) -> RunLog:
+    return RunLog.open(workspace_of(ctx))
+
+
+def output_format_option(formats: Sequence[str] = ("table", "json", "csv")):
+    """`--json/--csv/--table` as one choice, the sqlite-utils way."""
+
+    def decorator(func):
+        func = click.option("--format", "fmt", type=click.Choice(list(formats)), default=formats[0],
+                            show_default=True, help="Output format.")(func)
+        for name in formats:
+            func = click.option(f"--{name}", "fmt", flag_value=name, help=f"Same as --format {name}.")(func)
+        return func
+
+    return decorator
+
+
+def emit_rows(rows: list[dict[str, Any]], columns: Sequence[str], fmt: str, *, title: str | None = None) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        click.echo(buffer.getvalue(), nl=False)
+        return
+    if fmt == "markdown":
+        click.echo("| " + " | ".join(columns) + " |")
+        click.echo("|" + "---|" * len(columns))
+        for row in rows:
+            click.echo("| " + " | ".join(fmt_cell(row.get(c)) for c in columns) + " |")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(fmt_cell(row.get(c)) for c in columns))
+    Console(width=max(120, Console().width)).print(table)
+
+
+def fmt_cell(value: Any) -> str:
+    """A value for a table cell; N/A for missing so formatting never crashes."""
+    if value is None:
+        return "N/A"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 1000 else f"{value:.1f}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print a clear error (no traceback) and exit."""
+    click.secho(f"error: {message}", fg="red", err=True)
+    sys.exit(code)

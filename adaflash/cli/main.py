@@ -1,0 +1,56 @@
+"""Entry point of `adaflash`: a lazy click group so `--help` and light commands start fast."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# name -> (module, attribute, one-line description). The description is shown by `--help`
+# without importing the module, so torch is never loaded just to list commands.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "models": ("adaflash.cli.models", "models", "List and prepare the built-in target models."),
+    "generate": ("adaflash.cli.generate", "generate", "Generate with a target (and a drafter) through the embedded engine."),
+    "data": ("adaflash.cli.data", "data", "Prepare datasets into normalized rows; regenerate answers with the target."),
+    "runs": ("adaflash.cli.runs", "runs", "Read the run log: list, show, compare, export runs."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, attribute, _ = COMMANDS[cmd_name]
+        return getattr(importlib.import_module(module), attribute)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option("--workspace", envvar="ADAFLASH_WORKSPACE", type=click.Path(file_okay=False),
+              default=None, help="Workspace folder holding the run log and runs [env ADAFLASH_WORKSPACE; default ./adaflash-workspace].")
+@click.version_option(package_name="adaflash")
+@click.pass_context
+def cli(ctx: click.Context, workspace: str | None) -> None:
+    """adaflash: adaptive speculative decoding with on-policy distilled diffusion drafters."""
+    ctx.ensure_object(dict)
+    ctx.obj["workspace"] = workspace
+
+
+def main() -> None:
+    try:
+        cli(obj={})
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""`adaflash runs`: read the run log."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from adaflash.cli.common import emit_rows, fail, output_format_option, runlog_of
+
+RUN_COLUMNS = ["id", "kind", "status", "method", "target", "draft", "dataset", "created"]
+
+
+def _created(row: dict) -> dict:
+    import datetime
+
+    row = dict(row)
+    row["created"] = datetime.datetime.fromtimestamp(row["created_at"]).strftime("%Y-%m-%d %H:%M:%S")
+    return row
+
+
+@click.group()
+def runs() -> None:
+    """Read the run log: list, show, compare, export runs."""
+
+
+@runs.command("list")
+@click.option("--kind", help="Only runs of this kind (generate, pipeline, bench, ...).")
+@click.option("--status", help="Only runs with this status.")
+@click.option("--method", help="Only runs of this method.")
+@click.option("--target", help="Only runs on this target.")
+@click.option("--dataset", help="Only runs on this dataset.")
+@click.option("--limit", type=int, default=50, show_default=True)
+@output_format_option()
+@click.pass_context
+def list_runs(ctx: click.Context, kind, status, method, target, dataset, limit, fmt) -> None:
+    """Runs in the workspace, newest first."""
+    rows = [_created(r) for r in runlog_of(ctx).list_runs(kind=kind, status=status, method=method, target=target,
+                                                           dataset=dataset, limit=limit)]
+    emit_rows(rows, RUN_COLUMNS, fmt, title="Runs")
+
+
+@runs.command("show")
+@click.argument("run_id")
+@output_format_option(("table", "json"))
+@click.pass_context
+def show_run(ctx: click.Context, run_id: str, fmt: str) -> None:
+    """One run: its fields, jobs, latest metrics, checkpoints and benchmark results."""
+    log = runlog_of(ctx)
+    try:
+        run = log.get_run(run_id)
+    except KeyError as err:
+        fail(err.args[0])
+    detail = {
+        "run": run,
+        "jobs": log.jobs(run["id"]),
+        "metrics": log.last_metrics(run["id"]),
+        "checkpoints": log.checkpoints(run["id"]),
+        "bench_results": [r["data"] for r in log.bench_results([run["id"]])],
+        "events": log.events_since(0, run_id=run["id"])[-20:],
+    }
+    if fmt == "json":
+        click.echo(json.dumps(detail, indent=2, default=str))
+        return
+    emit_rows([{"field": k, "value": v} for k, v in _created(run).items()], ["field", "value"], "table", title=f"Run {run['id']}")
+    if detail["metrics"]:
+        emit_rows([{"metric": k, "value": v} for k, v in sorted(detail["metrics"].items())], ["metric", "value"], "table",
+                  title="Latest metrics")
+    if detail["jobs"]:
+        emit_rows(detail["jobs"], ["id", "name", "role", "status", "gpus", "pid", "exit_code", "restarts", "log_path"],
+                  "table", title="Jobs")
+    if detail["checkpoints"]:
+        emit_rows(detail["checkpoints"], ["kind", "version", "step", "path"], "table", title="Checkpoints")
+    if detail["events"]:
+        emit_rows(detail["events"], ["level", "job", "message"], "table", title="Events")

@@ -1,0 +1,1 @@
+"""Datasets: preparation into normalized rows, prompt files, regeneration by the target."""

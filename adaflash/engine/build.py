@@ -1,0 +1,38 @@
+"""One way to assemble an engine from user-facing names (CLI, server, workers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adaflash.engine.engine import Engine
+from adaflash.engine.params import METHODS
+from adaflash.models.drafter_io import load_drafter
+from adaflash.models.drafters import DFlashDrafter
+from adaflash.models.loading import Target, load_target
+
+
+def check_method(method: str, draft: str | None) -> None:
+    if method not in METHODS:
+        raise ValueError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method != "vanilla" and not draft:
+        raise ValueError(f"--method {method} needs --draft DIR (a drafter folder)")
+
+
+def build_engine(
+    target: str | Target,
+    method: str = "vanilla",
+    draft: str | None = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    **engine_kw: Any,
+) -> Engine:
+    check_method(method, draft)
+    loaded = target if isinstance(target, Target) else load_target(target, device=device, dtype=dtype)
+    drafter = None
+    if method != "vanilla" and draft:
+        drafter = load_drafter(draft, loaded.model.cfg)
+        if method == "adaflash" and (not isinstance(drafter, DFlashDrafter) or drafter.length_head is None):
+            raise ValueError(f"--method adaflash needs a DFlash drafter with a length head; {draft} has none "
+                             "(create one with `adaflash draft new --length-head` or `adaflash train length-head`)")
+    return Engine(loaded, method, drafter, **engine_kw)

@@ -1,0 +1,75 @@
+"""What a request asks for and what comes back; shared by the CLI, the server and the workers."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+METHODS = ("vanilla", "dflash", "adaflash", "eagle3", "mtp", "osd")
+_ids = itertools.count()
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def validate(self, *, max_new_tokens_limit: int | None = None) -> None:
+        """Raise ValueError naming the field; the server turns it into a 400."""
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
+            raise ValueError(f"sampling_params.max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if max_new_tokens_limit is not None and self.max_new_tokens > max_new_tokens_limit:
+            raise ValueError(f"sampling_params.max_new_tokens={self.max_new_tokens} exceeds the limit {max_new_tokens_limit}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"sampling_params.temperature must be a number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling_params.top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or (self.top_k == 0 or self.top_k < -1):
+            raise ValueError(f"sampling_params.top_k must be -1 (off) or a positive integer, got {self.top_k!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError("sampling_params.stop must be a list of non-empty strings")
+        if not all(isinstance(t, int) for t in self.stop_token_ids):
+            raise ValueError("sampling_params.stop_token_ids must be a list of integers")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> SamplingParams:
+        raw = dict(raw or {})
+        stop = raw.pop("stop", None)
+        if isinstance(stop, str):
+            stop = [stop]
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(raw) - known - {"n", "skip_special_tokens", "spaces_between_special_tokens",
+                                      "min_new_tokens", "frequency_penalty", "presence_penalty",
+                                      "repetition_penalty", "min_p", "no_stop_trim", "json_schema", "regex"}
+        if unknown:
+            raise ValueError(f"sampling_params has unknown field(s): {', '.join(sorted(unknown))}")
+        params = cls(**{k: v for k, v in raw.items() if k in known}, stop=stop or [])
+        if isinstance(params.temperature, int) and not isinstance(params.temperature, bool):
+            params.temperature = float(params.temperature)
+        return params
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    prompt_text: str | None = None
+    rid: str = field(default_factory=lambda: f"req-{next(_ids)}")
+
+
+@dataclass
+class Output:
+    rid: str
+    prompt_text: str | None
+    output_ids: list[int]
+    text: str
+    meta_info: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"text": self.text, "output_ids": self.output_ids, "meta_info": self.meta_info}

@@ -1,0 +1,45 @@
+"""Token selection from logits with per-row temperature / top-p / top-k (greedy when T == 0)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """logits [n, V]; per-row params [n]. Returns token ids [n]."""
+    greedy = logits.argmax(-1)
+    hot = temperature > 0
+    if not bool(hot.any()):
+        return greedy
+    rows = hot.nonzero(as_tuple=True)[0]
+    probs = probabilities(logits[rows], temperature[rows], top_p[rows], top_k[rows])
+    drawn = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    out = greedy.clone()
+    out[rows] = drawn
+    return out
+
+
+def probabilities(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor
+) -> torch.Tensor:
+    """The sampling distribution after temperature, top-k and top-p (rows with T > 0)."""
+    scaled = logits.float() / temperature.clamp_min(1e-5).unsqueeze(-1)
+    vocab = scaled.shape[-1]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    if bool((k < vocab).any()):
+        kth = torch.topk(scaled, int(k.max()), dim=-1).values.gather(-1, (k - 1).unsqueeze(-1))
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if bool((top_p < 1).any()):
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(before >= top_p.unsqueeze(-1), 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs

@@ -1,0 +1,1 @@
+"""Models: the target runner, the drafters and the blocks they share."""

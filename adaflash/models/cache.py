@@ -1,0 +1,48 @@
+"""A slot-based KV cache: each batch row (slot) has its own length, so rollback is a length change."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Keys and values laid out [layer, slot, position, kv_head, head_dim].
+
+    Writes go to explicit per-row positions; nothing past `lens[slot]` is ever read as context,
+    so rejecting drafted tokens only means setting the length back.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        slots: int,
+        max_len: int,
+        kv_heads: int,
+        head_dim: int,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        shape = (num_layers, slots, max_len, kv_heads, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.lens = torch.zeros(slots, dtype=torch.long, device=device)
+        self.max_len = max_len
+
+    @property
+    def slots(self) -> int:
+        return self.k.shape[1]
+
+    def write(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> None:
+        """k, v: [b, q, kv, d] written at positions [b, q] of slots `rows` [b]."""
+        if int(positions.max()) >= self.max_len:
+            raise ValueError(f"sequence exceeds the KV cache ({self.max_len} positions)")
+        self.k[layer, rows[:, None], positions] = k.to(self.k.dtype)
+        self.v[layer, rows[:, None], positions] = v.to(self.v.dtype)
+
+    def read(self, layer: int, rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[layer, rows, :length], self.v[layer, rows, :length]
+
+    def reset(self, rows: torch.Tensor) -> None:
+        self.lens[rows] = 0

@@ -1,0 +1,231 @@
+"""Drafter checkpoints: config.json in the DFlash/AdaFlash (or EAGLE-3) layout + model.safetensors.
+
+Saving is atomic (temp folder, fsync, rename) so a reader never sees half a checkpoint, and
+loading validates the config against the target before any weight is trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from adaflash.models.drafters import ChainDrafter, DFlashDrafter, Drafter
+from adaflash.models.layers import DecoderConfig
+
+ARCHITECTURES = {"dflash": "DFlashDraftModel", "eagle3": "LlamaForCausalLMEagle3", "mtp": "AdaFlashMTPModel"}
+DRAFTER_METHODS = tuple(ARCHITECTURES)
+
+
+class DrafterError(ValueError):
+    """A drafter folder that cannot be used, with the file and field named."""
+
+
+def spread_layers(num_layers: int, count: int) -> list[int]:
+    """`count` target layers spread evenly, skipping the first and the last few (DFlash's rule)."""
+    count = max(1, min(count, num_layers))
+    if count == 1:
+        return [num_layers - 1]
+    start, end = (1, num_layers - 3) if num_layers >= 8 else (0, num_layers - 1)
+    return sorted({round(start + i * (end - start) / (count - 1)) for i in range(count)})
+
+
+def default_layer_ids(method: str, num_layers: int) -> list[int]:
+    if method == "dflash":
+        return spread_layers(num_layers, 5 if num_layers >= 20 else 3)
+    if method == "eagle3":
+        return spread_layers(num_layers, 3)
+    return [num_layers - 1]
+
+
+def drafter_decoder_config(target: DecoderConfig, layers: int) -> DecoderConfig:
+    """The drafter's layers: the target's widths, Qwen3-style attention (q/k norm), as DFlash ships."""
+    return DecoderConfig(
+        hidden_size=target.hidden_size, intermediate_size=target.intermediate_size, num_hidden_layers=layers,
+        num_attention_heads=target.num_attention_heads, num_key_value_heads=target.num_key_value_heads,
+        head_dim=target.head_dim, vocab_size=target.vocab_size, rms_norm_eps=target.rms_norm_eps,
+        rope_theta=target.rope_theta, rope_scaling=target.rope_scaling,
+        max_position_embeddings=target.max_position_embeddings, attention_bias=False, qk_norm=True,
+        tie_word_embeddings=False, model_type="qwen3",
+    )
+
+
+def new_drafter(
+    method: str,
+    target: DecoderConfig,
+    *,
+    layers: int = 1,
+    block_size: int = 16,
+    length_head: bool = False,
+    target_layer_ids: list[int] | None = None,
+    mask_token_id: int | None = None,
+    steps: int = 6,
+    seed: int = 0,
+) -> Drafter:
+    if method not in DRAFTER_METHODS:
+        raise DrafterError(f"--method must be one of {', '.join(DRAFTER_METHODS)}, got {method!r}")
+    if method == "dflash" and not 1 <= layers <= 8:
+        raise DrafterError(f"--layers must be between 1 and 8 for a DFlash drafter, got {layers}")
+    if method == "dflash" and not 2 <= block_size <= 64:
+        raise DrafterError(f"--block-size must be between 2 and 64, got {block_size}")
+    ids = target_layer_ids or default_layer_ids(method, target.num_hidden_layers)
+    _check_layer_ids(ids, target.num_hidden_layers, "target_layer_ids")
+    torch.manual_seed(seed)
+    if method == "dflash":
+        cfg = drafter_decoder_config(target, layers)
+        drafter: Drafter = DFlashDrafter(cfg, ids, block_size, mask_token_id, length_head)
+    else:
+        cfg = drafter_decoder_config(target, 1)
+        drafter = ChainDrafter(cfg, ids, method, steps)
+    _init_weights(drafter)
+    return drafter
+
+
+def _init_weights(module: torch.nn.Module) -> None:
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.Linear):
+            torch.nn.init.normal_(sub.weight, std=0.02)
+            if sub.bias is not None:
+                torch.nn.init.zeros_(sub.bias)
+
+
+def _check_layer_ids(ids: list[int], num_layers: int, where: str) -> None:
+    bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < num_layers]
+    if bad or not ids:
+        raise DrafterError(f"{where}: layer ids {bad or ids} out of range for a target with {num_layers} layers")
+
+
+def drafter_config(drafter: Drafter, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    cfg = drafter.cfg.to_hf()
+    cfg["architectures"] = [ARCHITECTURES[drafter.method]]
+    cfg["num_target_layers"] = (extra or {}).get("num_target_layers")
+    if isinstance(drafter, DFlashDrafter):
+        cfg["block_size"] = drafter.block_size
+        cfg["dflash_config"] = {
+            "block_size": drafter.block_size,
+            "mask_token_id": drafter.mask_token_id,
+            "target_layer_ids": drafter.target_layer_ids,
+            "mask_embedding": "learned" if drafter.mask_token_id is None else "token",
+            "use_length_head": drafter.length_head is not None,
+            "length_head_hidden_size": drafter.length_head.proj_in.out_features if drafter.length_head else None,
+        }
+    else:
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": drafter.target_layer_ids,
+                               "num_steps": drafter.max_draft}
+    cfg["adaflash"] = {"method": drafter.method, **(extra or {})}
+    return cfg
+
+
+def save_drafter(drafter: Drafter, out: str | Path, extra: dict[str, Any] | None = None) -> Path:
+    """Write atomically: a temp sibling folder, fsync'd, then renamed over `out`."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in drafter.state_dict().items()
+                 if not k.startswith("rotary.")}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(drafter_config(drafter, extra), indent=2) + "\n")
+        for name in ("model.safetensors", "config.json"):
+            with open(tmp / name, "rb") as handle:
+                os.fsync(handle.fileno())
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+        _fsync_dir(out.parent)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_drafter_config(folder: str | Path) -> dict[str, Any]:
+    folder = Path(folder)
+    path = folder / "config.json"
+    if not path.is_file():
+        raise DrafterError(f"{folder}: no config.json (not a drafter folder)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DrafterError(f"{path}: not valid JSON ({err})") from None
+
+
+def drafter_method(cfg: dict[str, Any], where: str) -> str:
+    arch = (cfg.get("architectures") or [None])[0]
+    for method, name in ARCHITECTURES.items():
+        if arch == name:
+            return method
+    if "dflash_config" in cfg:
+        return "dflash"
+    raise DrafterError(f"{where}: architectures={arch!r} is not a known drafter ({', '.join(ARCHITECTURES.values())})")
+
+
+def load_drafter(folder: str | Path, target: DecoderConfig | None = None) -> Drafter:
+    """Build a drafter from its folder, checking it fits `target` (hidden size, vocab, layer ids)."""
+    folder = Path(folder)
+    cfg = read_drafter_config(folder)
+    where = str(folder / "config.json")
+    method = drafter_method(cfg, where)
+    try:
+        dec = DecoderConfig.from_hf({**cfg, "model_type": "qwen3" if cfg.get("model_type") in (None, "qwen3") else cfg["model_type"]})
+    except KeyError as err:
+        raise DrafterError(f"{where}: missing field {err.args[0]!r}") from None
+    if method == "dflash":
+        dcfg = cfg.get("dflash_config") or {}
+        ids = dcfg.get("target_layer_ids")
+        block = dcfg.get("block_size", cfg.get("block_size", 16))
+        if not isinstance(ids, list):
+            raise DrafterError(f"{where}: dflash_config.target_layer_ids must be a list of integers")
+    else:
+        ecfg = cfg.get("eagle_config") or {}
+        ids = ecfg.get("eagle_aux_hidden_state_layer_ids")
+        if not isinstance(ids, list):
+            raise DrafterError(f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids must be a list of integers")
+    if target is not None:
+        for name, mine, theirs in (("hidden_size", dec.hidden_size, target.hidden_size),
+                                   ("vocab_size", dec.vocab_size, target.vocab_size)):
+            if mine != theirs:
+                raise DrafterError(f"{where}: {name}={mine} does not match the target's {name}={theirs}")
+        _check_layer_ids(ids, target.num_hidden_layers, f"{where}: target layer ids")
+    if method == "dflash":
+        drafter: Drafter = DFlashDrafter(dec, ids, int(block), dcfg.get("mask_token_id"),
+                                         bool(dcfg.get("use_length_head")),
+                                         int(dcfg.get("length_head_hidden_size") or 256))
+    else:
+        drafter = ChainDrafter(dec, ids, method, int((cfg.get("eagle_config") or {}).get("num_steps", 6)))
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise DrafterError(f"{folder}: no model.safetensors")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise DrafterError(f"{weights}: unreadable or torn weights file ({err})") from None
+    expected = {k: v.shape for k, v in drafter.state_dict().items() if not k.startswith("rotary.")}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected) - {"embed_tokens.weight", "lm_head.weight"})
+    if missing or unexpected:
+        raise DrafterError(f"{weights}: parameters do not match config.json (missing {missing[:4]}, unexpected {unexpected[:4]})")
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != tuple(shape):
+            raise DrafterError(f"{weights}: {name} has shape {tuple(state[name].shape)}, config.json implies {tuple(shape)}")
+    drafter.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+    return drafter.eval()

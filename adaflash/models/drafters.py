@@ -1,0 +1,207 @@
+"""Drafters: the DFlash block-diffusion drafter (with the AdaFlash length head) and the chain
+drafters (EAGLE-3, MTP). All reuse the target's frozen embedding and lm_head.
+
+Two families, one engine interface:
+  * block (DFlash/AdaFlash): `[pending, MASK × (B-1)]` drafted in ONE pass; target features of
+    the context are fused (fc + RMSNorm) and injected as extra keys/values into every layer;
+    attention inside the block is bidirectional.
+  * chain (EAGLE-3, MTP): one layer run autoregressively; drafter position p reads the pair
+    (feature_p, token_{p+1}) and predicts token_{p+2}; later steps feed back their own hidden.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from adaflash.models.cache import KVCache
+from adaflash.models.layers import DecoderConfig, DecoderLayer, RMSNorm, Rotary
+from adaflash.models.length_head import LengthHead
+from adaflash.models.target import TargetModel, causal_mask
+
+
+class Drafter(nn.Module):
+    kind: str = ""
+    method: str = ""
+
+    def __init__(self, cfg: DecoderConfig, target_layer_ids: list[int], block_size: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.target_layer_ids = list(target_layer_ids)
+        self.block_size = block_size
+        self.rotary = Rotary(cfg)
+
+    @property
+    def feature_size(self) -> int:
+        return len(self.target_layer_ids) * self.cfg.hidden_size
+
+    @property
+    def max_draft(self) -> int:
+        return self.block_size - 1
+
+    def new_cache(self, slots: int, max_len: int) -> KVCache:
+        p = next(self.parameters())
+        return KVCache(self.num_cache_layers, slots, max_len, self.cfg.num_key_value_heads, self.cfg.head_dim,
+                       device=p.device, dtype=p.dtype)
+
+    @property
+    def num_cache_layers(self) -> int:
+        raise NotImplementedError
+
+    def extend(self, cache: KVCache, rows: torch.Tensor, positions: torch.Tensor, feats: torch.Tensor,
+               next_tokens: torch.Tensor, count: torch.Tensor, target: TargetModel) -> None:
+        raise NotImplementedError
+
+    def draft(self, cache: KVCache, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor,
+              target: TargetModel, steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        raise NotImplementedError
+
+
+class DFlashDrafter(Drafter):
+    kind = "block"
+    method = "dflash"
+
+    def __init__(self, cfg: DecoderConfig, target_layer_ids: list[int], block_size: int = 16,
+                 mask_token_id: int | None = None, length_head: bool = False, length_head_width: int = 256) -> None:
+        super().__init__(cfg, target_layer_ids, block_size)
+        hidden = cfg.hidden_size
+        self.mask_token_id = mask_token_id
+        self.fc = nn.Linear(len(target_layer_ids) * hidden, hidden, bias=False)
+        self.hidden_norm = RMSNorm(hidden, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(hidden, cfg.rms_norm_eps)
+        if mask_token_id is None:
+            self.mask_embedding = nn.Parameter(torch.randn(hidden) * 0.02)
+        self.length_head = LengthHead(hidden, length_head_width) if length_head else None
+
+    @property
+    def num_cache_layers(self) -> int:
+        return len(self.layers)
+
+    def context(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.hidden_norm(self.fc(feats))
+
+    def mask_embeds(self, target: TargetModel, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.mask_token_id is None:
+            return self.mask_embedding.expand(*shape, -1)
+        token = torch.full(shape, self.mask_token_id, dtype=torch.long, device=self.fc.weight.device)
+        return target.embed(token)
+
+    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        cos, sin = self.rotary(positions, ctx.dtype)
+        return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+
+    def run_block(self, h: torch.Tensor, positions: torch.Tensor,
+                  ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> torch.Tensor:
+        """Block queries over [context keys, block keys]; mask [b, q, ctx + q]. Returns normed hidden."""
+        cos, sin = self.rotary(positions, h.dtype)
+        for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.project_q(x, cos, sin)
+            k, v = attn.project_kv(x, cos, sin)
+            h = h + attn.attend(q, torch.cat([k_ctx, k], 1), torch.cat([v_ctx, v], 1), mask)
+            h = layer.mlp_block(h)
+        return self.norm(h)
+
+    def extend(self, cache, rows, positions, feats, next_tokens, count, target) -> None:
+        ctx = self.context(feats.to(self.fc.weight.dtype))
+        for index, (k, v) in enumerate(self.context_kv(ctx, positions)):
+            cache.write(index, rows, positions, k, v)
+
+    def draft(self, cache, rows, pending, lens, target, steps=None):
+        b, size = pending.shape[0], self.block_size
+        h = torch.cat([target.embed(pending)[:, None], self.mask_embeds(target, (b, size - 1))], dim=1)
+        positions = lens[:, None] + torch.arange(size, device=lens.device)
+        ctx_len = int(lens.max())
+        ctx_visible = torch.arange(ctx_len, device=lens.device)[None, None, :] < lens[:, None, None]
+        mask = torch.cat([ctx_visible.expand(b, size, ctx_len),
+                          torch.ones(b, size, size, dtype=torch.bool, device=lens.device)], dim=-1)
+        ctx_kv = [cache.read(i, rows, ctx_len) for i in range(len(self.layers))]
+        hidden = self.run_block(h, positions, ctx_kv, mask)
+        drafts = target.lm_head(hidden[:, 1:]).argmax(-1)
+        length = self.length_head(hidden) if self.length_head is not None else None
+        return drafts, length
+
+
+class ChainDrafter(Drafter):
+    """EAGLE-3 (fused low/mid/high features) or MTP (last hidden state), drafting a chain."""
+
+    kind = "chain"
+
+    def __init__(self, cfg: DecoderConfig, target_layer_ids: list[int], method: str, steps: int = 6) -> None:
+        super().__init__(cfg, target_layer_ids, steps + 1)
+        hidden = cfg.hidden_size
+        self.method = method
+        if method == "eagle3":
+            self.fc = nn.Linear(len(target_layer_ids) * hidden, hidden, bias=False)
+            self.midlayer = DecoderLayer(cfg, attn_in_features=2 * hidden)
+        elif method == "mtp":
+            if len(target_layer_ids) != 1:
+                raise ValueError("an MTP module reads exactly one target layer (the last)")
+            self.enorm = RMSNorm(hidden, cfg.rms_norm_eps)
+            self.hnorm = RMSNorm(hidden, cfg.rms_norm_eps)
+            self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
+            self.midlayer = DecoderLayer(cfg)
+        else:
+            raise ValueError(f"unknown chain drafter method {method!r}")
+        self.norm = RMSNorm(hidden, cfg.rms_norm_eps)
+
+    @property
+    def num_cache_layers(self) -> int:
+        return 1
+
+    def new_cache(self, slots: int, max_len: int) -> KVCache:
+        cache = super().new_cache(slots, max_len)
+        p = next(self.parameters())
+        cache.last_hidden = torch.zeros(slots, self.cfg.hidden_size, device=p.device, dtype=p.dtype)  # type: ignore[attr-defined]
+        return cache
+
+    def fuse(self, emb: torch.Tensor, g: torch.Tensor, from_target: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(layer input, residual) from the next token's embedding and a feature / own hidden."""
+        if self.method == "eagle3":
+            if from_target:
+                g = self.fc(g)
+            return torch.cat([emb, g], dim=-1), g
+        u = self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(g)], dim=-1))
+        return u, u
+
+    def layer(self, u: torch.Tensor, resid: torch.Tensor, positions: torch.Tensor,
+              keys_values: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor,
+              write: tuple[KVCache, torch.Tensor] | None = None) -> torch.Tensor:
+        """One pass of the drafter layer; keys are the cached prefix plus these positions' own."""
+        layer = self.midlayer
+        cos, sin = self.rotary(positions, u.dtype)
+        x = layer.input_layernorm(u)
+        q = layer.self_attn.project_q(x, cos, sin)
+        k, v = layer.self_attn.project_kv(x, cos, sin)
+        if write is not None:
+            cache, rows = write
+            cache.write(0, rows, positions, k, v)
+            keys, values = cache.read(0, rows, int(positions.max()) + 1)
+        elif keys_values is not None:
+            keys, values = torch.cat([keys_values[0], k], 1), torch.cat([keys_values[1], v], 1)
+        else:
+            keys, values = k, v
+        h = resid + layer.self_attn.attend(q, keys, values, mask)
+        return layer.mlp_block(h)
+
+    def extend(self, cache, rows, positions, feats, next_tokens, count, target) -> None:
+        u, resid = self.fuse(target.embed(next_tokens), feats.to(self.norm.weight.dtype), from_target=True)
+        h = self.layer(u, resid, positions, None, causal_mask(positions, int(positions.max()) + 1), (cache, rows))
+        last = h[torch.arange(h.shape[0], device=h.device), count - 1]
+        cache.last_hidden[rows] = last
+
+    def draft(self, cache, rows, pending, lens, target, steps=None):
+        steps = steps or self.max_draft
+        h = cache.last_hidden[rows]
+        token = target.lm_head(self.norm(h)).argmax(-1)
+        drafts = [token]
+        for t in range(1, steps):
+            positions = (lens + t - 1)[:, None]
+            u, resid = self.fuse(target.embed(token)[:, None], h[:, None], from_target=False)
+            h = self.layer(u, resid, positions, None, causal_mask(positions, int(positions.max()) + 1),
+                           (cache, rows))[:, 0]
+            token = target.lm_head(self.norm(h)).argmax(-1)
+            drafts.append(token)
+        return torch.stack(drafts, dim=1), None

@@ -1,0 +1,207 @@
+"""Decoder building blocks of the Llama / Qwen2 / Qwen3 family, shared by the target and the drafters.
+
+Parameter names follow Hugging Face's so checkpoints load without renaming.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class DecoderConfig:
+    """The subset of a HF decoder config that the math needs."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 4096
+    attention_bias: bool = False
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    model_type: str = "llama"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> DecoderConfig:
+        model_type = cfg.get("model_type", "llama")
+        text = cfg.get("text_config") or {}
+        cfg = {**text, **{k: v for k, v in cfg.items() if k != "text_config"}} if text else cfg
+        heads = cfg["num_attention_heads"]
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        theta = cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0
+        scaling = rope if rope.get("rope_type", rope.get("type", "default")) not in ("default", None) else None
+        return cls(
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            vocab_size=cfg["vocab_size"],
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+            qk_norm=model_type in ("qwen3", "qwen3_moe") or bool(cfg.get("qk_norm", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            model_type=model_type,
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model_type": self.model_type,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "attention_bias": self.attention_bias,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": "silu",
+        }
+        if self.rope_scaling:
+            out["rope_scaling"] = self.rope_scaling
+        return out
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _inv_freq(cfg: DecoderConfig) -> torch.Tensor:
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        inv = inv / float(scaling["factor"])
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+        old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * math.pi / inv
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        is_mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+        inv = torch.where(is_mid, mid, scaled)
+    elif kind not in (None, "default"):
+        raise ValueError(f"rope scaling type {kind!r} is not supported (default, linear, llama3 are)")
+    return inv.float()
+
+
+class Rotary(nn.Module):
+    """cos/sin for arbitrary per-row positions, so every sequence of a batch has its own offset."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", _inv_freq(cfg), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [b, q, d/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [b, q, heads, d]; cos/sin: [b, q, d]."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderConfig, in_features: int | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d_in = in_features or cfg.hidden_size
+        bias = cfg.attention_bias
+        self.num_heads, self.num_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(d_in, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_in, self.num_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_in, self.num_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def project_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, q, _ = x.shape
+        out = self.q_proj(x).view(b, q, self.num_heads, self.head_dim)
+        if self.cfg.qk_norm:
+            out = self.q_norm(out)
+        return apply_rope(out, cos, sin)
+
+    def project_kv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        b, q, _ = x.shape
+        k = self.k_proj(x).view(b, q, self.num_kv, self.head_dim)
+        v = self.v_proj(x).view(b, q, self.num_kv, self.head_dim)
+        if self.cfg.qk_norm:
+            k = self.k_norm(k)
+        return apply_rope(k, cos, sin), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q: [b, q, h, d]; k, v: [b, s, kv, d]; mask: bool [b, q, s] (True = may attend)."""
+        b, nq = q.shape[:2]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            attn_mask=mask.unsqueeze(1), enable_gqa=self.num_heads != self.num_kv,
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, nq, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """A pre-norm decoder layer; how keys/values are gathered is the caller's business."""
+
+    def __init__(self, cfg: DecoderConfig, attn_in_features: int | None = None) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(attn_in_features or cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, attn_in_features)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def mlp_block(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.mlp(self.post_attention_layernorm(h))

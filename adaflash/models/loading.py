@@ -1,0 +1,103 @@
+"""Load a target (model + tokenizer) and turn prompts into the exact ids the engine sees."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from adaflash.models.registry import resolve_target
+from adaflash.models.target import TargetModel, load_target_model
+
+Conversation = list[dict[str, str]]
+
+
+def pick_device(device: str | None = None) -> str:
+    if device and device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pick_dtype(device: str, dtype: str | None = None) -> torch.dtype:
+    if dtype and dtype != "auto":
+        try:
+            return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+        except KeyError:
+            raise ValueError(f"dtype {dtype!r}: expected float32, bfloat16 or float16") from None
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def local_folder(spec: str) -> Path:
+    """A resolved target spec as a local folder; hub ids go through the HF cache (offline-aware)."""
+    resolved = resolve_target(spec)
+    path = Path(resolved)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(resolved, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"]))
+
+
+@dataclass
+class Target:
+    """The target model with its tokenizer; the one object every method and worker shares."""
+
+    name: str
+    folder: Path
+    model: TargetModel
+    tokenizer: Any
+    eos_ids: list[int]
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def max_context(self) -> int:
+        return int(self.model.cfg.max_position_embeddings)
+
+    def render(self, prompt: str | Conversation, *, chat: bool = True) -> str:
+        """The exact prompt string the engine feeds (chat template applied when asked)."""
+        if isinstance(prompt, str):
+            if not chat:
+                return prompt
+            prompt = [{"role": "user", "content": prompt}]
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return "\n".join(m["content"] for m in prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def load_target(spec: str, *, device: str | None = None, dtype: str | None = None) -> Target:
+    from transformers import AutoTokenizer
+
+    folder = local_folder(spec)
+    dev = pick_device(device)
+    model = load_target_model(folder, device=dev, dtype=pick_dtype(dev, dtype))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    eos: list[int] = []
+    for source in (tokenizer.eos_token_id, _generation_eos(folder)):
+        for value in source if isinstance(source, list) else [source]:
+            if value is not None and value not in eos:
+                eos.append(int(value))
+    return Target(name=spec, folder=folder, model=model, tokenizer=tokenizer, eos_ids=eos)
+
+
+def _generation_eos(folder: Path) -> list[int]:
+    import json
+
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return []
+    value = json.loads(path.read_text()).get("eos_token_id")
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]

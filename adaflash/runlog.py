@@ -1,0 +1,368 @@
+"""The run log: one SQLite file per workspace that every process writes and every reader follows.
+
+Why this shape: many processes (workers, servers, the benchmark client, the TUI) share one file,
+so every write is one short IMMEDIATE transaction under WAL with a generous busy timeout, and
+readers follow tables incrementally by their integer ids (`*_since(after_id)`), which keeps a
+refresh cheap however large the log grows. No torch here: the control plane imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from adaflash.workspace import runlog_path
+
+RUN_STATUSES = ("pending", "running", "finished", "failed", "stopped", "detached")
+JOB_STATUSES = ("pending", "starting", "running", "ready", "finished", "failed", "stopped", "restarting")
+
+
+def _migration_1(db: sqlite_utils.Database) -> None:
+    db["runs"].create(
+        {
+            "id": str, "kind": str, "name": str, "method": str, "target": str, "draft": str,
+            "dataset": str, "status": str, "created_at": float, "ended_at": float,
+            "config": str, "run_dir": str, "pid": int, "host": str, "note": str,
+        },
+        pk="id",
+    )
+    db["runs"].create_index(["created_at"])
+    db["jobs"].create(
+        {
+            "id": int, "run_id": str, "name": str, "role": str, "command": str, "gpus": str,
+            "pid": int, "pgid": int, "pid_start_time": float, "status": str, "exit_code": int,
+            "log_path": str, "started_at": float, "ended_at": float, "restarts": int, "message": str,
+        },
+        pk="id",
+        foreign_keys=[("run_id", "runs", "id")],
+    )
+    db["jobs"].create_index(["run_id"])
+    db["metrics"].create(
+        {"id": int, "run_id": str, "job": str, "step": int, "name": str, "value": float, "time": float},
+        pk="id",
+    )
+    db["metrics"].create_index(["run_id", "id"])
+    db["metrics"].create_index(["run_id", "name", "id"])
+    db["events"].create(
+        {"id": int, "run_id": str, "job": str, "level": str, "message": str, "time": float}, pk="id"
+    )
+    db["events"].create_index(["run_id", "id"])
+    db["bench_results"].create(
+        {
+            "id": int, "run_id": str, "label": str, "method": str, "target": str, "draft": str,
+            "dataset": str, "concurrency": int, "num_prompts": int, "output_throughput": float,
+            "accept_length": float, "accuracy": float, "data": str, "time": float,
+        },
+        pk="id",
+    )
+    db["bench_results"].create_index(["run_id"])
+    db["checkpoints"].create(
+        {
+            "id": int, "run_id": str, "kind": str, "path": str, "version": int, "step": int,
+            "metrics": str, "time": float,
+        },
+        pk="id",
+    )
+    db["checkpoints"].create_index(["run_id"])
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migration_1]
+
+
+def new_run_id(kind: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
+    return f"{stamp}-{kind}-{secrets.token_hex(2)}"
+
+
+def _decode(row: dict[str, Any], json_fields: Iterable[str]) -> dict[str, Any]:
+    for key in json_fields:
+        if row.get(key):
+            with suppress(TypeError, ValueError):
+                row[key] = json.loads(row[key])
+    return row
+
+
+class RunLog:
+    """Typed access to the run log; safe to use from many processes at once."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout = 60000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        self.db = sqlite_utils.Database(conn)
+        self._migrate()
+
+    @classmethod
+    def open(cls, workspace: str | os.PathLike | None = None) -> RunLog:
+        return cls(runlog_path(workspace))
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction: takes the write lock up front so no reader-upgrade deadlock."""
+        conn = self.db.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._write():
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            for index in range(version, len(MIGRATIONS)):
+                MIGRATIONS[index](self.db)
+            if version < len(MIGRATIONS):
+                self.db.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _insert(self, table: str, row: dict[str, Any]) -> int:
+        with self._write():
+            return int(self.db[table].insert(row).last_pk)
+
+    def _update(self, table: str, pk: Any, fields: dict[str, Any]) -> None:
+        if not fields:
+            return
+        with self._write():
+            self.db[table].update(pk, fields)
+
+    def _rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
+        cursor = self.db.execute(sql, list(params))
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+    # -- runs -------------------------------------------------------------------------------
+    def create_run(
+        self,
+        kind: str,
+        *,
+        name: str | None = None,
+        method: str | None = None,
+        target: str | None = None,
+        draft: str | None = None,
+        dataset: str | None = None,
+        config: dict[str, Any] | None = None,
+        run_dir: str | None = None,
+        status: str = "running",
+        run_id: str | None = None,
+    ) -> str:
+        run_id = run_id or new_run_id(kind)
+        row = {
+            "id": run_id, "kind": kind, "name": name or kind, "method": method, "target": target,
+            "draft": draft, "dataset": dataset, "status": status, "created_at": time.time(),
+            "config": json.dumps(config or {}, default=str), "run_dir": run_dir, "pid": os.getpid(),
+            "host": os.uname().nodename,
+        }
+        with self._write():
+            self.db["runs"].insert(row)
+        return run_id
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        if "config" in fields and not isinstance(fields["config"], str):
+            fields["config"] = json.dumps(fields["config"], default=str)
+        self._update("runs", run_id, fields)
+
+    def finish_run(self, run_id: str, status: str = "finished", **fields: Any) -> None:
+        self.update_run(run_id, status=status, ended_at=time.time(), **fields)
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        """A run by id or unique prefix; KeyError names what was asked for."""
+        rows = self._rows("SELECT * FROM runs WHERE id = ?", [run_id])
+        if not rows:
+            rows = self._rows("SELECT * FROM runs WHERE id LIKE ? ORDER BY created_at", [run_id + "%"])
+        if not rows:
+            raise KeyError(f"no run {run_id!r} in {self.path}")
+        if len(rows) > 1:
+            raise KeyError(f"run id prefix {run_id!r} is ambiguous: {', '.join(r['id'] for r in rows[:5])}")
+        return _decode(rows[0], ["config"])
+
+    def list_runs(
+        self,
+        *,
+        kind: str | None = None,
+        status: str | None = None,
+        method: str | None = None,
+        target: str | None = None,
+        dataset: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        where, params = [], []
+        for column, value in (("kind", kind), ("status", status), ("method", method),
+                              ("target", target), ("dataset", dataset)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " ORDER BY created_at DESC, id DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return [_decode(r, ["config"]) for r in self._rows(sql, params)]
+
+    def runs_since(self, after_created: float = 0.0) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT * FROM runs WHERE created_at > ? ORDER BY created_at", [after_created])
+        return [_decode(r, ["config"]) for r in rows]
+
+    # -- jobs -------------------------------------------------------------------------------
+    def add_job(
+        self,
+        run_id: str,
+        name: str,
+        command: list[str],
+        *,
+        role: str | None = None,
+        gpus: str | None = None,
+        log_path: str | None = None,
+        status: str = "pending",
+    ) -> int:
+        return self._insert("jobs", {
+            "run_id": run_id, "name": name, "role": role, "command": json.dumps(command),
+            "gpus": gpus, "status": status, "log_path": log_path, "restarts": 0,
+        })
+
+    def update_job(self, job_id: int, **fields: Any) -> None:
+        if "command" in fields and not isinstance(fields["command"], str):
+            fields["command"] = json.dumps(fields["command"])
+        self._update("jobs", job_id, fields)
+
+    def jobs(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        if run_id is None:
+            rows = self._rows("SELECT * FROM jobs ORDER BY id")
+        else:
+            rows = self._rows("SELECT * FROM jobs WHERE run_id = ? ORDER BY id", [run_id])
+        return [_decode(r, ["command"]) for r in rows]
+
+    def get_job(self, job_id: int) -> dict[str, Any]:
+        rows = self._rows("SELECT * FROM jobs WHERE id = ?", [job_id])
+        if not rows:
+            raise KeyError(f"no job {job_id} in {self.path}")
+        return _decode(rows[0], ["command"])
+
+    # -- metrics and events -------------------------------------------------------------------
+    def log_metrics(
+        self, run_id: str, values: dict[str, float], *, step: int | None = None, job: str | None = None
+    ) -> None:
+        now = time.time()
+        rows = [
+            {"run_id": run_id, "job": job, "step": step, "name": name, "value": float(value), "time": now}
+            for name, value in values.items()
+            if value is not None
+        ]
+        if rows:
+            with self._write():
+                self.db["metrics"].insert_all(rows)
+
+    def log_metric(self, run_id: str, name: str, value: float, **kw: Any) -> None:
+        self.log_metrics(run_id, {name: value}, **kw)
+
+    def metrics_since(
+        self,
+        after_id: int = 0,
+        *,
+        run_id: str | None = None,
+        names: Iterable[str] | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Rows with id > after_id, oldest first: the incremental read every follower uses."""
+        where, params = ["id > ?"], [after_id]
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        if names is not None:
+            names = list(names)
+            where.append(f"name IN ({', '.join('?' * len(names))})")
+            params.extend(names)
+        sql = f"SELECT * FROM metrics WHERE {' AND '.join(where)} ORDER BY id"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return self._rows(sql, params)
+
+    def last_metrics(self, run_id: str) -> dict[str, float]:
+        """The newest value of each metric of a run."""
+        rows = self._rows(
+            "SELECT name, value FROM metrics WHERE id IN "
+            "(SELECT MAX(id) FROM metrics WHERE run_id = ? GROUP BY name)",
+            [run_id],
+        )
+        return {r["name"]: r["value"] for r in rows}
+
+    def log_event(self, run_id: str, message: str, *, level: str = "info", job: str | None = None) -> None:
+        self._insert("events", {"run_id": run_id, "job": job, "level": level, "message": message,
+                                "time": time.time()})
+
+    def events_since(self, after_id: int = 0, *, run_id: str | None = None) -> list[dict[str, Any]]:
+        if run_id is None:
+            return self._rows("SELECT * FROM events WHERE id > ? ORDER BY id", [after_id])
+        return self._rows("SELECT * FROM events WHERE id > ? AND run_id = ? ORDER BY id", [after_id, run_id])
+
+    # -- benchmark results and checkpoints ------------------------------------------------------
+    def add_bench_result(self, run_id: str, record: dict[str, Any]) -> int:
+        """One benchmark run: indexed key columns plus the whole record (SGLang's key names) as JSON."""
+        row = {
+            "run_id": run_id,
+            "label": record.get("label"),
+            "method": record.get("method"),
+            "target": record.get("target"),
+            "draft": record.get("draft"),
+            "dataset": record.get("dataset"),
+            "concurrency": record.get("concurrency", record.get("max_concurrency")),
+            "num_prompts": record.get("num_prompts", record.get("completed")),
+            "output_throughput": record.get("output_throughput"),
+            "accept_length": record.get("accept_length"),
+            "accuracy": record.get("accuracy"),
+            "data": json.dumps(record, default=str),
+            "time": time.time(),
+        }
+        return self._insert("bench_results", row)
+
+    def bench_results(self, run_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        if run_ids is None:
+            rows = self._rows("SELECT * FROM bench_results ORDER BY id")
+        else:
+            ids = list(run_ids)
+            rows = self._rows(
+                f"SELECT * FROM bench_results WHERE run_id IN ({', '.join('?' * len(ids))}) ORDER BY id", ids
+            )
+        return [_decode(r, ["data"]) for r in rows]
+
+    def add_checkpoint(
+        self,
+        run_id: str,
+        path: str,
+        *,
+        kind: str = "drafter",
+        version: int | None = None,
+        step: int | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> int:
+        return self._insert("checkpoints", {
+            "run_id": run_id, "kind": kind, "path": str(path), "version": version, "step": step,
+            "metrics": json.dumps(metrics or {}), "time": time.time(),
+        })
+
+    def checkpoints(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        if run_id is None:
+            rows = self._rows("SELECT * FROM checkpoints ORDER BY id")
+        else:
+            rows = self._rows("SELECT * FROM checkpoints WHERE run_id = ? ORDER BY id", [run_id])
+        return [_decode(r, ["metrics"]) for r in rows]

@@ -1,0 +1,66 @@
+"""The CLI as a user meets it: help for every command, models, generate, runs."""
+
+import json
+
+from click.testing import CliRunner
+
+from adaflash.cli.main import COMMANDS, cli
+
+
+def test_help_lists_every_command_and_each_has_help():
+    runner = CliRunner()
+    result = runner.invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    for name, (_, _, description) in COMMANDS.items():
+        assert name in result.output
+        assert description.split()[0] in result.output
+        sub = runner.invoke(cli, [name, "--help"])
+        assert sub.exit_code == 0, (name, sub.output)
+        assert "Usage:" in sub.output
+
+
+def test_models_list_json_reports_the_builtin(smollm2_folder):
+    result = CliRunner().invoke(cli, ["models", "list", "--json"])
+    assert result.exit_code == 0
+    rows = json.loads(result.output)
+    smol = next(r for r in rows if r["name"] == "smollm2-135m")
+    assert smol["ready"] is True
+    assert smol["cached_at"] == str(smollm2_folder)
+
+
+def test_generate_json_and_recorded_in_runs(tmp_path, smollm2_folder):
+    runner = CliRunner()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "What is 2+3?"}) + "\n"
+                       + json.dumps({"id": "conv", "conversations": [{"role": "user", "content": "Say hi."},
+                                                                      {"role": "assistant", "content": "Hi!"}]}) + "\n")
+    ws = str(tmp_path / "ws")
+    result = runner.invoke(cli, ["--workspace", ws, "generate", "--target", "smollm2-135m", "--prompts", str(prompts),
+                                 "--max-new-tokens", "12", "--json"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 2
+    for row in lines:
+        assert set(row) == {"text", "output_ids", "meta_info"}
+        meta = row["meta_info"]
+        assert {"prompt_tokens", "completion_tokens", "finish_reason", "e2e_latency"} <= set(meta)
+        assert meta["completion_tokens"] == len(row["output_ids"]) <= 12
+    assert "5" in lines[0]["text"]
+    listing = runner.invoke(cli, ["--workspace", ws, "runs", "list", "--json"])
+    runs = json.loads(listing.output)
+    assert runs[0]["kind"] == "generate" and runs[0]["status"] == "finished"
+    shown = runner.invoke(cli, ["--workspace", ws, "runs", "show", runs[0]["id"], "--json"])
+    assert json.loads(shown.output)["metrics"]["completion_tokens"] > 0
+
+
+def test_generate_bad_inputs_are_clear(tmp_path):
+    runner = CliRunner()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{not json\n')
+    result = runner.invoke(cli, ["--workspace", str(tmp_path), "generate", "--prompts", str(bad)])
+    assert result.exit_code == 2
+    assert f"{bad}:2" in result.output and "not valid JSON" in result.output
+    result = runner.invoke(cli, ["--workspace", str(tmp_path), "generate", "--prompt", "x", "--method", "dflash"])
+    assert result.exit_code == 2 and "--draft" in result.output
+    result = runner.invoke(cli, ["--workspace", str(tmp_path), "generate", "--prompt", "x", "--target", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "does not exist" in result.output

@@ -1,0 +1,207 @@
+"""Every method returns exactly the target's tokens; stops, eos and max tokens are exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaflash.engine.engine import Engine
+from adaflash.engine.params import Request, SamplingParams
+from adaflash.models.drafter_io import new_drafter
+from adaflash.models.drafters import Drafter
+
+PROMPTS = ["What is 2+3?", "Write a haiku about the sea.", "List three prime numbers.",
+           "Natalia sold clips to 48 of her friends in April. How many clips did she sell?"]
+METHOD_DRAFTER = {"dflash": "dflash", "osd": "dflash", "adaflash": "dflash", "eagle3": "eagle3", "mtp": "mtp"}
+
+
+def make_requests(target, n=len(PROMPTS), **params):
+    params.setdefault("max_new_tokens", 20)
+    return [Request(target.encode(target.render(p)), SamplingParams(**params), rid=f"r{i}")
+            for i, p in enumerate(PROMPTS[:n])]
+
+
+def drafter_for(method, target, **kw):
+    return new_drafter(METHOD_DRAFTER[method], target.model.cfg, layers=1, block_size=kw.pop("block_size", 8),
+                       length_head=method == "adaflash", steps=kw.pop("steps", 4), **kw)
+
+
+class OracleDrafter(Drafter):
+    """Proposes the known greedy continuation, corrupted at random: exercises every accept length."""
+
+    kind = "block"
+    method = "dflash"
+
+    def __init__(self, cfg, refs: list[list[int]], block_size=8, error_rate=0.25, seed=0):
+        super().__init__(cfg, [0], block_size)
+        self.refs = refs
+        self.error_rate = error_rate
+        self.gen = torch.Generator().manual_seed(seed)
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+        self.engine = None
+
+    @property
+    def num_cache_layers(self):
+        return 1
+
+    def extend(self, *args, **kw):
+        pass
+
+    def draft(self, cache, rows, pending, lens, target, steps=None):
+        out = []
+        for row, length in zip(rows.tolist(), lens.tolist()):
+            seq = self.engine.tokens[row, : length + 1].tolist()
+            ref = next(r for r in self.refs if r[: length + 1] == seq)
+            proposal = (ref[length + 1: length + self.block_size] + [0] * self.block_size)[: self.block_size - 1]
+            for i in range(len(proposal)):
+                if torch.rand(1, generator=self.gen).item() < self.error_rate:
+                    proposal[i] = (proposal[i] + 1) % 1000
+            out.append(proposal)
+        lengths = torch.rand(len(out), generator=self.gen)
+        return torch.tensor(out, device=lens.device), lengths
+
+
+def vanilla(target, requests):
+    return Engine(target, "vanilla", max_batch=len(requests), max_len=512).generate(requests)
+
+
+def oracle_engine(target, requests, reference, method="dflash", **kw):
+    refs = [r.prompt_ids + o.output_ids + [0] * 32 for r, o in zip(requests, reference)]
+    drafter = OracleDrafter(target.model.cfg, refs, **kw)
+    engine = Engine(target, method, drafter, max_batch=len(requests), max_len=512)
+    drafter.engine = engine
+    return engine
+
+
+@pytest.mark.parametrize("method", ["dflash", "adaflash", "osd", "eagle3", "mtp"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_untrained_drafters_are_lossless_on_tiny(tiny_target, method, batch):
+    reference = vanilla(tiny_target, make_requests(tiny_target))
+    engine = Engine(tiny_target, method, drafter_for(method, tiny_target), max_batch=batch, max_len=512)
+    outputs = engine.generate(make_requests(tiny_target))
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+    for out in outputs:
+        meta = out.meta_info
+        assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
+        assert sum(meta["spec_accept_histogram"]) == meta["spec_verify_ct"] - 1
+
+
+@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+def test_untrained_drafters_are_lossless_on_smollm2(smollm2_target, method):
+    requests = make_requests(smollm2_target, n=2, max_new_tokens=16)
+    reference = vanilla(smollm2_target, requests)
+    engine = Engine(smollm2_target, method, drafter_for(method, smollm2_target), max_batch=2, max_len=512)
+    outputs = engine.generate(make_requests(smollm2_target, n=2, max_new_tokens=16))
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+
+
+@pytest.mark.parametrize("method", ["dflash", "adaflash"])
+def test_accepted_drafts_keep_output_identical(tiny_target, method):
+    reference = vanilla(tiny_target, make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))
+    engine = oracle_engine(tiny_target, make_requests(tiny_target), reference, method)
+    outputs = engine.generate(make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+    hist = [0] * 8
+    for out in outputs:
+        for accepted, count in enumerate(out.meta_info["spec_accept_histogram"]):
+            hist[accepted] += count
+    assert sum(1 for n in hist[2:] if n) >= 2, f"accept lengths should vary, histogram {hist}"
+    assert all(o.meta_info["spec_accept_length"] > 1.3 for o in outputs)
+
+
+def test_stop_token_mid_block_is_exact(tiny_target):
+    reference = vanilla(tiny_target, make_requests(tiny_target, max_new_tokens=30, ignore_eos=True))
+    stop_token = reference[0].output_ids[9]
+    first = reference[0].output_ids.index(stop_token)
+    requests = make_requests(tiny_target, n=1, max_new_tokens=30, ignore_eos=True, stop_token_ids=[stop_token])
+    engine = oracle_engine(tiny_target, requests, reference[:1], error_rate=0.0)
+    out = engine.generate(requests)[0]
+    assert out.output_ids == reference[0].output_ids[: first + 1]
+    assert out.meta_info["finish_reason"] == {"type": "stop", "matched": stop_token}
+
+
+def test_stop_string_mid_block_is_exact(smollm2_target):
+    requests = make_requests(smollm2_target, n=1, max_new_tokens=30, ignore_eos=True)
+    reference = vanilla(smollm2_target, requests)
+    text = reference[0].text
+    stop = text[len(text) // 2: len(text) // 2 + 4]
+    assert stop.strip(), text
+    cut = text.index(stop)
+    requests = make_requests(smollm2_target, n=1, max_new_tokens=30, ignore_eos=True, stop=[stop])
+    engine = oracle_engine(smollm2_target, requests, reference, error_rate=0.0)
+    out = engine.generate(requests)[0]
+    assert out.text == text[:cut]
+    assert out.meta_info["finish_reason"] == {"type": "stop", "matched": stop}
+    # no token past the one that completed the stop string
+    assert stop in smollm2_target.decode(out.output_ids)
+    assert stop not in smollm2_target.decode(out.output_ids[:-1])
+
+
+@pytest.mark.parametrize("method", ["vanilla", "dflash", "eagle3"])
+def test_max_new_tokens_is_exact(tiny_target, method):
+    drafter = None if method == "vanilla" else drafter_for(method, tiny_target)
+    engine = Engine(tiny_target, method, drafter, max_batch=4, max_len=512)
+    for n in (1, 7, 13):
+        outputs = engine.generate(make_requests(tiny_target, max_new_tokens=n, ignore_eos=True))
+        assert all(o.meta_info["completion_tokens"] == n for o in outputs)
+        assert all(o.meta_info["finish_reason"] == {"type": "length", "length": n} for o in outputs)
+
+
+def test_hot_swap_mid_generation_keeps_output(tiny_target):
+    reference = vanilla(tiny_target, make_requests(tiny_target, max_new_tokens=24, ignore_eos=True))
+    engine = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target, seed=1), max_batch=4, max_len=512)
+    for request in make_requests(tiny_target, max_new_tokens=24, ignore_eos=True):
+        engine.add(request)
+    done, steps = {}, 0
+    while engine.has_work():
+        for event in engine.step():
+            if event.output:
+                done[event.rid] = event.output
+        steps += 1
+        if steps == 3:
+            engine.swap_drafter(drafter_for("dflash", tiny_target, seed=2), version=7)
+    assert [done[f"r{i}"].output_ids for i in range(4)] == [o.output_ids for o in reference]
+    assert engine.drafter_version == 7
+    with pytest.raises(ValueError, match="does not match"):
+        engine.swap_drafter(drafter_for("eagle3", tiny_target))
+
+
+def test_sampling_matches_the_target_distribution(tiny_target):
+    """With T > 0 the first two tokens follow the target's exact joint distribution."""
+    params = {"max_new_tokens": 2, "temperature": 0.7, "top_k": 3, "ignore_eos": True}
+    prompt = tiny_target.encode(tiny_target.render(PROMPTS[0]))
+    from adaflash.engine.sampling import probabilities
+
+    model = tiny_target.model
+
+    def dist(ids):
+        cache = model.new_cache(1, 64)
+        logits, _ = model(torch.tensor([ids]), torch.arange(len(ids))[None], cache, torch.tensor([0]))
+        return probabilities(logits[:, -1], torch.tensor([0.7]), torch.tensor([1.0]), torch.tensor([3]))[0]
+
+    p1 = dist(prompt)
+    exact = {}
+    for a in p1.nonzero().flatten().tolist():
+        p2 = dist(prompt + [a])
+        for b in p2.nonzero().flatten().tolist():
+            exact[(a, b)] = float(p1[a] * p2[b])
+    n = 600
+    best = max(exact, key=exact.get)
+
+    class LikelyDrafter(OracleDrafter):
+        """Always proposes the most likely second token: accepted sometimes, rejected sometimes."""
+
+        def draft(self, cache, rows, pending, lens, target, steps=None):
+            return torch.tensor([[best[1], 0, 0]] * len(rows)), None
+
+    drafter = LikelyDrafter(model.cfg, [], block_size=4)
+    engine = Engine(tiny_target, "dflash", drafter, max_batch=100, max_len=128, seed=3)
+    outputs = engine.generate([Request(prompt, SamplingParams(**params)) for _ in range(n)])
+    counts: dict[tuple[int, int], int] = {}
+    for out in outputs:
+        key = tuple(out.output_ids)
+        counts[key] = counts.get(key, 0) + 1
+    assert set(counts) <= set(exact)
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in exact.items())
+    assert tv < 0.08, (tv, counts, exact)
+    assert any(o.meta_info["spec_num_correct_drafts"] for o in outputs), "some drafts must be accepted"

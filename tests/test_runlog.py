@@ -1,0 +1,66 @@
+import multiprocessing as mp
+
+import pytest
+
+from adaflash.runlog import MIGRATIONS, RunLog
+
+
+def test_created_migrated_and_wal(tmp_path):
+    log = RunLog(tmp_path / "log.sqlite")
+    assert log.schema_version == len(MIGRATIONS)
+    assert log.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert {"runs", "jobs", "metrics", "events", "bench_results", "checkpoints"} <= set(log.db.table_names())
+    # opening again does not re-run migrations
+    again = RunLog(tmp_path / "log.sqlite")
+    assert again.schema_version == len(MIGRATIONS)
+
+
+def test_runs_jobs_and_incremental_metrics(tmp_path):
+    log = RunLog(tmp_path / "log.sqlite")
+    run = log.create_run("pipeline", method="adaflash", target="smollm2-135m", config={"a": 1})
+    other = log.create_run("bench", method="vanilla")
+    assert log.get_run(run)["config"] == {"a": 1}
+    assert log.get_run(run[:-2])["id"] == run  # a unique prefix is enough
+    assert log.get_run(other)["kind"] == "bench"
+    job = log.add_job(run, "infer", ["adaflash", "pipeline"], role="inference", gpus="0")
+    log.update_job(job, status="running", pid=123)
+    assert log.jobs(run)[0]["command"] == ["adaflash", "pipeline"]
+    log.log_metrics(run, {"tau": 1.5, "tok_s": 10.0}, step=1)
+    first = log.metrics_since(0, run_id=run)
+    assert [m["name"] for m in first] == ["tau", "tok_s"]
+    log.log_metrics(run, {"tau": 2.5}, step=2)
+    newer = log.metrics_since(first[-1]["id"], run_id=run)
+    assert [(m["name"], m["value"]) for m in newer] == [("tau", 2.5)]
+    assert log.last_metrics(run)["tau"] == 2.5
+    log.finish_run(run)
+    assert log.get_run(run)["status"] == "finished"
+    assert [r["id"] for r in log.list_runs(kind="pipeline")] == [run]
+    with pytest.raises(KeyError, match="no run"):
+        log.get_run("nope")
+
+
+def _writer(path: str, run_id: str, worker: int, count: int) -> None:
+    log = RunLog(path)
+    for step in range(count):
+        log.log_metrics(run_id, {f"w{worker}": float(step)}, step=step)
+        if step % 25 == 0:
+            log.log_event(run_id, f"worker {worker} at {step}")
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    path = str(tmp_path / "log.sqlite")
+    run = RunLog(path).create_run("stress")
+    workers, count = 4, 150
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, run, w, count)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    rows = RunLog(path).metrics_since(0, run_id=run)
+    assert len(rows) == workers * count
+    for w in range(workers):
+        steps = sorted(r["step"] for r in rows if r["name"] == f"w{w}")
+        assert steps == list(range(count))
+    assert len(RunLog(path).events_since(0, run_id=run)) == workers * (count // 25 + (1 if count % 25 else 0))
