@@ -101,6 +101,7 @@ def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_
         return
     if stream:
         click.echo()
+        sys.stdout.flush()
     else:
         for out in outputs:
             click.secho(f"--- {out.rid}", fg="cyan")

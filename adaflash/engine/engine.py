@@ -72,6 +72,7 @@ class Engine:
         min_length: int = 2,
         num_steps: int | None = None,
         use_length_head: bool | None = None,
+        verify_length: int | None = None,
         seed: int = 0,
     ) -> None:
         if method != "vanilla" and drafter is None:
@@ -92,6 +93,7 @@ class Engine:
         self.min_length = min_length
         self.num_steps = num_steps
         self.use_length_head = (method == "adaflash") if use_length_head is None else use_length_head
+        self.verify_length = verify_length  # a fixed block length to verify (baseline for the head)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.cache = self.model.new_cache(max_batch, self.max_len)
         self.tokens = torch.zeros(max_batch, self.max_len + 1, dtype=torch.long, device=self.device)
@@ -113,8 +115,18 @@ class Engine:
         self.capture = list(drafter.target_layer_ids)
         width = drafter.feature_size
         if self.feats is None or self.feats.shape[-1] != width:
-            self.feats = torch.zeros(self.max_batch, self.max_len, width, device=self.device, dtype=self.model.dtype)
+            self.feats = torch.zeros(self.max_batch, min(self.max_len, 256), width, device=self.device,
+                                     dtype=self.model.dtype)
         self.draft_cache = drafter.new_cache(self.max_batch, self.max_len + drafter.max_draft + 2)
+
+    def _ensure_feats(self, length: int) -> None:
+        """Grow the feature buffer (doubling, like the KV cache) to hold `length` positions."""
+        assert self.feats is not None
+        have = self.feats.shape[1]
+        if length > have:
+            grown = min(self.max_len, max(length, 2 * have))
+            extra = self.feats.new_zeros(self.max_batch, grown - have, self.feats.shape[-1])
+            self.feats = torch.cat([self.feats, extra], dim=1)
 
     def swap_drafter(self, drafter: Drafter, version: int | None = None) -> None:
         """Hot swap between steps: in-flight requests keep going with the new drafter.
@@ -208,6 +220,7 @@ class Engine:
         first = self._sample(logits, admitted)
         self.tokens[rows, length] = first
         if self.drafter is not None:
+            self._ensure_feats(width)
             self.feats[rows, :width] = torch.cat(feats, dim=-1)
             self._extend_drafter(rows, torch.zeros_like(length), length)
         elapsed = time.perf_counter() - started
@@ -225,7 +238,7 @@ class Engine:
         width = int(count.max())
         offsets = torch.arange(width, device=self.device)
         positions = start[:, None] + offsets
-        safe = positions.clamp(max=self.max_len - 1)
+        safe = positions.clamp(max=self.feats.shape[1] - 1)
         feats = self.feats[rows[:, None], safe]
         next_tokens = self.tokens[rows[:, None], safe + 1]
         self.drafter.extend(self.draft_cache, rows, positions, feats, next_tokens, count, self.model)
@@ -263,6 +276,7 @@ class Engine:
         if self.drafter is not None:
             cat = torch.cat(feats, dim=-1)
             fidx = (lens[:, None] + torch.arange(k + 1, device=self.device)).clamp(max=self.max_len - 1)
+            self._ensure_feats(int(fidx.max()) + 1)
             self.feats[rows[:, None], fidx] = cat
             self._extend_drafter(rows, lens, accepted + 1)
         t3 = time.perf_counter()
@@ -285,7 +299,10 @@ class Engine:
                                                  steps=self.num_steps)
         k = drafts.shape[1]
         verify_n = torch.full((b,), k, dtype=torch.long, device=self.device)
-        if self.use_length_head and length_pred is not None:
+        if self.verify_length is not None:
+            drafts = drafts[:, : max(self.verify_length - 1, 0)]
+            verify_n = verify_n.clamp(max=drafts.shape[1])
+        elif self.use_length_head and length_pred is not None:
             block = self.drafter.block_size
             want = torch.round(length_pred.float() * block * self.length_rate).long()
             verify_n = want.clamp(min=self.min_length, max=block) - 1

@@ -23,11 +23,25 @@ class KVCache:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        shape = (num_layers, slots, max_len, kv_heads, head_dim)
+        # Capacity grows on demand (doubling) up to max_len, so a large max_len costs nothing
+        # until sequences actually get long.
+        capacity = min(max_len, 256)
+        shape = (num_layers, slots, capacity, kv_heads, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.lens = torch.zeros(slots, dtype=torch.long, device=device)
         self.max_len = max_len
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def _grow(self, needed: int) -> None:
+        capacity = min(self.max_len, max(needed, 2 * self.capacity))
+        extra = capacity - self.capacity
+        pad = (*self.k.shape[:2], extra, *self.k.shape[3:])
+        self.k = torch.cat([self.k, self.k.new_zeros(pad)], dim=2)
+        self.v = torch.cat([self.v, self.v.new_zeros(pad)], dim=2)
 
     @property
     def slots(self) -> int:
@@ -36,8 +50,11 @@ class KVCache:
     def write(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
         """k, v: [b, q, kv, d] written at positions [b, q] of slots `rows` [b]."""
-        if int(positions.max()) >= self.max_len:
+        top = int(positions.max())
+        if top >= self.max_len:
             raise ValueError(f"sequence exceeds the KV cache ({self.max_len} positions)")
+        if top >= self.capacity:
+            self._grow(top + 1)
         self.k[layer, rows[:, None], positions] = k.to(self.k.dtype)
         self.v[layer, rows[:, None], positions] = v.to(self.v.dtype)
 

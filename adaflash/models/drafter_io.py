@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +124,12 @@ def drafter_config(drafter: Drafter, extra: dict[str, Any] | None = None) -> dic
     return cfg
 
 
-def save_drafter(drafter: Drafter, out: str | Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write atomically: a temp sibling folder, fsync'd, then renamed over `out`."""
+def save_drafter(drafter: Drafter, out: str | Path, extra: dict[str, Any] | None = None,
+                 extra_files: dict[str, Callable[[Path], None]] | None = None) -> Path:
+    """Write atomically: a temp sibling folder, fsync'd, then renamed over `out`.
+
+    `extra_files` writers (e.g. the trainer state) land in the same folder, in the same rename.
+    """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -133,7 +138,9 @@ def save_drafter(drafter: Drafter, out: str | Path, extra: dict[str, Any] | None
                  if not k.startswith("rotary.")}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(drafter_config(drafter, extra), indent=2) + "\n")
-        for name in ("model.safetensors", "config.json"):
+        for name, writer in (extra_files or {}).items():
+            writer(tmp / name)
+        for name in ("model.safetensors", "config.json", *(extra_files or {})):
             with open(tmp / name, "rb") as handle:
                 os.fsync(handle.fileno())
         if out.exists():

@@ -166,29 +166,30 @@ class ChainDrafter(Drafter):
         u = self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(g)], dim=-1))
         return u, u
 
-    def layer(self, u: torch.Tensor, resid: torch.Tensor, positions: torch.Tensor,
-              keys_values: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor,
-              write: tuple[KVCache, torch.Tensor] | None = None) -> torch.Tensor:
-        """One pass of the drafter layer; keys are the cached prefix plus these positions' own."""
+    def qkv(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         layer = self.midlayer
         cos, sin = self.rotary(positions, u.dtype)
         x = layer.input_layernorm(u)
-        q = layer.self_attn.project_q(x, cos, sin)
         k, v = layer.self_attn.project_kv(x, cos, sin)
-        if write is not None:
-            cache, rows = write
-            cache.write(0, rows, positions, k, v)
-            keys, values = cache.read(0, rows, int(positions.max()) + 1)
-        elif keys_values is not None:
-            keys, values = torch.cat([keys_values[0], k], 1), torch.cat([keys_values[1], v], 1)
-        else:
-            keys, values = k, v
-        h = resid + layer.self_attn.attend(q, keys, values, mask)
-        return layer.mlp_block(h)
+        return layer.self_attn.project_q(x, cos, sin), k, v
+
+    def attend_mlp(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, resid: torch.Tensor,
+                   mask: torch.Tensor) -> torch.Tensor:
+        h = resid + self.midlayer.self_attn.attend(q, keys, values, mask)
+        return self.midlayer.mlp_block(h)
+
+    def layer(self, u: torch.Tensor, resid: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+              rows: torch.Tensor) -> torch.Tensor:
+        """One cached pass: these positions' keys join the cache, queries see it causally."""
+        q, k, v = self.qkv(u, positions)
+        cache.write(0, rows, positions, k, v)
+        kv_len = int(positions.max()) + 1
+        keys, values = cache.read(0, rows, kv_len)
+        return self.attend_mlp(q, keys, values, resid, causal_mask(positions, kv_len))
 
     def extend(self, cache, rows, positions, feats, next_tokens, count, target) -> None:
         u, resid = self.fuse(target.embed(next_tokens), feats.to(self.norm.weight.dtype), from_target=True)
-        h = self.layer(u, resid, positions, None, causal_mask(positions, int(positions.max()) + 1), (cache, rows))
+        h = self.layer(u, resid, positions, cache, rows)
         last = h[torch.arange(h.shape[0], device=h.device), count - 1]
         cache.last_hidden[rows] = last
 
@@ -200,8 +201,7 @@ class ChainDrafter(Drafter):
         for t in range(1, steps):
             positions = (lens + t - 1)[:, None]
             u, resid = self.fuse(target.embed(token)[:, None], h[:, None], from_target=False)
-            h = self.layer(u, resid, positions, None, causal_mask(positions, int(positions.max()) + 1),
-                           (cache, rows))[:, 0]
+            h = self.layer(u, resid, positions, cache, rows)[:, 0]
             token = target.lm_head(self.norm(h)).argmax(-1)
             drafts.append(token)
         return torch.stack(drafts, dim=1), None

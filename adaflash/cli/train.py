@@ -1,0 +1,204 @@
+"""`adaflash train`: offline drafter training and the length head's offline initialization."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from adaflash.cli.common import emit_rows, fail, runlog_of
+
+
+def _progress(description: str):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+
+
+def _eval_prompts(eval_data: str | None, data: str, target, count: int) -> list[str]:
+    """Exact prompt strings for evaluation τ: --eval-data rows (held out), else the first training rows.
+
+    Regenerated rows carry the exact `prompt_text` the engine saw; other rows are rendered.
+    """
+    from adaflash.data.prompts import row_to_prompt
+
+    path = eval_data or data
+    prompts: list[str] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if len(prompts) >= count:
+                break
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if isinstance(row.get("prompt_text"), str):
+                prompts.append(row["prompt_text"])
+            else:
+                prompts.append(target.render(row_to_prompt(row, f"{path}:{number}").prompt))
+    return prompts
+
+
+@click.group()
+def train() -> None:
+    """Train drafters offline and initialize the AdaFlash length head."""
+
+
+def common_options(func):
+    options = [
+        click.option("--target", default="smollm2-135m", show_default=True),
+        click.option("--data", required=True, type=click.Path(dir_okay=False, exists=True),
+                     help="Training rows (regenerated: prompt_text + response; or normalized conversations)."),
+        click.option("--out", required=True, type=click.Path(file_okay=False), help="Drafter folder (checkpoints land here)."),
+        click.option("--max-len", type=click.IntRange(8), default=512, show_default=True),
+        click.option("--batch-tokens", type=click.IntRange(16), default=4096, show_default=True),
+        click.option("--limit", type=int, default=None, help="Use at most this many rows."),
+        click.option("--eval-data", type=click.Path(dir_okay=False, exists=True), default=None,
+                     help="Held-out rows for evaluation τ."),
+        click.option("--eval-prompts", type=click.IntRange(0), default=8, show_default=True),
+        click.option("--device", default="auto", show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@train.command("draft")
+@click.option("--method", type=click.Choice(["dflash", "eagle3", "mtp"]), required=True)
+@common_options
+@click.option("--init", type=click.Path(file_okay=False, exists=True), default=None, help="Start from this drafter.")
+@click.option("--epochs", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--steps", type=click.IntRange(1), default=None, help="Stop after this many steps (overrides --epochs).")
+@click.option("--lr", type=float, default=3e-4, show_default=True)
+@click.option("--warmup-steps", type=click.IntRange(0), default=10, show_default=True)
+@click.option("--layers", type=click.IntRange(1, 8), default=1, show_default=True)
+@click.option("--block-size", type=click.IntRange(2, 64), default=16, show_default=True)
+@click.option("--blocks-per-seq", type=click.IntRange(1), default=16, show_default=True, help="DFlash: anchors per sequence.")
+@click.option("--ttt-length", type=click.IntRange(1, 16), default=4, show_default=True, help="EAGLE-3/MTP: unrolled steps.")
+@click.option("--chain-steps", type=click.IntRange(1, 32), default=6, show_default=True, help="EAGLE-3/MTP: draft steps at inference.")
+@click.option("--length-head/--no-length-head", default=False, show_default=True, help="DFlash: train the length head jointly.")
+@click.option("--loss", type=click.Choice(["ce", "rkl-mix", "fkl"]), default="ce", show_default=True)
+@click.option("--alpha", type=click.FloatRange(0, 1), default=0.8, show_default=True)
+@click.option("--kl-temperature", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True)
+@click.option("--clip", type=click.FloatRange(0, min_open=True), default=0.01, show_default=True)
+@click.option("--gamma", type=click.FloatRange(0, min_open=True), default=7.0, show_default=True)
+@click.option("--save-every", type=click.IntRange(1), default=100, show_default=True)
+@click.option("--eval-every", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out, bit for bit.")
+@click.pass_context
+def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_tokens, limit, eval_data, eval_prompts,
+                device, seed, init, epochs, steps, lr, warmup_steps, layers, block_size, blocks_per_seq, ttt_length,
+                chain_steps, length_head, loss, alpha, kl_temperature, clip, gamma, save_every, eval_every, resume) -> None:
+    """Train a DFlash, EAGLE-3 or MTP drafter on target-generated data (single process or torchrun)."""
+    from adaflash.models.drafter_io import DrafterError
+    from adaflash.models.loading import load_target
+    from adaflash.train.data import TrainDataError, load_sequences
+    from adaflash.train.loop import TrainConfig, Trainer, rank_world, setup_distributed
+    from adaflash.train.losses import LossConfig
+
+    rank, world = rank_world()
+    try:
+        loss_cfg = LossConfig(loss, alpha, kl_temperature, clip, gamma)
+        tgt = load_target(target, device=_device(device, rank, world), dtype="float32")
+        setup_distributed(tgt.device)
+        sequences = load_sequences(data, tgt, max_len, limit)
+        cfg = TrainConfig(method=method, out=out, init=init, epochs=epochs, steps=steps, lr=lr, warmup_steps=warmup_steps,
+                          batch_tokens=batch_tokens, blocks_per_seq=blocks_per_seq, ttt_length=ttt_length, layers=layers,
+                          block_size=block_size, steps_chain=chain_steps, length_head=length_head, save_every=save_every,
+                          eval_every=eval_every, seed=seed, resume=resume, loss=loss_cfg)
+        trainer = Trainer(cfg, tgt)
+        prompts = _eval_prompts(eval_data, data, tgt, eval_prompts) if eval_prompts else []
+    except (DrafterError, TrainDataError, ValueError, FileNotFoundError) as err:
+        fail(str(err))
+    if trainer.drafter.method != method:
+        fail(f"--init {init} is a {trainer.drafter.method} drafter, not {method}")
+    log = runlog_of(ctx) if rank == 0 else None
+    run_id = log.create_run("train", method=method, target=target, draft=out, dataset=data,
+                            config={"world_size": world, "sequences": len(sequences), **{k: str(v) for k, v in vars(cfg).items()}}) if log else None
+    before = trainer.evaluate(prompts) if prompts and rank == 0 and not resume else {}
+    if log and before:
+        log.log_metrics(run_id, {"eval_tau_init": before["eval_tau"]}, step=0)
+    try:
+        with _progress("train") as progress:
+            task = progress.add_task(f"train {method}", total=None, info="")
+
+            def on_step(step: int, total: int, stats: dict[str, float]) -> None:
+                progress.update(task, completed=step, total=total,
+                                info=f"loss {stats.get('loss', 0):.3f} acc_len {stats.get('block_accept_len', 0):.2f}")
+                if log:
+                    log.log_metrics(run_id, stats, step=step, job="train")
+
+            final = trainer.run(sequences, eval_prompts=prompts, on_step=on_step)
+    except KeyboardInterrupt:
+        if log:
+            log.finish_run(run_id, "stopped")
+        raise
+    except (RuntimeError, ValueError, FileNotFoundError) as err:
+        if log:
+            log.finish_run(run_id, "failed", note=str(err))
+        fail(str(err))
+    if log:
+        log.add_checkpoint(run_id, out, kind=method, step=trainer.state.step, metrics={"eval_tau": final.get("eval_tau")})
+        log.finish_run(run_id)
+        summary = {"run": run_id, "steps": trainer.state.step, "loss": final.get("loss"),
+                   "eval_tau_before": before.get("eval_tau"), "eval_tau_after": final.get("eval_tau")}
+        click.echo(json.dumps(summary))
+
+
+def _device(device: str, rank: int, world: int) -> str:
+    import torch
+
+    if device == "auto":
+        return f"cuda:{int(__import__('os').environ.get('LOCAL_RANK', rank))}" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+@train.command("length-head")
+@common_options
+@click.option("--draft", "draft", required=True, type=click.Path(file_okay=False, exists=True), help="The trained DFlash drafter.")
+@click.option("--steps", type=click.IntRange(1), default=200, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--blocks-per-seq", type=click.IntRange(1), default=16, show_default=True)
+@click.option("--eval-max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.pass_context
+def train_length_head(ctx: click.Context, target, data, out, max_len, batch_tokens, limit, eval_data, eval_prompts, device,
+                      seed, draft, steps, lr, blocks_per_seq, eval_max_new_tokens) -> None:
+    """Fit the AdaFlash length head on a frozen DFlash drafter; report its error and τ vs fixed lengths."""
+    from adaflash.models.drafter_io import DrafterError, load_drafter, save_drafter
+    from adaflash.models.drafters import DFlashDrafter
+    from adaflash.models.loading import load_target
+    from adaflash.train.data import TrainDataError, load_sequences
+    from adaflash.train.length_head import compare_lengths, fit_length_head
+
+    try:
+        tgt = load_target(target, device=_device(device, 0, 1), dtype="float32")
+        drafter = load_drafter(draft, tgt.model.cfg)
+        if not isinstance(drafter, DFlashDrafter):
+            fail(f"{draft} is a {drafter.method} drafter; the length head sits on DFlash drafters")
+        sequences = load_sequences(data, tgt, max_len, limit)
+        prompts = _eval_prompts(eval_data, data, tgt, eval_prompts) if eval_prompts else []
+    except (DrafterError, TrainDataError, ValueError, FileNotFoundError) as err:
+        fail(str(err))
+    log = runlog_of(ctx)
+    run_id = log.create_run("train", name="length-head", method="adaflash", target=target, draft=out, dataset=data)
+    with _progress("length head") as progress:
+        task = progress.add_task("length head", total=steps, info="")
+
+        def on_step(step: int, total: int, stats: dict[str, float]) -> None:
+            progress.update(task, completed=step, info=f"mse {stats['loss_length_head']:.4f}")
+            log.log_metrics(run_id, {k: v for k, v in stats.items() if "length_head" in k}, step=step, job="length-head")
+
+        stats = fit_length_head(drafter, tgt, sequences, steps=steps, batch_tokens=batch_tokens,
+                                blocks_per_seq=blocks_per_seq, lr=lr, seed=seed, on_step=on_step)
+    save_drafter(drafter, out, {"target": target, "num_target_layers": tgt.model.cfg.num_hidden_layers,
+                                "init": draft, "length_head_mae_tokens": stats.get("length_head_mae_tokens")})
+    log.add_checkpoint(run_id, out, kind="adaflash", step=steps, metrics=stats)
+    rows = compare_lengths(tgt, drafter, prompts, max_new_tokens=eval_max_new_tokens) if prompts else []
+    for row in rows:
+        log.log_metrics(run_id, {f"{row['policy']}:{k}": v for k, v in row.items() if k != "policy"})
+    log.finish_run(run_id)
+    click.echo(f"length head MAE {stats.get('length_head_mae_tokens', float('nan')):.2f} tokens "
+               f"(MSE {stats.get('loss_length_head', float('nan')):.4f}); saved to {out}")
+    if rows:
+        emit_rows(rows, ["policy", "eval_tau", "eval_tok_s", "eval_seconds"], "table", title="Verified length policy")

@@ -1,0 +1,1 @@
+"""Training: distillation losses, offline drafter training, the length head, the training worker."""

@@ -1,0 +1,102 @@
+"""Training sequences: exact prompt ids + response ids, in a reproducible order that can resume."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from adaflash.data.prompts import conversation_prompt
+from adaflash.models.loading import Target
+
+
+@dataclass
+class Sequence:
+    ids: list[int]
+    response_start: int  # first position whose token the drafter learns to predict
+
+
+class TrainDataError(ValueError):
+    pass
+
+
+def row_to_sequence(row: dict, target: Target, max_len: int, where: str) -> Sequence | None:
+    """A regenerated row (prompt_text + response) or a normalized row (conversations, last = answer)."""
+    if isinstance(row.get("prompt_text"), str) and isinstance(row.get("response"), str):
+        prompt, response = row["prompt_text"], row["response"]
+    elif isinstance(row.get("conversations"), list) and row["conversations"]:
+        turns = row["conversations"]
+        if turns[-1].get("role") != "assistant":
+            return None
+        prompt = target.render(conversation_prompt(turns))
+        response = turns[-1].get("content") or ""
+    else:
+        raise TrainDataError(f"{where}: expected 'prompt_text' + 'response' or 'conversations' ending with an answer")
+    prompt_ids = target.encode(prompt)
+    response_ids = target.encode(response)
+    if not response_ids:
+        return None
+    if row.get("finish_reason", {}) and isinstance(row.get("finish_reason"), dict) and row["finish_reason"].get("type") == "stop":
+        response_ids = response_ids + target.eos_ids[:1]
+    ids = (prompt_ids + response_ids)[:max_len]
+    if len(ids) - len(prompt_ids) < 2:
+        return None
+    return Sequence(ids, len(prompt_ids))
+
+
+def load_sequences(path: str | Path, target: Target, max_len: int, limit: int | None = None) -> list[Sequence]:
+    path = Path(path)
+    if not path.is_file():
+        raise TrainDataError(f"{path}: no such file (make one with `adaflash data regenerate` or `adaflash data prepare`)")
+    out: list[Sequence] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise TrainDataError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+            seq = row_to_sequence(row, target, max_len, f"{path}:{number}")
+            if seq is not None:
+                out.append(seq)
+            if limit and len(out) >= limit:
+                break
+    if not out:
+        raise TrainDataError(f"{path}: no usable training rows")
+    return out
+
+
+def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(count, generator=gen).tolist()
+
+
+def batches(order: list[int], sequences: list[Sequence], batch_tokens: int) -> list[list[int]]:
+    """Consecutive groups of the epoch order whose padded size stays under batch_tokens."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for index in order:
+        n = len(sequences[index].ids)
+        if current and max(longest, n) * (len(current) + 1) > batch_tokens:
+            out.append(current)
+            current, longest = [], 0
+        current.append(index)
+        longest = max(longest, n)
+    if current:
+        out.append(current)
+    return out
+
+
+def pad(sequences: list[Sequence], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids [b, S] (0-padded), lengths [b], response starts [b]."""
+    width = max(len(s.ids) for s in sequences)
+    ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        ids[i, : len(s.ids)] = torch.tensor(s.ids)
+    lens = torch.tensor([len(s.ids) for s in sequences])
+    starts = torch.tensor([s.response_start for s in sequences])
+    return ids.to(device), lens.to(device), starts.to(device)

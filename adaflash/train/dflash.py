@@ -1,0 +1,117 @@
+"""The DFlash objective: random anchors, [anchor, MASK × (B-1)] blocks, block attention, decayed CE/KL.
+
+One block per anchor `a`: position k of the block sits at absolute position a + k and predicts
+the token there (k = 0 is the clean anchor and predicts nothing). Its queries see the target
+context strictly before the anchor and the whole of their own block, exactly as at inference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from adaflash.models.drafters import DFlashDrafter
+from adaflash.models.target import TargetModel
+from adaflash.train.features import target_features, teacher_logits
+from adaflash.train.losses import LossConfig, distill_loss, position_decay
+
+
+@dataclass
+class BlockBatch:
+    anchors: torch.Tensor  # [b, n]
+    valid: torch.Tensor  # [b, n] the anchor is real (rows with few candidates repeat one, masked out)
+
+
+def sample_anchors(lens: torch.Tensor, starts: torch.Tensor, per_seq: int, gen: torch.Generator) -> BlockBatch:
+    rows = []
+    for length, start in zip(lens.tolist(), starts.tolist()):
+        candidates = torch.arange(start, max(start, length - 1))
+        if len(candidates) == 0:
+            candidates = torch.tensor([max(length - 2, 0)])
+        pick = candidates[torch.randperm(len(candidates), generator=gen)[:per_seq]]
+        rows.append(pick.sort().values)
+    n = max(len(r) for r in rows)
+    anchors = torch.zeros(len(rows), n, dtype=torch.long)
+    valid = torch.zeros(len(rows), n, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        anchors[i, : len(r)] = r
+        anchors[i, len(r):] = r[0]
+        valid[i, : len(r)] = True
+    return BlockBatch(anchors.to(lens.device), valid.to(lens.device))
+
+
+def block_mask(anchors: torch.Tensor, ctx_len: int, block: int) -> torch.Tensor:
+    """[b, n·B, ctx + n·B]: context keys before the query's anchor, keys of its own block."""
+    b, n = anchors.shape
+    device = anchors.device
+    query_anchor = anchors.repeat_interleave(block, dim=1)  # [b, nB]
+    ctx = torch.arange(ctx_len, device=device)[None, None, :] < query_anchor[:, :, None]
+    qb = torch.arange(n * block, device=device) // block
+    own = (qb[:, None] == qb[None, :]).expand(b, -1, -1)
+    return torch.cat([ctx, own], dim=-1)
+
+
+def dflash_loss(
+    drafter: DFlashDrafter,
+    target: TargetModel,
+    ids: torch.Tensor,
+    lens: torch.Tensor,
+    starts: torch.Tensor,
+    *,
+    blocks_per_seq: int,
+    loss_cfg: LossConfig,
+    gen: torch.Generator,
+    train_head: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss of the drafter (plus the length head's MSE when asked) on one batch of sequences."""
+    size = drafter.block_size
+    b, width = ids.shape
+    device = ids.device
+    need_teacher = loss_cfg.kind != "ce" or train_head
+    feats, final = target_features(target, ids, drafter.target_layer_ids, with_last=need_teacher)
+    blocks = sample_anchors(lens, starts, blocks_per_seq, gen)
+    n = blocks.anchors.shape[1]
+    k = torch.arange(size, device=device)
+    pos = blocks.anchors[:, :, None] + k  # [b, n, B]
+    in_seq = pos < lens[:, None, None]
+    labels = ids.gather(1, pos.clamp(max=width - 1).flatten(1)).view(b, n, size)
+    live = in_seq & (k > 0) & blocks.valid[:, :, None]
+    anchor_tokens = ids.gather(1, blocks.anchors)
+    h = torch.cat([target.embed(anchor_tokens)[:, :, None].to(drafter.fc.weight.dtype),
+                   drafter.mask_embeds(target, (b, n, size - 1)).to(drafter.fc.weight.dtype)], dim=2)
+    ctx = drafter.context(feats.to(drafter.fc.weight.dtype))
+    ctx_kv = drafter.context_kv(ctx, torch.arange(width, device=device).expand(b, width))
+    hidden = drafter.run_block(h.view(b, n * size, -1), pos.view(b, n * size), ctx_kv,
+                               block_mask(blocks.anchors, width, size))
+    sel = live.flatten()
+    flat_hidden = hidden.reshape(b * n * size, -1)
+    student = target.lm_head(flat_hidden[sel])
+    weights = position_decay(size, loss_cfg.gamma, device).expand(b, n, size).flatten()[sel]
+    teacher = None
+    if need_teacher:
+        rows = torch.arange(b, device=device)[:, None, None].expand(b, n, size).flatten()[sel]
+        teacher = teacher_logits(target, final, rows, (pos - 1).clamp(min=0).flatten()[sel])
+    loss, stats = distill_loss(student, labels.flatten()[sel], teacher, weights,
+                               loss_cfg if loss_cfg.kind != "ce" else LossConfig("ce", gamma=loss_cfg.gamma))
+    # acceptance under greedy verification, from teacher forcing: the cheap τ proxy
+    with torch.no_grad():
+        reference = teacher.argmax(-1) if teacher is not None else labels.flatten()[sel]
+        hit = torch.zeros(b * n * size, dtype=torch.bool, device=device)
+        hit[sel] = student.argmax(-1) == reference
+        hit = hit.view(b, n, size)[:, :, 1:]
+        full = in_seq.all(-1) & blocks.valid
+        accepted = (hit | ~live[:, :, 1:]).long().cumprod(-1).sum(-1)
+        accepted = torch.minimum(accepted, (lens[:, None] - blocks.anchors - 1).clamp(min=0))
+        stats["block_accept_len"] = float((accepted[full].float() + 1).mean()) if bool(full.any()) else 0.0
+        stats["top1"] = float(hit.flatten()[live[:, :, 1:].flatten()].float().mean())
+    if train_head and drafter.length_head is not None and bool(full.any()):
+        predicted = drafter.length_head(hidden.view(b, n, size, -1)[full])
+        label = (accepted[full].float() + 1) / size
+        head_loss = F.mse_loss(predicted.float(), label)
+        stats["loss_length_head"] = float(head_loss.detach())
+        stats["length_head_mae_tokens"] = float((predicted.float() - label).abs().mean() * size)
+        loss = loss + head_loss
+    stats["loss"] = float(loss.detach())
+    return loss, stats

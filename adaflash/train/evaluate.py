@@ -1,0 +1,31 @@
+"""Evaluation τ and throughput of a drafter through the real engine (greedy, a few prompts)."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from adaflash.engine.engine import Engine
+from adaflash.engine.params import Request, SamplingParams
+from adaflash.models.drafters import Drafter
+from adaflash.models.loading import Target
+
+
+def eval_tau(target: Target, drafter: Drafter | None, prompts: list[str], *, method: str | None = None,
+             max_new_tokens: int = 64, batch: int = 8, **engine_kw) -> dict[str, float]:
+    """τ (accepted tokens per target pass), tokens/s and wall time over `prompts` (exact prompt strings)."""
+    method = method or ("vanilla" if drafter is None else ("eagle3" if drafter.method == "eagle3" else
+                                                            "mtp" if drafter.method == "mtp" else "dflash"))
+    frozen = copy.deepcopy(drafter).eval() if drafter is not None else None
+    engine = Engine(target, method, frozen, max_batch=batch, max_len=engine_kw.pop("max_len", 2048), **engine_kw)
+    requests = [Request(target.encode(p), SamplingParams(max_new_tokens=max_new_tokens)) for p in prompts]
+    started = time.perf_counter()
+    with torch.no_grad():
+        outputs = engine.generate(requests)
+    elapsed = time.perf_counter() - started
+    tokens = sum(o.meta_info["completion_tokens"] for o in outputs)
+    verify = sum(o.meta_info["spec_verify_ct"] for o in outputs)
+    return {"eval_tau": tokens / max(verify, 1), "eval_tok_s": tokens / elapsed, "eval_seconds": elapsed,
+            "eval_tokens": float(tokens)}

@@ -1,0 +1,222 @@
+"""The offline training loop shared by every drafter method: data order, checkpoints, resume, DDP, logs.
+
+Resume is bit-for-bit: the epoch order is a function of (seed, epoch), the position in it is
+saved with the optimizer and every RNG state, so stopping and resuming replays the same steps.
+Multi-process (torchrun) runs shard each epoch's batches by rank and average gradients.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from adaflash.models.drafter_io import load_drafter, new_drafter, save_drafter
+from adaflash.models.drafters import ChainDrafter, DFlashDrafter, Drafter
+from adaflash.models.loading import Target
+from adaflash.train.chain import chain_loss
+from adaflash.train.data import Sequence, batches, epoch_order, pad
+from adaflash.train.dflash import dflash_loss
+from adaflash.train.evaluate import eval_tau
+from adaflash.train.losses import LossConfig
+
+STATE_FILE = "trainer_state.pt"
+
+
+@dataclass
+class TrainConfig:
+    method: str
+    out: str
+    init: str | None = None
+    epochs: int = 1
+    steps: int | None = None
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    batch_tokens: int = 4096
+    blocks_per_seq: int = 16
+    ttt_length: int = 4
+    layers: int = 1
+    block_size: int = 16
+    steps_chain: int = 6
+    length_head: bool = False
+    save_every: int = 100
+    eval_every: int = 0
+    eval_max_new_tokens: int = 48
+    seed: int = 0
+    resume: bool = False
+    loss: LossConfig = field(default_factory=LossConfig)
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    epoch: int = 0
+    batch_index: int = 0
+    tokens: int = 0
+
+
+def rank_world() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def setup_distributed(device: torch.device) -> None:
+    _, world = rank_world()
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+
+def build_drafter(cfg: TrainConfig, target: Target) -> Drafter:
+    if cfg.init:
+        drafter = load_drafter(cfg.init, target.model.cfg)
+        if cfg.length_head and isinstance(drafter, DFlashDrafter) and drafter.length_head is None:
+            from adaflash.models.length_head import LengthHead
+
+            drafter.length_head = LengthHead(target.model.cfg.hidden_size)
+        return drafter
+    return new_drafter(cfg.method, target.model.cfg, layers=cfg.layers, block_size=cfg.block_size,
+                       length_head=cfg.length_head, steps=cfg.steps_chain, seed=cfg.seed)
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def objective(drafter: Drafter, target: Target, ids, lens, starts, cfg: TrainConfig, gen: torch.Generator,
+              loss_cfg: LossConfig | None = None):
+    loss_cfg = loss_cfg or cfg.loss
+    if isinstance(drafter, DFlashDrafter):
+        return dflash_loss(drafter, target.model, ids, lens, starts, blocks_per_seq=cfg.blocks_per_seq,
+                           loss_cfg=loss_cfg, gen=gen, train_head=drafter.length_head is not None and cfg.length_head)
+    assert isinstance(drafter, ChainDrafter)
+    return chain_loss(drafter, target.model, ids, lens, starts, ttt_length=cfg.ttt_length, loss_cfg=loss_cfg)
+
+
+class Trainer:
+    """Owns drafter, optimizers and state; `run` trains, `step_on` is reused by the pipeline."""
+
+    def __init__(self, cfg: TrainConfig, target: Target, drafter: Drafter | None = None) -> None:
+        self.cfg = cfg
+        self.target = target
+        self.device = target.device
+        for p in target.model.parameters():
+            p.requires_grad_(False)
+        self.drafter = (drafter or build_drafter(cfg, target)).to(self.device).float().train()
+        head = list(self.drafter.length_head.parameters()) if getattr(self.drafter, "length_head", None) else []
+        head_ids = {id(p) for p in head}
+        body = [p for p in self.drafter.parameters() if id(p) not in head_ids]
+        self.opt = torch.optim.AdamW(body, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        self.head_opt = torch.optim.AdamW(head, lr=1e-3) if head else None
+        self.state = TrainState()
+        self.gen = torch.Generator().manual_seed(cfg.seed + 7919 * rank_world()[0])
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def save(self, extra: dict[str, Any] | None = None, out: str | None = None) -> Path:
+        state = {
+            "state": asdict(self.state),
+            "opt": self.opt.state_dict(),
+            "head_opt": self.head_opt.state_dict() if self.head_opt else None,
+            "gen": self.gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+            "config": {k: v for k, v in asdict(self.cfg).items() if k != "loss"},
+        }
+        meta = {"target": self.target.name, "num_target_layers": self.target.model.cfg.num_hidden_layers,
+                "step": self.state.step, **(extra or {})}
+        return save_drafter(self.drafter, out or self.cfg.out, meta,
+                            extra_files={STATE_FILE: lambda path: torch.save(state, path)})
+
+    def restore(self, folder: str) -> None:
+        path = Path(folder) / STATE_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"--resume: {path} not found (no checkpoint to resume from)")
+        loaded = load_drafter(folder, self.target.model.cfg)
+        self.drafter.load_state_dict(loaded.state_dict())
+        saved = torch.load(path, weights_only=False)
+        self.state = TrainState(**saved["state"])
+        self.opt.load_state_dict(saved["opt"])
+        if self.head_opt and saved.get("head_opt"):
+            self.head_opt.load_state_dict(saved["head_opt"])
+        self.gen.set_state(saved["gen"])
+        torch.set_rng_state(saved["torch_rng"])
+        random.setstate(saved["python_rng"])
+
+    # -- one optimisation step ---------------------------------------------------------------------
+    def step_on(self, sequences: list[Sequence], lr: float, loss_cfg: LossConfig | None = None) -> dict[str, float]:
+        ids, lens, starts = pad(sequences, self.device)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        self.opt.zero_grad(set_to_none=True)
+        if self.head_opt:
+            self.head_opt.zero_grad(set_to_none=True)
+        loss, stats = objective(self.drafter, self.target, ids, lens, starts, self.cfg, self.gen, loss_cfg)
+        loss.backward()
+        _, world = rank_world()
+        if world > 1:
+            for p in self.drafter.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
+            [p for g in self.opt.param_groups for p in g["params"]], self.cfg.grad_clip))
+        self.opt.step()
+        if self.head_opt:
+            self.head_opt.step()
+        self.state.step += 1
+        self.state.tokens += int(lens.sum())
+        stats["lr"] = lr
+        return stats
+
+    # -- the offline loop ------------------------------------------------------------------------------
+    def run(self, sequences: list[Sequence], *, eval_prompts: list[str] | None = None,
+            on_step: Callable[[int, int, dict[str, float]], None] = lambda *_: None) -> dict[str, float]:
+        cfg = self.cfg
+        rank, world = rank_world()
+        if cfg.resume:
+            self.restore(cfg.out)
+        per_epoch = [b for i, b in enumerate(batches(epoch_order(len(sequences), cfg.seed, 0), sequences,
+                                                     cfg.batch_tokens)) if i % world == rank]
+        total = cfg.steps or cfg.epochs * len(per_epoch)
+        last: dict[str, float] = {}
+        started, tokens_at_start = time.perf_counter(), self.state.tokens
+        while self.state.step < total:
+            order = epoch_order(len(sequences), cfg.seed, self.state.epoch)
+            mine = [b for i, b in enumerate(batches(order, sequences, cfg.batch_tokens)) if i % world == rank]
+            while self.state.batch_index < len(mine) and self.state.step < total:
+                group = [sequences[i] for i in mine[self.state.batch_index]]
+                self.state.batch_index += 1
+                last = self.step_on(group, lr_at(self.state.step, total, cfg))
+                last["tokens_per_s"] = (self.state.tokens - tokens_at_start) / max(time.perf_counter() - started, 1e-9)
+                last["epoch"] = self.state.epoch
+                if eval_prompts and cfg.eval_every and self.state.step % cfg.eval_every == 0 and rank == 0:
+                    last.update(self.evaluate(eval_prompts))
+                if rank == 0 and (self.state.step % cfg.save_every == 0 or self.state.step == total):
+                    self.save()
+                on_step(self.state.step, total, last)
+            if self.state.batch_index >= len(mine):
+                self.state.epoch += 1
+                self.state.batch_index = 0
+        if rank == 0 and eval_prompts:
+            last.update(self.evaluate(eval_prompts))
+            self.save({"eval_tau": last.get("eval_tau")})
+        return last
+
+    def evaluate(self, prompts: list[str]) -> dict[str, float]:
+        self.drafter.eval()
+        try:
+            return eval_tau(self.target, self.drafter, prompts, max_new_tokens=self.cfg.eval_max_new_tokens)
+        finally:
+            self.drafter.train()
