@@ -1,0 +1,207 @@
+"""`adaflash data`: prepare datasets into normalized rows, and regenerate answers with the target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from adaflash.cli.common import emit_rows, fail, runlog_of, workspace_of
+from adaflash.data import datasets as ds
+from adaflash.engine.params import METHODS
+
+
+@click.group()
+def data() -> None:
+    """Prepare datasets into normalized rows, and regenerate answers with the target."""
+
+
+@data.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def list_datasets(as_json: bool) -> None:
+    """The built-in datasets and where each offline copy is found."""
+    rows = ds.describe_builtins()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    emit_rows(rows, ["name", "found", "description"], "table", title="Built-in datasets")
+    click.echo("Any local .jsonl/.json/.parquet file or hub id (owner/name) is accepted too.")
+
+
+@data.command("prepare", short_help="Normalize a dataset into <name>_train.jsonl and <name>_test.jsonl.")
+@click.argument("dataset")
+@click.option("--source", type=click.Path(), default=None,
+              help="Where the data is: a GSM8K folder, a file for a built-in, or the file when DATASET is a new name.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output folder [default: <workspace>/data].")
+@click.option("--name", default=None, help="Output name: <name>_train.jsonl, <name>_test.jsonl [default: from DATASET].")
+@click.option("--split-seed", type=int, default=0, show_default=True, help="Seed of the hash split.")
+@click.option("--test-fraction", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Share of rows in test [default: 0.1; 1.0 for humaneval and mt-bench; official splits are kept].")
+@click.option("--limit", type=click.IntRange(1), default=None,
+              help="Keep at most N valid rows (per split when the source has an official split).")
+@click.option("--column-map", default=None, metavar="KEY=COL,...",
+              help="Columns of a file or hub dataset: prompt=, answer=, id=, reference=, system=, conversations=.")
+@click.option("--hub-config", default=None, help="Config (subset) of a hub dataset.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_context
+def prepare(ctx: click.Context, dataset: str, source: str | None, out_dir: str | None, name: str | None,
+            split_seed: int, test_fraction: float | None, limit: int | None, column_map: str | None,
+            hub_config: str | None, as_json: bool) -> None:
+    """Write DATASET as normalized rows to <out>/<name>_train.jsonl and <out>/<name>_test.jsonl.
+
+    DATASET is gsm8k, humaneval, mt-bench, sharegpt, a local .jsonl/.json/.parquet file (or a
+    folder with train.* and test.* files), or a hub id (owner/name, through `datasets`).
+    """
+    try:
+        mapping = ds.parse_column_map(column_map)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--column-map") from None
+    try:
+        src = ds.resolve_dataset(dataset, source, column_map=mapping, name=name, hub_config=hub_config)
+    except ds.DatasetError as err:
+        fail(str(err))
+    out = Path(out_dir).expanduser() if out_dir else Path(workspace_of(ctx)) / "data"
+    log = runlog_of(ctx)
+    run_id = log.create_run("data", name=f"prepare {src.name}", dataset=src.name, run_dir=str(out), config={
+        "command": "prepare", "source": src.location, "kind": src.kind, "split_seed": split_seed,
+        "test_fraction": test_fraction, "limit": limit, "column_map": mapping, "hub_config": hub_config,
+    })
+    try:
+        summary = ds.prepare_dataset(src, out, split_seed=split_seed, test_fraction=test_fraction, limit=limit)
+    except (ds.DatasetError, OSError) as err:
+        log.finish_run(run_id, "failed", note=str(err))
+        fail(str(err))
+    except BaseException as err:
+        log.finish_run(run_id, "stopped" if isinstance(err, KeyboardInterrupt) else "failed",
+                       note=f"{type(err).__name__}: {err}")
+        raise
+    summary["run_id"] = run_id
+    log.log_metrics(run_id, {"rows_train": summary["rows"]["train"], "rows_test": summary["rows"]["test"],
+                             "skipped": summary["skipped"]})
+    log.finish_run(run_id, note=f"{summary['rows']['train']} train, {summary['rows']['test']} test, "
+                                f"{summary['skipped']} skipped")
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+        return
+    _print_summary(summary)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    split = "official split" if summary["split"] == "official" else (
+        f"hash split, test fraction {summary['test_fraction']}, seed {summary['split_seed']}")
+    click.echo(f"{summary['dataset']}: {summary['rows']['train']} train + {summary['rows']['test']} test rows "
+               f"({split}) from {summary['source']}")
+    for name in ("train", "test"):
+        click.echo(f"  {name:5} {summary['rows'][name]:>7}  {summary['files'][name]}")
+    click.echo(f"  skipped {summary['skipped']}")
+    for reason, count in sorted(summary["skipped_reasons"].items(), key=lambda item: -item[1]):
+        click.echo(f"    {count:>7}  {reason}")
+    for example in summary["skipped_examples"]:
+        click.secho(f"    e.g. {example}", fg="bright_black")
+    for where in summary["truncated"]:
+        click.echo(f"  the source is truncated at {where}: kept every complete row before it")
+    click.secho(f"  run {summary['run_id']}", fg="bright_black")
+
+
+@data.command("regenerate", short_help="Answer a dataset's prompts with the target, for drafter training.")
+@click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
+@click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
+@click.option("--draft", type=click.Path(file_okay=False), default=None, help="Drafter folder (methods other than vanilla).")
+@click.option("--dataset", "dataset_file", required=True, type=click.Path(dir_okay=False),
+              help='JSONL of normalized rows (`adaflash data prepare`) or {"prompt": ...} rows.')
+@click.option("--num-samples", type=click.IntRange(1), default=None, help="Answer the first N prompts [default: all].")
+@click.option("--max-new-tokens", type=click.IntRange(1, 32768), default=256, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True)
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 1024), default=16, show_default=True)
+@click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the chat template.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the engine's sampler.")
+@click.option("--max-len", type=click.IntRange(16), default=None,
+              help="KV-cache positions per prompt [default: fit the longest prompt + max-new-tokens, at most 4096]; "
+                   "longer prompts are skipped.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--dtype", default="auto", show_default=True, help="float32, bfloat16, float16 or auto.")
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Output JSONL (written atomically).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_context
+def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, dataset_file: str,
+               num_samples: int | None, max_new_tokens: int, temperature: float, top_p: float, batch_size: int,
+               chat: bool, seed: int, max_len: int | None, device: str, dtype: str, out_file: str,
+               as_json: bool) -> None:
+    """Answer the prompts of a dataset with the target; rows keep the exact prompt string it saw."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from adaflash.data.io import write_jsonl_atomic
+    from adaflash.data.prompts import PromptFileError, read_prompt_file
+    from adaflash.data.regenerate import fit_max_len
+    from adaflash.data.regenerate import regenerate as run_regenerate
+    from adaflash.engine.build import build_engine, check_method
+    from adaflash.engine.params import SamplingParams
+    from adaflash.models.drafter_io import DrafterError
+    from adaflash.models.loading import load_target
+
+    try:
+        check_method(method, draft)
+        prompts = read_prompt_file(dataset_file, num_samples)
+    except (PromptFileError, ValueError) as err:
+        fail(str(err))
+    try:
+        loaded = load_target(target, device=device, dtype=dtype)
+        cache_len = (min(max_len, loaded.max_context) if max_len else
+                     fit_max_len(loaded, prompts, chat=chat, max_new_tokens=max_new_tokens))
+        engine = build_engine(loaded, method, draft, max_batch=batch_size, max_len=cache_len, seed=seed)
+    except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
+        fail(str(err))
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    log = runlog_of(ctx)
+    run_id = log.create_run("data", name="regenerate", method=method, target=target, draft=draft,
+                            dataset=str(dataset_file), run_dir=str(Path(out_file).expanduser().resolve().parent),
+                            config={"command": "regenerate", "out": str(out_file), "num_samples": len(prompts),
+                                    "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+                                    "chat": chat, "seed": seed, "batch_size": batch_size, "max_len": engine.max_len,
+                                    "device": str(engine.device)})
+    console = Console(stderr=True)
+    try:
+        with Progress(TextColumn("[bold]regenerate"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[tokens]} tok"), TimeElapsedColumn(), console=console,
+                      disable=as_json) as progress:
+            task = progress.add_task("regenerate", total=len(prompts), tokens=0)
+            tokens = [0]
+
+            def on_done(row: dict[str, Any]) -> None:
+                tokens[0] += row["meta"]["completion_tokens"] or 0
+                progress.update(task, advance=1, tokens=tokens[0])
+
+            result = run_regenerate(engine, prompts, params, chat=chat, on_done=on_done)
+        path = write_jsonl_atomic(out_file, result.rows)
+    except (ValueError, RuntimeError, OSError) as err:
+        log.finish_run(run_id, "failed", note=str(err))
+        fail(str(err))
+    except BaseException as err:
+        log.finish_run(run_id, "stopped" if isinstance(err, KeyboardInterrupt) else "failed",
+                       note=f"{type(err).__name__}: {err}")
+        raise
+    summary = {
+        "run_id": run_id, "out": str(path), "rows": len(result.rows), "skipped": len(result.skipped),
+        "skipped_reasons": result.skipped, "completion_tokens": result.completion_tokens,
+        "accept_length": result.accept_length, "output_throughput": result.output_throughput,
+        "duration": result.duration,
+    }
+    log.log_metrics(run_id, {"accept_length": result.accept_length, "output_throughput": result.output_throughput,
+                             "completion_tokens": result.completion_tokens, "rows": len(result.rows),
+                             "skipped": len(result.skipped), "duration": result.duration})
+    log.finish_run(run_id, note=f"{len(result.rows)} rows -> {path}")
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"{len(result.rows)} rows -> {path} ({result.completion_tokens} tokens, "
+               f"{result.output_throughput:.1f} tok/s, τ={result.accept_length:.2f})")
+    for rid, why in list(result.skipped.items())[:5]:
+        click.secho(f"  skipped {rid}: {why}", fg="yellow")
+    if len(result.skipped) > 5:
+        click.secho(f"  ... and {len(result.skipped) - 5} more skipped", fg="yellow")
+    click.secho(f"  run {run_id}", fg="bright_black")

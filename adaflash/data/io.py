@@ -1,0 +1,67 @@
+"""Atomic JSONL writing: a reader (a trainer, a benchmark) never sees a half-written file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+class JsonlWriter:
+    """Writes rows to a temp file beside the target; `commit()` moves it into place."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self.tmp = Path(tmp)
+        self.handle: IO[str] = os.fdopen(fd, "w", encoding="utf-8")
+        self.count = 0
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self.count += 1
+
+    def commit(self) -> Path:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        if not self.handle.closed:
+            self.handle.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_jsonl(*paths: str | os.PathLike) -> Iterator[list[JsonlWriter]]:
+    """Writers for several files that all appear together at the end, or none on error."""
+    with ExitStack() as stack:
+        writers: list[JsonlWriter] = []
+        for path in paths:
+            writer = JsonlWriter(path)
+            writers.append(writer)
+            stack.callback(writer.abort)
+        yield writers
+        for writer in writers:
+            writer.commit()
+
+
+def write_jsonl_atomic(path: str | os.PathLike, rows: list[dict[str, Any]]) -> Path:
+    with atomic_jsonl(path) as (writer,):
+        for row in rows:
+            writer.write(row)
+    return Path(path)

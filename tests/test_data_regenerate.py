@@ -1,0 +1,107 @@
+"""`adaflash data regenerate` on a tiny random target, through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from adaflash.cli.main import cli
+from adaflash.runlog import RunLog
+
+PROMPTS = [
+    {"id": "conv", "conversations": [{"role": "user", "content": "What is 2 + 3?"},
+                                     {"role": "assistant", "content": "5 (the dataset's answer, dropped)"}],
+     "reference": "5"},
+    {"id": "plain", "prompt": "Name a colour."},
+    {"id": "third", "conversations": [{"role": "user", "content": "Count to three."}]},
+]
+
+
+def regen(ws: Path, *args: str):
+    return CliRunner().invoke(cli, ["--workspace", str(ws), "data", "regenerate", *args], catch_exceptions=False)
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture()
+def prompts_file(tmp_path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
+    return path
+
+
+def test_regenerate_keeps_the_exact_prompt_and_the_answer(tmp_path, tiny_llama, tiny_target, prompts_file):
+    from adaflash.engine.engine import Engine
+    from adaflash.engine.params import Request, SamplingParams
+
+    out = tmp_path / "regen" / "out.jsonl"
+    ws = tmp_path / "ws"
+    result = regen(ws, "--target", str(tiny_llama), "--dataset", str(prompts_file), "--num-samples", "3",
+                   "--max-new-tokens", "6", "--batch-size", "2", "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    rows = read_rows(out)
+    assert [r["id"] for r in rows] == ["conv", "plain", "third"]
+    assert summary["rows"] == 3 and summary["skipped"] == 0
+
+    # the same prompts through a fresh engine, greedily: the rows must hold exactly this
+    engine = Engine(tiny_target, max_batch=2)
+    texts = [tiny_target.render([{"role": "user", "content": "What is 2 + 3?"}]),
+             tiny_target.render("Name a colour."),
+             tiny_target.render([{"role": "user", "content": "Count to three."}])]
+    expected = engine.generate([Request(tiny_target.encode(t), SamplingParams(max_new_tokens=6), prompt_text=t)
+                                for t in texts])
+    for row, text, out_ref in zip(rows, texts, expected):
+        assert row["prompt_text"] == text
+        assert "<|im_start|>assistant" in text  # the chat template was applied
+        assert row["output_ids"] == out_ref.output_ids
+        assert row["response"] == out_ref.text == tiny_target.decode(row["output_ids"])
+        assert row["conversations"][-1] == {"role": "assistant", "content": row["response"]}
+        assert all(turn["role"] == "user" for turn in row["conversations"][:-1])
+        assert row["meta"]["completion_tokens"] == len(row["output_ids"])
+        assert row["meta"]["spec_accept_length"] == 1.0  # vanilla: one token per target step
+        assert row["finish_reason"] in ("stop", "length")
+    assert rows[0]["conversations"][0] == {"role": "user", "content": "What is 2 + 3?"}
+    assert rows[0]["reference"] == "5"
+    assert rows[1]["conversations"][:-1] == [{"role": "user", "content": "Name a colour."}]
+
+    run = RunLog.open(ws).get_run(summary["run_id"])
+    assert run["kind"] == "data" and run["status"] == "finished" and run["target"] == str(tiny_llama)
+    longest = max(len(tiny_target.encode(t)) for t in texts)
+    assert run["config"]["max_len"] == longest + 6 + 256  # the KV cache is sized to the data
+    metrics = RunLog.open(ws).last_metrics(summary["run_id"])
+    assert metrics["accept_length"] == 1.0
+    assert metrics["completion_tokens"] == sum(len(r["output_ids"]) for r in rows)
+    assert metrics["output_throughput"] > 0
+    assert [p.name for p in out.parent.iterdir()] == ["out.jsonl"]  # no temp file left
+
+
+def test_regenerate_no_chat_num_samples_and_too_long_prompts(tmp_path, tiny_llama, prompts_file):
+    rows = PROMPTS[1:2] + [{"id": "huge", "prompt": "word " * 2500}] + PROMPTS[2:]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    result = regen(tmp_path / "ws", "--target", str(tiny_llama), "--dataset", str(path), "--num-samples", "2",
+                   "--max-new-tokens", "4", "--no-chat", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "skipped huge" in result.output and "exceeds the context" in result.output
+    written = read_rows(out)
+    assert [r["id"] for r in written] == ["plain"]
+    assert written[0]["prompt_text"] == "Name a colour."
+
+
+def test_regenerate_bad_inputs(tmp_path, tiny_llama):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{broken\n')
+    out = tmp_path / "out.jsonl"
+    result = regen(tmp_path, "--target", str(tiny_llama), "--dataset", str(bad), "--out", str(out))
+    assert result.exit_code == 2 and f"{bad}:2" in result.output
+    result = regen(tmp_path, "--target", str(tiny_llama), "--dataset", str(bad), "--method", "dflash",
+                   "--out", str(out))
+    assert result.exit_code == 2 and "needs --draft" in result.output
+    assert not out.exists()
