@@ -111,7 +111,7 @@ def dflash_loss(
         label = (accepted[full].float() + 1) / size
         head_loss = F.mse_loss(predicted.float(), label)
         stats["loss_length_head"] = float(head_loss.detach())
-        stats["length_head_mae_tokens"] = float((predicted.float() - label).abs().mean() * size)
+        stats["length_head_mae_tokens"] = float((predicted.detach().float() - label).abs().mean() * size)
         loss = loss + head_loss
     stats["loss"] = float(loss.detach())
     return loss, stats

@@ -64,6 +64,7 @@ class TrainState:
     epoch: int = 0
     batch_index: int = 0
     tokens: int = 0
+    consumed: int = 0  # on-policy: swap-buffer rows this state has learned from
 
 
 def rank_world() -> tuple[int, int]:
@@ -124,8 +125,9 @@ class Trainer:
         self.gen = torch.Generator().manual_seed(cfg.seed + 7919 * rank_world()[0])
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def save(self, extra: dict[str, Any] | None = None, out: str | None = None) -> Path:
-        state = {
+    def state_blob(self) -> dict[str, Any]:
+        """Everything needed to continue bit for bit: counters, optimizers, RNG states."""
+        return {
             "state": asdict(self.state),
             "opt": self.opt.state_dict(),
             "head_opt": self.head_opt.state_dict() if self.head_opt else None,
@@ -134,6 +136,9 @@ class Trainer:
             "python_rng": random.getstate(),
             "config": {k: v for k, v in asdict(self.cfg).items() if k != "loss"},
         }
+
+    def save(self, extra: dict[str, Any] | None = None, out: str | None = None) -> Path:
+        state = self.state_blob()
         meta = {"target": self.target.name, "num_target_layers": self.target.model.cfg.num_hidden_layers,
                 "step": self.state.step, **(extra or {})}
         return save_drafter(self.drafter, out or self.cfg.out, meta,

@@ -1,0 +1,1 @@
+"""The asynchronous on-policy pipeline: inference worker → swap buffer → training worker(s) → versions."""

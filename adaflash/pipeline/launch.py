@@ -1,0 +1,124 @@
+"""Start the inference and training workers as subprocesses on their devices and see them through.
+
+Each worker gets its own process group, its log file in the run folder and CUDA_VISIBLE_DEVICES
+from its role's GPUs (`cpu` hides every GPU); several training GPUs mean a torchrun job. A stop
+request (signal or `adaflash pipeline stop`) is a STOP file both workers watch; a worker that
+does not exit within the grace period is killed with its group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from adaflash.pipeline.buffer import SwapBuffer
+from adaflash.pipeline.inference import InferenceConfig
+from adaflash.pipeline.training import TrainingConfig
+from adaflash.runlog import RunLog
+
+
+def parse_gpus(value: str, flag: str) -> list[str]:
+    """`cpu`, or comma-separated GPU indices."""
+    value = value.strip()
+    if value == "cpu":
+        return []
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items or not all(v.isdigit() for v in items):
+        raise ValueError(f"{flag} must be 'cpu' or comma-separated GPU indices, got {value!r}")
+    return items
+
+
+def worker_env(gpus: list[str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def infer_command(cfg: InferenceConfig) -> list[str]:
+    return [sys.executable, "-m", "adaflash.pipeline.worker", "infer", json.dumps(asdict(cfg))]
+
+
+def train_command(cfg: TrainingConfig, gpus: list[str]) -> list[str]:
+    payload = json.dumps(asdict(cfg))
+    if len(gpus) > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={len(gpus)}",
+                "-m", "adaflash.pipeline.worker", "train", payload]
+    return [sys.executable, "-m", "adaflash.pipeline.worker", "train", payload]
+
+
+class Pipeline:
+    def __init__(self, log: RunLog, run_id: str, run_dir: Path, infer: InferenceConfig, train: TrainingConfig,
+                 infer_gpus: list[str], train_gpus: list[str], grace: float = 60.0) -> None:
+        self.log, self.run_id, self.run_dir = log, run_id, run_dir
+        self.infer, self.train = infer, train
+        self.infer_gpus, self.train_gpus = infer_gpus, train_gpus
+        self.grace = grace
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.job_ids: dict[str, int] = {}
+
+    def commands(self) -> dict[str, list[str]]:
+        return {"inference": infer_command(self.infer), "training": train_command(self.train, self.train_gpus)}
+
+    def start(self) -> None:
+        SwapBuffer(self.infer.swap_dir).clear_stop()
+        gpus = {"inference": self.infer_gpus, "training": self.train_gpus}
+        for role, command in self.commands().items():
+            log_path = self.run_dir / f"{role}.log"
+            job = self.log.add_job(self.run_id, role, command, role=role, gpus=",".join(gpus[role]) or "cpu",
+                                   log_path=str(log_path), status="starting")
+            with open(log_path, "ab") as out:
+                proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=worker_env(gpus[role]),
+                                        start_new_session=True)
+            self.procs[role], self.job_ids[role] = proc, job
+            self.log.update_job(job, pid=proc.pid, pgid=proc.pid, status="running", started_at=time.time())
+
+    def request_stop(self) -> None:
+        SwapBuffer(self.infer.swap_dir).request_stop()
+
+    def wait(self, poll: float = 1.0) -> str:
+        """Until both workers exit; a failed worker stops the other. Returns the run status."""
+        status = "finished"
+        stop_sent_at: float | None = None
+        while any(p.poll() is None for p in self.procs.values()):
+            for role, proc in self.procs.items():
+                code = proc.poll()
+                if code is not None and code != 0 and status != "failed":
+                    status = "failed"
+                    tail = _tail(self.run_dir / f"{role}.log")
+                    self.log.log_event(self.run_id, f"{role} worker failed with exit code {code}: {tail}", level="error",
+                                       job=role)
+                    self.request_stop()
+            if SwapBuffer(self.infer.swap_dir).stop_requested() and stop_sent_at is None:
+                stop_sent_at = time.time()
+                status = "stopped" if status == "finished" else status
+            if stop_sent_at is not None and time.time() - stop_sent_at > self.grace:
+                self.kill()
+            time.sleep(poll)
+        for role, proc in self.procs.items():
+            code = proc.returncode
+            self.log.update_job(self.job_ids[role], status="finished" if code == 0 else "failed", exit_code=code,
+                                ended_at=time.time())
+            if code != 0 and status == "finished":
+                status = "failed"
+        return status
+
+    def kill(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""

@@ -1,0 +1,104 @@
+"""The on-policy pipeline: buffer order, atomic versions, torn-version refusal, the whole run."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from adaflash.cli.main import cli
+from adaflash.models.drafter_io import DrafterError, new_drafter, save_drafter
+from adaflash.pipeline.buffer import SwapBuffer
+from adaflash.pipeline.weights import WeightStore
+from adaflash.runlog import RunLog
+
+
+def test_buffer_appends_in_order_and_survives_a_torn_line(tmp_path):
+    buffer = SwapBuffer(tmp_path)
+    assert buffer.append([{"x": 1}, {"x": 2}]) == 2
+    with buffer.path.open("a") as handle:
+        handle.write('{"seq": 2, "x": 3')  # a writer killed mid-line
+    assert buffer.count() == 2
+    assert [r["x"] for r in buffer.read(0, 10)] == [1, 2]
+    assert buffer.repair() == 2
+    assert buffer.append([{"x": 3}]) == 3
+    assert [r["seq"] for r in buffer.read(1, 5)] == [1, 2]
+
+
+def test_versions_publish_atomically_prune_and_refuse_torn(tmp_path, tiny_target):
+    store = WeightStore(tmp_path)
+    cfg = tiny_target.model.cfg
+    drafter = new_drafter("dflash", cfg, block_size=8)
+    for _ in range(4):
+        store.publish(drafter, {"target": "tiny"}, keep=2, pointer_extra={"consumed": 3})
+    assert store.latest_version() == 4
+    assert store.versions() == [3, 4]
+    assert store.pointer()["consumed"] == 3
+    version, loaded = store.load(cfg)
+    assert version == 4 and loaded.block_size == 8
+    assert store.load(cfg, newer_than=4) is None
+    weights = store.folder(4) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # torn
+    with pytest.raises(DrafterError, match="checksum"):
+        store.load(cfg)
+
+
+def test_inference_worker_refuses_a_torn_version_and_keeps_going(tmp_path, tiny_llama, tiny_target):
+    from adaflash.pipeline.inference import InferenceConfig, run_inference
+
+    cfg = tiny_target.model.cfg
+    draft = save_drafter(new_drafter("dflash", cfg, block_size=8), tmp_path / "d0")
+    store = WeightStore(tmp_path / "swap")
+    store.publish(new_drafter("dflash", cfg, block_size=8, seed=1), {"target": "tiny"})
+    store.publish(new_drafter("dflash", cfg, block_size=8, seed=2), {"target": "tiny"})
+    weights = store.folder(2) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:64])
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(5)))
+    log = RunLog.open(tmp_path / "ws")
+    run = log.create_run("pipeline")
+    produced = run_inference(InferenceConfig(target=str(tiny_llama), draft=str(draft), data=str(prompts),
+                                             swap_dir=str(tmp_path / "swap"), run_id=run, workspace=str(tmp_path / "ws"),
+                                             method="dflash", batch_size=2, max_new_tokens=8))
+    assert produced == 5
+    rows = SwapBuffer(tmp_path / "swap").read(0, 10)
+    assert [r["seq"] for r in rows] == list(range(5))
+    assert all(r["prompt_text"] and r["output_ids"] for r in rows)
+    events = [e["message"] for e in log.events_since(0, run_id=run)]
+    assert any("refused version 2" in m for m in events), events
+
+
+def test_pipeline_end_to_end_on_cpu(tmp_path, tiny_llama, tiny_target):
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Say the number {i} twice."}) + "\n" for i in range(10)))
+    ws = tmp_path / "ws"
+    result = CliRunner().invoke(cli, ["--workspace", str(ws), "pipeline", "--target", str(tiny_llama), "--draft", str(draft),
+                                      "--data", str(prompts), "--max-new-tokens", "12", "--min-buffer", "4",
+                                      "--train-batch", "4", "--publish-every", "1", "--batch-size", "4",
+                                      "--preset", "osd"])
+    assert result.exit_code == 0, result.output
+    log = RunLog.open(ws)
+    run = log.list_runs(kind="pipeline")[0]
+    assert run["status"] == "finished" and run["method"] == "osd"
+    swap = run["config"]["swap_dir"]
+    buffer, store = SwapBuffer(swap), WeightStore(swap)
+    assert buffer.count() == 10 and buffer.producer_done() == 10
+    pointer = store.pointer()
+    assert pointer["consumed"] == 10  # every sample learned from exactly once
+    assert store.latest_version() >= 3
+    state = torch.load(store.folder(store.latest_version()) / "trainer_state.pt", weights_only=False)
+    assert state["state"]["consumed"] == 10
+    names = {m["name"] for m in log.metrics_since(0, run_id=run["id"])}
+    assert {"tau", "tokens_per_s", "buffer_depth", "drafter_version", "loss_fkl", "published_version"} <= names
+    assert {j["role"]: j["status"] for j in log.jobs(run["id"])} == {"inference": "finished", "training": "finished"}
+
+
+def test_pipeline_bad_inputs(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(cli, ["--workspace", str(tmp_path), "pipeline", "--draft", str(tmp_path), "--data", "nope.jsonl"])
+    assert result.exit_code == 2 and "nope.jsonl" in result.output
+    (tmp_path / "p.jsonl").write_text("{}\n")
+    result = runner.invoke(cli, ["--workspace", str(tmp_path), "pipeline", "--draft", str(tmp_path), "--data",
+                                 str(tmp_path / "p.jsonl"), "--train-gpus", "0,x"])
+    assert result.exit_code == 2 and "--train-gpus" in result.output
