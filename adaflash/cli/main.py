@@ -11,9 +11,17 @@ import click
 # without importing the module, so torch is never loaded just to list commands.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "models": ("adaflash.cli.models", "models", "List and prepare the built-in target models."),
+    "draft": ("adaflash.cli.draft", "draft", "Create and inspect drafters (DFlash/AdaFlash, EAGLE-3, MTP)."),
+    "eval": ("adaflash.cli.evaluate", "evaluate", "Measure τ and throughput of methods offline on the same prompts."),
     "generate": ("adaflash.cli.generate", "generate", "Generate with a target (and a drafter) through the embedded engine."),
     "data": ("adaflash.cli.data", "data", "Prepare datasets into normalized rows; regenerate answers with the target."),
+    "train": ("adaflash.cli.train", "train", "Train drafters offline and initialize the AdaFlash length head."),
+    "serve": ("adaflash.cli.serve", "serve", "Serve a method over HTTP (SGLang's dialect): embedded engine or SGLang."),
+    "bench": ("adaflash.cli.bench", "bench", "Benchmark a server (SGLang bench_serving metrics) or a matrix of methods."),
+    "pipeline": ("adaflash.cli.pipeline", "pipeline", "Run the async on-policy pipeline (AdaFlash / OSD presets)."),
     "runs": ("adaflash.cli.runs", "runs", "Read the run log: list, show, compare, export runs."),
+    "gpus": ("adaflash.cli.gpus", "gpus", "GPUs, their processes and adaflash jobs, host CPU/RAM (--json, --watch)."),
+    "run": ("adaflash.cli.run", "run", "Run a recipe: plan, start and supervise its jobs (--dry-run, --detach)."),
 }
 
 

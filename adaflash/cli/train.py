@@ -86,10 +86,13 @@ def common_options(func):
 @click.option("--save-every", type=click.IntRange(1), default=100, show_default=True)
 @click.option("--eval-every", type=click.IntRange(0), default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out, bit for bit.")
+@click.option("--max-minutes", type=click.FloatRange(0, min_open=True), default=None,
+              help="Wall-clock budget: stop, evaluate and save when it runs out.")
 @click.pass_context
 def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_tokens, limit, eval_data, eval_prompts,
                 device, seed, init, epochs, steps, lr, warmup_steps, layers, block_size, blocks_per_seq, ttt_length,
-                chain_steps, length_head, loss, alpha, kl_temperature, clip, gamma, save_every, eval_every, resume) -> None:
+                chain_steps, length_head, loss, alpha, kl_temperature, clip, gamma, save_every, eval_every, resume,
+                max_minutes) -> None:
     """Train a DFlash, EAGLE-3 or MTP drafter on target-generated data (single process or torchrun)."""
     from adaflash.models.drafter_io import DrafterError
     from adaflash.models.loading import load_target
@@ -106,7 +109,7 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
         cfg = TrainConfig(method=method, out=out, init=init, epochs=epochs, steps=steps, lr=lr, warmup_steps=warmup_steps,
                           batch_tokens=batch_tokens, blocks_per_seq=blocks_per_seq, ttt_length=ttt_length, layers=layers,
                           block_size=block_size, steps_chain=chain_steps, length_head=length_head, save_every=save_every,
-                          eval_every=eval_every, seed=seed, resume=resume, loss=loss_cfg)
+                          eval_every=eval_every, seed=seed, resume=resume, max_minutes=max_minutes, loss=loss_cfg)
         trainer = Trainer(cfg, tgt)
         prompts = _eval_prompts(eval_data, data, tgt, eval_prompts) if eval_prompts else []
     except (DrafterError, TrainDataError, ValueError, FileNotFoundError) as err:

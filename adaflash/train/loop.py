@@ -55,6 +55,7 @@ class TrainConfig:
     eval_max_new_tokens: int = 48
     seed: int = 0
     resume: bool = False
+    max_minutes: float | None = None  # wall-clock budget: stop, evaluate and save when it runs out
     loss: LossConfig = field(default_factory=LossConfig)
 
 
@@ -197,10 +198,15 @@ class Trainer:
         total = cfg.steps or cfg.epochs * len(per_epoch)
         last: dict[str, float] = {}
         started, tokens_at_start = time.perf_counter(), self.state.tokens
-        while self.state.step < total:
+        deadline = started + cfg.max_minutes * 60 if cfg.max_minutes else None
+
+        def out_of_time() -> bool:
+            return deadline is not None and time.perf_counter() >= deadline
+
+        while self.state.step < total and not out_of_time():
             order = epoch_order(len(sequences), cfg.seed, self.state.epoch)
             mine = [b for i, b in enumerate(batches(order, sequences, cfg.batch_tokens)) if i % world == rank]
-            while self.state.batch_index < len(mine) and self.state.step < total:
+            while self.state.batch_index < len(mine) and self.state.step < total and not out_of_time():
                 group = [sequences[i] for i in mine[self.state.batch_index]]
                 self.state.batch_index += 1
                 last = self.step_on(group, lr_at(self.state.step, total, cfg))
@@ -208,7 +214,7 @@ class Trainer:
                 last["epoch"] = self.state.epoch
                 if eval_prompts and cfg.eval_every and self.state.step % cfg.eval_every == 0 and rank == 0:
                     last.update(self.evaluate(eval_prompts))
-                if rank == 0 and (self.state.step % cfg.save_every == 0 or self.state.step == total):
+                if rank == 0 and (self.state.step % cfg.save_every == 0 or self.state.step == total or out_of_time()):
                     self.save()
                 on_step(self.state.step, total, last)
             if self.state.batch_index >= len(mine):

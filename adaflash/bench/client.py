@@ -1,0 +1,230 @@
+"""The benchmark client: streams /generate requests to any SGLang-dialect server under a concurrency cap.
+
+Streaming is what makes TTFT and ITL real (a non-streamed answer only has its total latency).
+A semaphore holds at most `concurrency` requests in flight, like bench_serving's --max-concurrency
+with an infinite request rate. Warm-up requests run first and are not measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from adaflash.bench.metrics import RequestResult, accuracy, compute_metrics, local_hardware
+from adaflash.bench.prompts import BenchPrompt
+
+READ_BUFSIZE = 16 * 1024 * 1024  # a cumulative stream chunk of a long answer can be large
+
+
+@dataclass
+class BenchSettings:
+    base_url: str
+    concurrency: int = 1
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    warmup: int = 0
+    stream: bool = True
+    ignore_eos: bool = False
+    api_key: str | None = None
+    timeout: float = 6 * 3600.0
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def _payload(settings: BenchSettings, prompt: BenchPrompt) -> dict[str, Any]:
+    params: dict[str, Any] = {"max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature}
+    if settings.top_p != 1.0:
+        params["top_p"] = settings.top_p
+    if settings.ignore_eos:
+        params["ignore_eos"] = True
+    return {"text": prompt.text, "sampling_params": params, "stream": settings.stream}
+
+
+def _apply_meta(result: RequestResult, data: dict[str, Any]) -> None:
+    meta = data.get("meta_info") or {}
+    result.text = data.get("text", result.text) or ""
+    if isinstance(meta.get("completion_tokens"), int):
+        result.output_tokens = meta["completion_tokens"]
+    if isinstance(meta.get("prompt_tokens"), int):
+        result.prompt_tokens = meta["prompt_tokens"]
+    if isinstance(meta.get("spec_verify_ct"), int):
+        result.verify_ct = meta["spec_verify_ct"]
+    if isinstance(meta.get("spec_num_proposed_drafts"), int):
+        result.proposed = meta["spec_num_proposed_drafts"]
+        result.correct = meta.get("spec_num_correct_drafts") or 0
+
+
+async def send_request(session: aiohttp.ClientSession, settings: BenchSettings, prompt: BenchPrompt) -> RequestResult:
+    """One request; never raises: a failure is a RequestResult with `error` set."""
+    result = RequestResult(prompt.id)
+    start = result.start = time.perf_counter()
+    last_at, last_tokens = start, 0
+    try:
+        async with session.post(settings.base_url + "/generate", json=_payload(settings, prompt),
+                                headers=settings.headers) as response:
+            if response.status != 200:
+                result.error = f"HTTP {response.status}: {(await response.text())[:500]}"
+                return result
+            if not settings.stream:
+                _apply_meta(result, await response.json(content_type=None))
+                result.latency = result.ttft = time.perf_counter() - start
+                result.success = True
+                return result
+            async for raw in response.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                chunk = line[5:].strip()
+                if chunk == b"[DONE]":
+                    break
+                data = json.loads(chunk)
+                if "error" in data:
+                    error = data["error"]
+                    result.error = error.get("message", str(error)) if isinstance(error, dict) else str(error)
+                    return result
+                now = time.perf_counter()
+                before = result.output_tokens
+                _apply_meta(result, data)
+                tokens = result.output_tokens if "completion_tokens" in (data.get("meta_info") or {}) else (
+                    before + (1 if data.get("text") else 0))
+                result.output_tokens = max(tokens, result.output_tokens)
+                if result.ttft == 0.0:
+                    if result.output_tokens > 0:
+                        result.ttft = now - start
+                        last_at, last_tokens = now, result.output_tokens
+                    continue
+                new = result.output_tokens - last_tokens
+                if new > 0:
+                    result.itl.extend([(now - last_at) / new] * new)
+                    last_at, last_tokens = now, result.output_tokens
+            result.latency = time.perf_counter() - start
+            result.success = result.error is None
+    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError) as err:
+        result.error = f"{type(err).__name__}: {err}"
+    return result
+
+
+async def fetch_json(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> dict[str, Any] | None:
+    try:
+        async with session.get(url, headers=headers) as response:
+            if response.status != 200:
+                return None
+            data = await response.json(content_type=None)
+            return data if isinstance(data, dict) else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+async def run_requests(settings: BenchSettings, prompts: list[BenchPrompt],
+                       on_done: Callable[[RequestResult], None] | None = None) -> tuple[list[RequestResult], float, dict]:
+    """(results in prompt order, measured duration, server info before the run)."""
+    timeout = aiohttp.ClientTimeout(total=settings.timeout)
+    connector = aiohttp.TCPConnector(limit=max(settings.concurrency, 1) + 2)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, read_bufsize=READ_BUFSIZE) as session:
+        info = await fetch_json(session, settings.base_url + "/get_server_info", settings.headers) or {}
+        semaphore = asyncio.Semaphore(settings.concurrency)
+
+        async def limited(prompt: BenchPrompt, report: bool) -> RequestResult:
+            async with semaphore:
+                result = await send_request(session, settings, prompt)
+            if report and on_done:
+                on_done(result)
+            return result
+
+        if settings.warmup and prompts:
+            warm = [prompts[i % len(prompts)] for i in range(settings.warmup)]
+            await asyncio.gather(*(limited(p, False) for p in warm))
+        started = time.perf_counter()
+        results = await asyncio.gather(*(limited(p, True) for p in prompts))
+        duration = time.perf_counter() - started
+        after = await fetch_json(session, settings.base_url + "/get_server_info", settings.headers)
+    if after:
+        info = {**info, **after}
+    return list(results), duration, info
+
+
+def server_accept_length(info: dict[str, Any]) -> float | None:
+    value = info.get("avg_spec_accept_length")
+    if value is None:
+        states = info.get("internal_states") or []
+        if states and isinstance(states[0], dict):
+            value = states[0].get("avg_spec_accept_length")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def method_from_info(info: dict[str, Any]) -> str | None:
+    if info.get("method"):
+        return str(info["method"])
+    algorithm = info.get("speculative_algorithm")
+    if algorithm is None:
+        return "vanilla" if info else None
+    return {"DFLASH": "dflash", "EAGLE3": "eagle3", "EAGLE": "eagle3", "NEXTN": "mtp"}.get(str(algorithm).upper(),
+                                                                                         str(algorithm).lower())
+
+
+def build_record(
+    settings: BenchSettings,
+    prompts: list[BenchPrompt],
+    results: list[RequestResult],
+    duration: float,
+    info: dict[str, Any],
+    *,
+    dataset: str,
+    method: str | None = None,
+    target: str | None = None,
+    draft: str | None = None,
+    label: str | None = None,
+    eval_accuracy: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One benchmark record: SGLang's metric names plus what makes rows comparable."""
+    metrics = compute_metrics(results, duration)
+    if metrics["accept_length"] is None:
+        metrics["accept_length"] = server_accept_length(info)
+    acc = None
+    if eval_accuracy:
+        by_id = {p.id: p for p in prompts}
+        acc = accuracy(dataset, [(r.text, by_id[r.id].reference) for r in results if r.success and r.id in by_id])
+    errors = [r.error for r in results if r.error][:5]
+    record = {
+        "method": method or method_from_info(info),
+        "target": target or info.get("target") or info.get("model_path"),
+        "draft": draft if draft is not None else (info.get("draft") or info.get("speculative_draft_model_path")),
+        "dataset": dataset,
+        "concurrency": settings.concurrency,
+        "max_concurrency": settings.concurrency,
+        "num_prompts": len(prompts),
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "max_new_tokens": settings.max_new_tokens,
+        "warmup": settings.warmup,
+        "stream": settings.stream,
+        "label": label,
+        "tag": label,
+        "accuracy": acc,
+        "hardware": info.get("hardware") or local_hardware(),
+        "backend": "adaflash-embedded" if info.get("engine") == "embedded" else "sglang",
+        "base_url": settings.base_url,
+        "drafter_version": info.get("drafter_version"),
+        "server_accept_length": server_accept_length(info),
+        **metrics,
+        "errors": errors,
+    }
+    record.update(extra or {})
+    return record
+
+
+def run_benchmark(settings: BenchSettings, prompts: list[BenchPrompt], *, dataset: str,
+                  on_done: Callable[[RequestResult], None] | None = None, **record_kw: Any) -> dict[str, Any]:
+    """Run the prompts and return the record (synchronous wrapper for the CLI and the matrix)."""
+    results, duration, info = asyncio.run(run_requests(settings, prompts, on_done))
+    return build_record(settings, prompts, results, duration, info, dataset=dataset, **record_kw)

@@ -1,0 +1,281 @@
+"""Comparison tables over benchmark records: pure functions the CLI and the TUI share.
+
+A row is one record (method × dataset × concurrency × target). Its speed-up divides its output
+throughput by the Vanilla row of the same group (the same bench matrix; results outside any matrix
+form one "standalone" group) with the same target, dataset and concurrency. Rows that differ from
+their Vanilla row in prompts, sampling, max tokens or hardware are flagged, never silently compared.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from adaflash.engine.params import METHODS
+
+STANDALONE = "standalone"
+FAIRNESS_RULES = (
+    "Fair comparison: within a group every row uses the same target, prompts (dataset, num_prompts), "
+    "sampling (temperature, top_p), max new tokens, hardware and concurrency; speed-up = output tok/s "
+    "divided by the Vanilla row of the same bench matrix (or of the standalone results) with the same "
+    "target, dataset and concurrency. No Vanilla row, no speed-up."
+)
+FAIRNESS_FIELDS = ("num_prompts", "temperature", "top_p", "max_new_tokens", "hardware")
+COLUMNS = ["method", "target", "dataset", "concurrency", "label", "output_throughput", "speedup", "accept_length",
+           "accept_rate", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
+           "p99_itl_ms", "accuracy", "n"]
+TITLES = {
+    "concurrency": "conc", "output_throughput": "out tok/s", "speedup": "speed-up", "accept_length": "τ",
+    "accept_rate": "accept rate", "median_ttft_ms": "TTFT p50 ms", "p99_ttft_ms": "TTFT p99 ms",
+    "median_tpot_ms": "TPOT p50 ms", "p99_tpot_ms": "TPOT p99 ms", "median_itl_ms": "ITL p50 ms",
+    "p99_itl_ms": "ITL p99 ms",
+}
+_ORDER = {m: i for i, m in enumerate(METHODS)}
+
+
+def group_of(record: dict[str, Any]) -> str:
+    return record.get("matrix_run") or STANDALONE
+
+
+def records_of(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run-log bench_results rows → records (their JSON data) with where each came from."""
+    out = []
+    for row in results:
+        data = row.get("data")
+        record = dict(data) if isinstance(data, dict) else {k: v for k, v in row.items() if k != "data"}
+        record.setdefault("run_id", row.get("run_id"))
+        record["result_id"] = row.get("id")
+        out.append(record)
+    return out
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def comparison_rows(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(rows sorted for reading, warnings about missing Vanilla rows and unfair pairs)."""
+    vanilla: dict[tuple, dict[str, Any]] = {}
+    for record in records:
+        if record.get("method") == "vanilla":
+            key = (group_of(record), record.get("target"), record.get("dataset"), record.get("concurrency"))
+            if key not in vanilla or (record.get("result_id") or 0) >= (vanilla[key].get("result_id") or 0):
+                vanilla[key] = record
+    rows, warnings = [], []
+    for record in records:
+        key = (group_of(record), record.get("target"), record.get("dataset"), record.get("concurrency"))
+        base = vanilla.get(key)
+        out, base_out = _num(record.get("output_throughput")), _num(base.get("output_throughput")) if base else None
+        row = {
+            "group": key[0], "run_id": record.get("run_id"), "result_id": record.get("result_id"),
+            "method": record.get("method"), "target": record.get("target"), "dataset": record.get("dataset"),
+            "concurrency": record.get("concurrency"), "label": record.get("label"), "output_throughput": out,
+            "speedup": out / base_out if out is not None and base_out else None,
+            "accept_length": _num(record.get("accept_length")), "accept_rate": _num(record.get("accept_rate")),
+            "accuracy": _num(record.get("accuracy")), "n": record.get("completed"), "fair": True,
+        }
+        for name in ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms"):
+            row[name] = _num(record.get(name))
+        where = f"{row['method']} on {row['dataset']} at concurrency {row['concurrency']}"
+        if base is None:
+            if row["method"] != "vanilla":
+                warnings.append(f"{where} ({_group_name(key[0])}): no Vanilla row with the same target, dataset "
+                                "and concurrency, so no speed-up")
+        elif base is not record:
+            for name in FAIRNESS_FIELDS:
+                mine, theirs = record.get(name), base.get(name)
+                if mine is not None and theirs is not None and mine != theirs:
+                    row["fair"] = False
+                    warnings.append(f"{where}: {name} differs from its Vanilla row ({mine!r} vs {theirs!r})")
+        rows.append(row)
+    rows.sort(key=lambda r: (str(r["group"]), str(r["target"]), str(r["dataset"]), r["concurrency"] or 0,
+                             _ORDER.get(r["method"], len(_ORDER)), str(r["label"] or ""), r["result_id"] or 0))
+    return rows, warnings
+
+
+def _group_name(group: str) -> str:
+    return "standalone results" if group == STANDALONE else f"matrix {group}"
+
+
+def columns_for(rows: list[dict[str, Any]]) -> list[str]:
+    """COLUMNS without `label` when no row has one."""
+    return [c for c in COLUMNS if c != "label" or any(r.get("label") for r in rows)]
+
+
+def display_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows keyed by human column titles, values formatted (speed-up as 1.52x, rates as %)."""
+    columns = columns_for(rows)
+    titles = [TITLES.get(c, c) for c in columns]
+    shown = []
+    for row in rows:
+        item = {}
+        for column, title in zip(columns, titles):
+            value = row.get(column)
+            if value is None:
+                item[title] = None
+            elif column == "speedup":
+                item[title] = f"{value:.2f}x" + ("" if row.get("fair", True) else "*")
+            elif column in ("accept_rate", "accuracy"):
+                item[title] = f"{100 * value:.1f}%"
+            elif column == "output_throughput":
+                item[title] = f"{value:.1f}"
+            elif column == "accept_length":
+                item[title] = f"{value:.2f}"
+            elif isinstance(value, float):
+                item[title] = f"{value:.1f}"
+            else:
+                item[title] = value
+        shown.append(item)
+    return shown, titles
+
+
+def footer(warnings: list[str], rows: list[dict[str, Any]] | None = None) -> str:
+    lines = [FAIRNESS_RULES]
+    if rows and not all(r.get("fair", True) for r in rows):
+        lines.append("* speed-up of a row that differs from its Vanilla row (see the warnings).")
+    if warnings:
+        lines.append("Warnings:")
+        lines += [f"  - {w}" for w in dict.fromkeys(warnings)]
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[dict[str, Any]], warnings: list[str]) -> str:
+    shown, titles = display_rows(rows)
+    lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
+    for item in shown:
+        lines.append("| " + " | ".join("N/A" if item[t] is None else str(item[t]) for t in titles) + " |")
+    return "\n".join(lines) + "\n\n" + footer(warnings, rows) + "\n"
+
+
+# -- export -------------------------------------------------------------------------------------
+def _flat(value: Any) -> Any:
+    return json.dumps(value, default=str) if isinstance(value, (dict, list)) else value
+
+
+def export_records(records: list[dict[str, Any]], fmt: str) -> str:
+    """Full records (SGLang key names) as json, jsonl or csv; markdown is the comparison table."""
+    if fmt == "json":
+        return json.dumps(records, indent=2, default=str) + "\n"
+    if fmt == "jsonl":
+        return "".join(json.dumps(r, default=str) + "\n" for r in records)
+    if fmt == "csv":
+        columns: list[str] = []
+        for record in records:
+            columns += [k for k in record if k not in columns and k != "server_info"]
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        for record in records:
+            writer.writerow({k: _flat(v) for k, v in record.items()})
+        return buffer.getvalue()
+    if fmt == "markdown":
+        rows, warnings = comparison_rows(records)
+        return markdown_table(rows, warnings)
+    raise ValueError(f"unknown format {fmt!r}: expected json, jsonl, csv or markdown")
+
+
+# -- import of SGLang bench_serving results ------------------------------------------------------------
+SGLANG_METHODS = {"DFLASH": "dflash", "EAGLE3": "eagle3", "EAGLE": "eagle3", "NEXTN": "mtp"}
+SERVER_INFO_KEEP = ("model_path", "speculative_algorithm", "speculative_draft_model_path", "tp_size",
+                    "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+                    "speculative_dflash_block_size", "max_running_requests", "version")
+
+
+class ImportFormatError(ValueError):
+    pass
+
+
+def from_sglang(obj: dict[str, Any], *, method: str | None = None, dataset: str | None = None,
+                target: str | None = None, source: str | None = None) -> dict[str, Any]:
+    """One bench_serving result line → a record: its keys kept, our comparison keys filled in.
+
+    bench_serving's `concurrency` is the measured average; the configured cap is `max_concurrency`,
+    which becomes our `concurrency` (the measured one is kept as `measured_concurrency`).
+    """
+    info = obj.get("server_info") if isinstance(obj.get("server_info"), dict) else {}
+    if method is None:
+        algorithm = info.get("speculative_algorithm")
+        if info:
+            method = "vanilla" if algorithm is None else SGLANG_METHODS.get(str(algorithm).upper(), str(algorithm).lower())
+    if method is None:
+        raise ImportFormatError("cannot tell the method (no server_info.speculative_algorithm): give --method")
+    record = {k: v for k, v in obj.items() if k != "server_info"}
+    accept = obj.get("accept_length")
+    if accept is None:
+        states = info.get("internal_states") or []
+        if states and isinstance(states[0], dict):
+            accept = states[0].get("avg_spec_accept_length")
+    record.update({
+        "method": method,
+        "target": target or info.get("model_path") or obj.get("model_id") or obj.get("model"),
+        "draft": info.get("speculative_draft_model_path"),
+        "dataset": dataset or obj.get("dataset_name"),
+        "concurrency": obj.get("max_concurrency"),
+        "max_concurrency": obj.get("max_concurrency"),
+        "measured_concurrency": obj.get("concurrency"),
+        "num_prompts": obj.get("num_prompts", obj.get("completed")),
+        "accept_length": accept,
+        "total_token_throughput": obj.get("total_token_throughput", obj.get("total_throughput")),
+        "backend": obj.get("backend", "sglang"),
+        "label": obj.get("tag") or obj.get("label"),
+        "imported_from": source,
+        "server_info": {k: info[k] for k in SERVER_INFO_KEEP if k in info},
+    })
+    for name in ("completed", "output_throughput"):
+        if name not in obj:
+            raise ImportFormatError(f"no {name!r}: not a bench_serving result")
+    return record
+
+
+def read_sglang_jsonl(path: str | Path, **kw: Any) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.is_file():
+        raise ImportFormatError(f"{path}: no such file")
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ImportFormatError(f"{where}: not valid JSON ({err.msg})") from None
+            if not isinstance(obj, dict):
+                raise ImportFormatError(f"{where}: expected a JSON object per line")
+            try:
+                records.append(from_sglang(obj, source=str(path), **kw))
+            except ImportFormatError as err:
+                raise ImportFormatError(f"{where}: {err}") from None
+    if not records:
+        raise ImportFormatError(f"{path}: holds no results")
+    return records
+
+
+# -- picking results from the run log ---------------------------------------------------------------
+def select_records(log: Any, run_ids: list[str] | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Records for RUN ids (a bench-matrix run brings every result it grouped); with none, the latest
+    bench matrix, or every result when there is no matrix. Raises KeyError for an unknown run."""
+    if not run_ids:
+        latest = log.list_runs(kind="bench-matrix", limit=1)
+        if not latest:
+            return records_of(log.bench_results()), "all benchmark results"
+        run_ids = [latest[0]["id"]]
+    everything: list[dict[str, Any]] | None = None
+    picked: dict[int, dict[str, Any]] = {}
+    names = []
+    for run_id in run_ids:
+        run = log.get_run(run_id)
+        names.append(run["id"])
+        own = records_of(log.bench_results([run["id"]]))
+        if run.get("kind") == "bench-matrix":
+            if everything is None:
+                everything = records_of(log.bench_results())
+            own += [r for r in everything if r.get("matrix_run") == run["id"]]
+        for record in own:
+            picked[record["result_id"]] = record
+    return [picked[k] for k in sorted(picked)], ", ".join(names)

@@ -1,0 +1,163 @@
+"""Per-request timings → one benchmark record with SGLang `bench_serving`'s key names.
+
+Definitions follow bench_serving so results from either client compare: TTFT is the time to the
+first streamed token; ITL spreads each chunk's gap evenly over the tokens it carried (a speculative
+step emits several at once); TPOT = (latency - TTFT) / (output tokens - 1); percentiles interpolate
+linearly (numpy's default); std is the population standard deviation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import platform
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RequestResult:
+    id: str
+    success: bool = False
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    start: float = 0.0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    text: str = ""
+    error: str | None = None
+    verify_ct: int | None = None
+    proposed: int | None = None
+    correct: int | None = None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy.percentile's default)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    low, high = math.floor(pos), math.ceil(pos)
+    if low == high:
+        return ordered[low]
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def summarize(prefix: str, values_s: list[float], extra: tuple[int, ...] = ()) -> dict[str, float | None]:
+    """mean/median/std/p99 (+ extra percentiles) of seconds, reported in milliseconds."""
+    ms = [v * 1000.0 for v in values_s]
+    out: dict[str, float | None] = {
+        f"mean_{prefix}_ms": statistics.fmean(ms) if ms else None,
+        f"median_{prefix}_ms": statistics.median(ms) if ms else None,
+        f"std_{prefix}_ms": statistics.pstdev(ms) if ms else None,
+        f"p99_{prefix}_ms": percentile(ms, 99),
+    }
+    for q in extra:
+        out[f"p{q}_{prefix}_ms"] = percentile(ms, q)
+    return out
+
+
+def compute_metrics(results: list[RequestResult], duration: float) -> dict[str, Any]:
+    """The throughput/latency block of a record; `accept_length` from the servers' own counts."""
+    done = [r for r in results if r.success]
+    total_in = sum(r.prompt_tokens for r in done)
+    total_out = sum(r.output_tokens for r in done)
+    duration = max(duration, 1e-9)
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    itls = [gap for r in done for gap in r.itl]
+    metrics: dict[str, Any] = {
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "duration": duration,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": len(done) / duration,
+        "input_throughput": total_in / duration,
+        "output_throughput": total_out / duration,
+        "total_throughput": (total_in + total_out) / duration,
+        "total_token_throughput": (total_in + total_out) / duration,
+        "measured_concurrency": sum(r.latency for r in done) / duration,
+    }
+    metrics.update(summarize("ttft", [r.ttft for r in done]))
+    metrics.update(summarize("tpot", tpots))
+    metrics.update(summarize("itl", itls, (95,)))
+    metrics["max_itl_ms"] = max(itls) * 1000.0 if itls else None
+    metrics.update(summarize("e2e_latency", [r.latency for r in done], (90,)))
+    counted = [r for r in done if r.verify_ct]
+    metrics["spec_verify_ct"] = sum(r.verify_ct or 0 for r in counted) or None
+    metrics["accept_length"] = (sum(r.output_tokens for r in counted) / metrics["spec_verify_ct"]
+                                if counted and metrics["spec_verify_ct"] else None)
+    proposed = sum(r.proposed or 0 for r in done)
+    metrics["accept_rate"] = sum(r.correct or 0 for r in done) / proposed if proposed else None
+    return metrics
+
+
+# -- accuracy -------------------------------------------------------------------------------------
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def to_number(text: Any) -> float | None:
+    """A reference or answer as a number: '1,234' → 1234.0; '#### 72' → 72.0; None when absent."""
+    if isinstance(text, bool) or text is None:
+        return None
+    if isinstance(text, (int, float)):
+        return float(text)
+    if not isinstance(text, str):
+        return None
+    _, sep, tail = text.rpartition("####")
+    return last_number(tail if sep else text)
+
+
+def last_number(text: str) -> float | None:
+    """The last number written in `text`, commas removed (GSM8K's answer-extraction rule)."""
+    found = _NUMBER.findall(text or "")
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def gsm8k_correct(answer: str, reference: Any) -> bool:
+    got, want = last_number(answer), to_number(reference)
+    return got is not None and want is not None and math.isclose(got, want, rel_tol=0, abs_tol=1e-6)
+
+
+def accuracy(dataset: str, answers: list[tuple[str, Any]]) -> float | None:
+    """Share of correct answers where the dataset has a checkable reference (GSM8K-style numbers)."""
+    checkable = [(a, ref) for a, ref in answers if to_number(ref) is not None]
+    if not checkable:
+        return None
+    return sum(gsm8k_correct(a, ref) for a, ref in checkable) / len(checkable)
+
+
+# -- hardware --------------------------------------------------------------------------------------
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def local_hardware() -> str:
+    """GPU model(s) through NVML when there are GPUs, else the CPU model."""
+    with contextlib.suppress(Exception):
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            names = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                names.append(name.decode() if isinstance(name, bytes) else str(name))
+        finally:
+            pynvml.nvmlShutdown()
+        if names:
+            return f"{len(names)}x {names[0]}" if len(set(names)) == 1 else ", ".join(names)
+    return cpu_model()

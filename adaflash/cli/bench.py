@@ -1,0 +1,306 @@
+"""`adaflash bench`: measure a running SGLang-dialect server; `adaflash bench matrix`: every method in turn."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from adaflash.cli.common import fail, runlog_of, workspace_of
+from adaflash.engine.params import METHODS
+
+SUMMARY = [("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
+           ("total_input_tokens", "Total input tokens"), ("total_output_tokens", "Total generated tokens"),
+           ("request_throughput", "Request throughput (req/s)"), ("output_throughput", "Output token throughput (tok/s)"),
+           ("total_throughput", "Total token throughput (tok/s)"), ("accept_length", "Accept length (τ)"),
+           ("accept_rate", "Accept rate"), ("median_ttft_ms", "Median TTFT (ms)"), ("p99_ttft_ms", "P99 TTFT (ms)"),
+           ("median_tpot_ms", "Median TPOT (ms)"), ("median_itl_ms", "Median ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"),
+           ("median_e2e_latency_ms", "Median E2E latency (ms)"), ("accuracy", "Accuracy")]
+
+
+def _server_info(base_url: str, api_key: str | None) -> dict[str, Any]:
+    import urllib.error
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        request = urllib.request.Request(base_url + "/get_server_info", headers=headers)
+        with urllib.request.urlopen(request, timeout=30) as response:
+            data = json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        fail(f"{base_url}/get_server_info answered HTTP {err.code}" + (" (wrong or missing --api-key?)" if err.code == 401 else ""))
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        fail(f"cannot reach the server at {base_url} ({err}); start one with `adaflash serve`")
+    return data if isinstance(data, dict) else {}
+
+
+def _prompts(ctx: click.Context, dataset: str, num_prompts: int, seed: int | None, chat: bool, target: str | None):
+    """(dataset name, rendered prompts) or a clean error."""
+    from adaflash.bench.prompts import BenchDataError, PromptRenderer, load_rows, raw_prompts
+
+    try:
+        name, rows = load_rows(dataset, workspace_of(ctx), num_prompts, seed)
+    except BenchDataError as err:
+        fail(str(err))
+    if len(rows) < num_prompts:
+        click.secho(f"note: {name} holds {len(rows)} prompts, fewer than --num-prompts {num_prompts}; using them all",
+                    fg="yellow", err=True)
+    if not chat:
+        return name, raw_prompts(rows)
+    if not target:
+        fail("cannot apply the chat template without a target: give --target (or --no-chat)")
+    try:
+        renderer = PromptRenderer(target, chat=True)
+    except (OSError, ValueError) as err:
+        fail(f"cannot load the tokenizer of {target} ({err}); give --target or --no-chat")
+    return name, [renderer.render(row) for row in rows]
+
+
+class _Progress:
+    """A rich progress bar on stderr, one task per measured cell."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("ok {task.fields[ok]} · failed {task.fields[bad]}"), TimeElapsedColumn(),
+                                 console=Console(stderr=True), disable=not enabled)
+        self.task = None
+
+    def __enter__(self) -> _Progress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def new(self, description: str, total: int) -> None:
+        self.task = self.progress.add_task(description, total=total, ok=0, bad=0)
+
+    def done(self, result) -> None:
+        if self.task is None:
+            return
+        fields = self.progress.tasks[self.task].fields
+        key = "ok" if result.success else "bad"
+        self.progress.update(self.task, advance=1, **{key: fields[key] + 1})
+
+    def log(self, message: str) -> None:
+        self.progress.console.print(message)
+
+
+@click.group(invoke_without_command=True)
+@click.option("--base-url", default=None, help="Server URL, e.g. http://127.0.0.1:30000 (ours or SGLang).")
+@click.option("--dataset", default=None,
+              help="gsm8k, humaneval, mt-bench, sharegpt (the prepared <workspace>/data/NAME_test.jsonl) or FILE.jsonl.")
+@click.option("--num-prompts", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1), default=1, show_default=True, help="Requests in flight at most.")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True)
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True)
+@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="Unmeasured requests sent first.")
+@click.option("--eval-accuracy", is_flag=True, help="Score answers against the references (GSM8K: last number).")
+@click.option("--label", default=None, help="A name for this result (shown in comparisons).")
+@click.option("--chat/--no-chat", default=True, show_default=True,
+              help="Apply the target's chat template client-side (the server gets the exact text).")
+@click.option("--method", type=click.Choice(METHODS), default=None, help="Metadata [default: from /get_server_info].")
+@click.option("--target", default=None, help="Metadata and tokenizer [default: from /get_server_info].")
+@click.option("--draft", default=None, help="Metadata [default: from /get_server_info].")
+@click.option("--seed", type=int, default=None, help="Sample --num-prompts prompts with this seed (default: the first N).")
+@click.option("--api-key", envvar="ADAFLASH_API_KEY", default=None, help="Bearer key of the server [env ADAFLASH_API_KEY].")
+@click.option("--stream/--no-stream", default=True, show_default=True, help="Stream answers (real TTFT and ITL).")
+@click.option("--ignore-eos", is_flag=True, help="Always generate --max-new-tokens tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Print the recorded result as JSON.")
+@click.pass_context
+def bench(ctx: click.Context, base_url: str | None, dataset: str | None, num_prompts: int, concurrency: int,
+          max_new_tokens: int, temperature: float, top_p: float, warmup: int, eval_accuracy: bool, label: str | None,
+          chat: bool, method: str | None, target: str | None, draft: str | None, seed: int | None,
+          api_key: str | None, stream: bool, ignore_eos: bool, as_json: bool) -> None:
+    """Benchmark a running server with SGLang bench_serving's metrics; the result goes to the run log.
+
+    `adaflash bench matrix ...` instead serves every method in turn and measures each one.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if not base_url or not dataset:
+        click.echo(ctx.get_help())
+        fail("give --base-url URL and --dataset NAME|FILE.jsonl")
+    from adaflash.bench.client import BenchSettings, method_from_info, run_benchmark
+
+    base_url = base_url.rstrip("/")
+    info = _server_info(base_url, api_key)
+    target = target or info.get("target") or info.get("model_path")
+    name, prompts = _prompts(ctx, dataset, num_prompts, seed, chat, target)
+    method = method or method_from_info(info)
+    draft = draft if draft is not None else info.get("draft") or info.get("speculative_draft_model_path")
+    settings = BenchSettings(base_url, concurrency=concurrency, max_new_tokens=max_new_tokens, temperature=temperature,
+                             top_p=top_p, warmup=warmup, stream=stream, ignore_eos=ignore_eos, api_key=api_key)
+    log = runlog_of(ctx)
+    run_id = log.create_run("bench", name=label or f"bench-{method}-{name}-c{concurrency}", method=method,
+                            target=target, draft=draft, dataset=name,
+                            config={"base_url": base_url, "concurrency": concurrency, "num_prompts": len(prompts),
+                                    "max_new_tokens": max_new_tokens, "temperature": temperature, "chat": chat,
+                                    "warmup": warmup, "seed": seed})
+    try:
+        with _Progress(not as_json) as progress:
+            progress.new(f"{method} · {name} · c={concurrency}", len(prompts))
+            record = run_benchmark(settings, prompts, dataset=name, on_done=progress.done, method=method, target=target,
+                                   draft=draft, label=label, eval_accuracy=eval_accuracy,
+                                   extra={"chat": chat, "seed": seed})
+    except KeyboardInterrupt:
+        log.finish_run(run_id, "stopped", note="interrupted")
+        raise
+    log.add_bench_result(run_id, record)
+    log.log_metrics(run_id, {k: record[k] for k in ("output_throughput", "accept_length", "median_ttft_ms", "accuracy")
+                             if record.get(k) is not None})
+    log.finish_run(run_id, "finished" if record["completed"] else "failed",
+                   note=None if record["completed"] else "; ".join(record["errors"][:2]))
+    if as_json:
+        click.echo(json.dumps({"run_id": run_id, **record}, indent=2, default=str))
+    else:
+        _print_summary(run_id, record)
+    if not record["completed"]:
+        fail(f"every request failed: {record['errors'][:1]}", code=1)
+
+
+def _print_summary(run_id: str, record: dict[str, Any]) -> None:
+    from adaflash.cli.common import emit_rows, fmt_cell
+
+    rows = [{"metric": title, "value": fmt_cell(record.get(key))} for key, title in SUMMARY]
+    emit_rows(rows, ["metric", "value"], "table",
+              title=f"{record['method']} · {record['dataset']} · concurrency {record['concurrency']} [{run_id}]")
+    if record.get("failed"):
+        click.secho(f"{record['failed']} request(s) failed, e.g. {record['errors'][:1]}", fg="yellow", err=True)
+
+
+def _split(text: str, what: str) -> list[str]:
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if not items:
+        fail(f"{what} is empty")
+    return items
+
+
+@bench.command("matrix")
+@click.option("--methods", required=True, help="Comma-separated methods, e.g. vanilla,dflash,adaflash.")
+@click.option("--datasets", required=True, help="Comma-separated datasets (prepared names or FILE.jsonl).")
+@click.option("--concurrency", "concurrency_list", default="1", show_default=True, help="Comma-separated, e.g. 1,32,64.")
+@click.option("--target", default="smollm2-135m", show_default=True)
+@click.option("--draft", "drafts", multiple=True, help="METHOD=DIR: the drafter of a method (repeatable).")
+@click.option("--num-prompts", type=click.IntRange(1), default=16, show_default=True)
+@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True)
+@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True)
+@click.option("--eval-accuracy", is_flag=True)
+@click.option("--label", default=None, help="A name for the matrix run.")
+@click.option("--chat/--no-chat", default=True, show_default=True)
+@click.option("--seed", type=int, default=None, help="Sample the prompts with this seed (default: the first N).")
+@click.option("--engine", type=click.Choice(["embedded", "sglang"]), default="embedded", show_default=True)
+@click.option("--gpus", default=None, help="GPUs for every server (0,1 or cpu).")
+@click.option("--context-length", type=click.IntRange(16), default=None, help="Embedded: tokens per sequence slot.")
+@click.option("--serve-arg", "serve_args", multiple=True, help="Extra `adaflash serve` argument (repeatable, verbatim).")
+@click.option("--ready-timeout", type=click.FloatRange(1), default=900.0, show_default=True,
+              help="Seconds to wait for each server's /health.")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "csv", "json"]), default="table",
+              show_default=True, help="How to print the comparison at the end.")
+@click.pass_context
+def matrix(ctx: click.Context, methods: str, datasets: str, concurrency_list: str, target: str, drafts: tuple[str, ...],
+           num_prompts: int, max_new_tokens: int, temperature: float, warmup: int, eval_accuracy: bool,
+           label: str | None, chat: bool, seed: int | None, engine: str, gpus: str | None, context_length: int | None,
+           serve_args: tuple[str, ...], ready_timeout: float, fmt: str) -> None:
+    """Serve each method in turn, benchmark every dataset × concurrency, leave the comparison in the run log."""
+    import shlex
+
+    from adaflash.bench.matrix import MatrixEvents, MatrixSpec, run_matrix
+
+    method_list = _split(methods, "--methods")
+    unknown = [m for m in method_list if m not in METHODS]
+    if unknown:
+        fail(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    try:
+        levels = [int(c) for c in _split(concurrency_list, "--concurrency")]
+    except ValueError:
+        fail(f"--concurrency must be comma-separated integers, got {concurrency_list!r}")
+    if any(c < 1 for c in levels):
+        fail("--concurrency values must be ≥ 1")
+    draft_map: dict[str, str] = {}
+    for item in drafts:
+        key, sep, value = item.partition("=")
+        if not sep or key not in METHODS or not value:
+            fail(f"--draft takes METHOD=DIR with METHOD one of {', '.join(METHODS)}, got {item!r}")
+        draft_map[key] = value
+    missing = [m for m in method_list if m != "vanilla" and m not in draft_map and not (m == "mtp" and engine == "sglang")]
+    if missing:
+        fail(f"no drafter for {', '.join(missing)}: add --draft METHOD=DIR for each")
+    if "vanilla" not in method_list:
+        click.secho("note: no vanilla in --methods, so the comparison will have no speed-up column", fg="yellow", err=True)
+    dataset_list = _split(datasets, "--datasets")
+    prompts, names = {}, []
+    for dataset in dataset_list:
+        name, rendered = _prompts(ctx, dataset, num_prompts, seed, chat, target)
+        prompts[name] = rendered
+        names.append(name)
+    spec = MatrixSpec(methods=method_list, datasets=names, concurrency=levels, target=target, drafts=draft_map,
+                      num_prompts=num_prompts, max_new_tokens=max_new_tokens, temperature=temperature, warmup=warmup,
+                      eval_accuracy=eval_accuracy, label=label, engine=engine, gpus=gpus, context_length=context_length,
+                      serve_args=[a for arg in serve_args for a in shlex.split(arg)], ready_timeout=ready_timeout,
+                      api_key=os.environ.get("ADAFLASH_API_KEY") or None)
+    log = runlog_of(ctx)
+    with _Progress(sys.stderr.isatty()) as progress:
+        events = MatrixEvents(cell=lambda m, d, c, n: progress.new(f"{m} · {d} · c={c}", n), request=progress.done,
+                              message=progress.log)
+        matrix_id = run_matrix(spec, log, workspace_of(ctx), prompts, events=events,
+                               launcher=_supervised_launcher(log, workspace_of(ctx), spec))
+    click.secho(f"bench matrix {matrix_id}: {log.get_run(matrix_id).get('note')}", err=True)
+    from adaflash.cli.runs_bench import print_comparison
+
+    print_comparison(log, [matrix_id], fmt)
+
+
+def _supervised_launcher(log, workspace: str, spec):
+    """Servers started through jobs.supervisor: a jobs row per server, readiness and group stops verified."""
+    import time
+    from pathlib import Path
+
+    from adaflash.serve.sglang import parse_gpus
+    from jobs.recipe import JobSpec, ReadyCheck
+    from jobs.supervisor import TERMINAL, Supervisor
+
+    supervisors: dict[str, Supervisor] = {}
+    gpu_ids = parse_gpus(spec.gpus) if spec.gpus else None
+
+    class Supervised:
+        def __init__(self, name: str, argv: list[str], run_id: str, run_dir: Path, url: str) -> None:
+            self.sup = supervisors.setdefault(run_id, Supervisor(log, run_id, run_dir, workspace=workspace))
+            self.name = name
+            # No --gpus: leave CUDA_VISIBLE_DEVICES alone (launcher=True) so the server sees every GPU.
+            self.spec = JobSpec(name=name, command=argv, kind="service", role="serve",
+                                gpu_roles={"serve": gpu_ids} if gpu_ids else {}, launcher=not gpu_ids,
+                                ready=ReadyCheck(http=url + "/health", timeout=spec.ready_timeout, interval=0.5),
+                                stop_grace=spec.grace, description=f"bench matrix server {name}")
+
+        def start(self) -> None:
+            self.sup.add(self.spec)
+            state = self.sup.start(self.name)
+            if state.status == "failed":
+                raise RuntimeError(state.message or f"{self.name} could not start")
+
+        def wait_ready(self, _url: str, timeout: float) -> None:
+            deadline = time.monotonic() + timeout + 5
+            while time.monotonic() < deadline:
+                self.sup.poll()
+                state = self.sup.jobs[self.name]
+                if state.status == "ready":
+                    return
+                if state.status in TERMINAL or state.status == "restarting":
+                    raise RuntimeError(state.message or f"{self.name} ended ({state.status})")
+                time.sleep(0.2)
+            raise RuntimeError(f"{self.name} was not ready within {timeout:.0f} s")
+
+        def stop(self, grace: float) -> int | None:
+            self.sup.stop(self.name, grace=grace, why="benchmark done")
+            return self.sup.jobs[self.name].exit_code
+
+    return Supervised

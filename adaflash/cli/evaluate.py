@@ -1,0 +1,80 @@
+"""`adaflash eval`: compare methods offline through the embedded engine, recorded in the run log."""
+
+from __future__ import annotations
+
+import click
+
+from adaflash.cli.common import emit_rows, fail, runlog_of
+
+
+def _parse_methods(specs: tuple[str, ...]) -> list[tuple[str, str | None]]:
+    out = []
+    for spec in specs:
+        method, _, draft = spec.partition("=")
+        out.append((method.strip(), draft.strip() or None))
+    return out
+
+
+@click.command("eval")
+@click.option("--target", default="smollm2-135m", show_default=True)
+@click.option("--method", "methods", multiple=True, required=True,
+              help="METHOD or METHOD=DRAFT_DIR (repeatable), e.g. --method vanilla --method dflash=out/dflash.")
+@click.option("--dataset", required=True, help="Prepared name (gsm8k → <workspace>/data/gsm8k_test.jsonl) or a JSONL file.")
+@click.option("--num-prompts", type=click.IntRange(1), default=32, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True, help="Concurrency inside the engine.")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
+@click.option("--chat/--no-chat", default=True, show_default=True)
+@click.option("--length-rate", type=float, default=1.0, show_default=True)
+@click.option("--min-length", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--dtype", default="auto", show_default=True)
+@click.option("--label", default=None)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown"]), default="table", show_default=True)
+@click.pass_context
+def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_size, max_new_tokens, temperature, chat,
+             length_rate, min_length, device, dtype, label, fmt) -> None:
+    """Measure τ and throughput of each method on the same prompts, offline (one run, same hardware)."""
+    from pathlib import Path
+
+    from adaflash.data.prompts import PromptFileError, read_prompt_file
+    from adaflash.engine.build import build_engine
+    from adaflash.engine.measure import measure
+    from adaflash.models.drafter_io import DrafterError
+    from adaflash.models.loading import load_target
+    from adaflash.workspace import workspace_dir
+
+    path = Path(dataset)
+    if not path.is_file():
+        path = workspace_dir(ctx.find_root().obj.get("workspace")) / "data" / f"{dataset}_test.jsonl"
+        if not path.is_file():
+            fail(f"--dataset {dataset}: no file {path}; run `adaflash data prepare {dataset}` first")
+    try:
+        rows = read_prompt_file(path, num_prompts)
+        tgt = load_target(target, device=device, dtype=dtype)
+    except (PromptFileError, FileNotFoundError, ValueError) as err:
+        fail(str(err))
+    prompts = [tgt.render(r.prompt, chat=chat) for r in rows]
+    log = runlog_of(ctx)
+    run_id = log.create_run("bench", name=label or "eval", target=target, dataset=path.stem,
+                            config={"methods": list(methods), "num_prompts": len(prompts), "batch_size": batch_size,
+                                    "max_new_tokens": max_new_tokens, "temperature": temperature, "engine": "embedded-offline"})
+    results = []
+    for method, draft in _parse_methods(methods):
+        try:
+            engine = build_engine(tgt, method, draft, max_batch=batch_size, length_rate=length_rate, min_length=min_length)
+        except (DrafterError, ValueError) as err:
+            log.finish_run(run_id, "failed", note=str(err))
+            fail(str(err))
+        metrics, _ = measure(engine, prompts, max_new_tokens=max_new_tokens, temperature=temperature)
+        record = {**metrics, "method": method, "draft": draft, "target": target, "dataset": path.stem,
+                  "label": label, "hardware": str(engine.device), "backend": "embedded-offline"}
+        log.add_bench_result(run_id, record)
+        results.append(record)
+        click.echo(f"{method}: τ={metrics['accept_length']:.2f} {metrics['output_throughput']:.1f} tok/s", err=True)
+    base = next((r["output_throughput"] for r in results if r["method"] == "vanilla"), None)
+    for r in results:
+        r["speedup"] = r["output_throughput"] / base if base else None
+    log.finish_run(run_id)
+    emit_rows(results, ["method", "accept_length", "accept_rate", "output_throughput", "speedup", "median_tpot_ms",
+                        "mean_e2e_latency_ms", "completed"], fmt, title=f"{path.stem}: {len(prompts)} prompts, batch {batch_size} ({run_id})")

@@ -1,0 +1,235 @@
+"""`adaflash serve`: the embedded engine over HTTP (SGLang's dialect), or SGLang itself for a method."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import click
+
+from adaflash.cli.common import fail, runlog_of
+from adaflash.engine.params import METHODS
+
+
+@click.command()
+@click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
+@click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
+@click.option("--draft", default=None, help="Drafter folder (every method but vanilla; optional for mtp on SGLang).")
+@click.option("--engine", "engine_kind", type=click.Choice(["embedded", "sglang"]), default="embedded", show_default=True,
+              help="embedded: our PyTorch engine (CPU or GPU); sglang: launch `python -m sglang.launch_server`.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
+@click.option("--port", type=click.IntRange(0, 65535), default=30000, show_default=True, help="Port (0: a free one).")
+@click.option("--api-key", envvar="ADAFLASH_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' [env ADAFLASH_API_KEY].")
+@click.option("--gpus", default=None, help="GPU indices (0,1) or 'cpu'; sets CUDA_VISIBLE_DEVICES (and --tp-size for SGLang).")
+@click.option("--max-batch", type=click.IntRange(1, 4096), default=None,
+              help="Requests decoded together (embedded default 16; SGLang --max-running-requests).")
+@click.option("--max-new-tokens-limit", type=click.IntRange(1), default=None, help="Refuse requests asking for more.")
+@click.option("--context-length", type=click.IntRange(16), default=None,
+              help="Embedded: tokens per sequence slot (prompt + answer); default min(model context, 4096).")
+@click.option("--length-rate", type=float, default=1.0, show_default=True, help="AdaFlash: scale on the predicted length.")
+@click.option("--min-length", type=click.IntRange(1), default=2, show_default=True,
+              help="AdaFlash: fewest block positions verified.")
+@click.option("--steps", type=click.IntRange(1), default=None, help="Chain drafters (EAGLE-3, MTP): draft steps.")
+@click.option("--block-size", type=click.IntRange(2), default=None,
+              help="SGLang DFlash: --speculative-dflash-block-size (default: the drafter's config).")
+@click.option("--device", default="auto", show_default=True, help="Embedded: cpu, cuda, cuda:N or auto.")
+@click.option("--dtype", default="auto", show_default=True, help="Embedded: float32, bfloat16, float16 or auto.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Embedded: sampling seed.")
+@click.option("--sglang-arg", "sglang_args", multiple=True,
+              help="Extra SGLang arguments, appended verbatim (repeatable; later flags override).")
+@click.option("--dry-run", is_flag=True, help="Print the command (SGLang) or the configuration (embedded) and exit.")
+@click.pass_context
+def serve(ctx: click.Context, method: str, target: str, draft: str | None, engine_kind: str, host: str, port: int,
+          api_key: str | None, gpus: str | None, max_batch: int | None, max_new_tokens_limit: int | None,
+          context_length: int | None, length_rate: float, min_length: int, steps: int | None, block_size: int | None,
+          device: str, dtype: str, seed: int, sglang_args: tuple[str, ...], dry_run: bool) -> None:
+    """Serve a method over HTTP in SGLang's dialect (/generate, /health, /get_server_info, ...).
+
+    The embedded engine batches requests from every client together; `--engine sglang` runs SGLang
+    with the flags of the method instead (GPU clusters). The server prints
+    `adaflash server ready on http://HOST:PORT` once it accepts requests and stops cleanly on
+    SIGTERM/SIGINT; the run is recorded in the run log (kind "serve").
+    """
+    from adaflash.serve.sglang import parse_gpus
+
+    try:
+        gpu_ids = parse_gpus(gpus)
+    except ValueError as err:
+        fail(str(err))
+    if engine_kind == "sglang":
+        _serve_sglang(ctx, method, target, draft, host, port, api_key, gpus, max_batch, length_rate, min_length, steps,
+                      block_size, list(sglang_args), dry_run)
+        return
+    if sglang_args:
+        fail("--sglang-arg only applies to --engine sglang")
+    if gpus is not None:
+        if gpu_ids is None:
+            device = "cpu"
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
+            device = "cuda" if device == "auto" else device
+            if len(gpu_ids) > 1:
+                click.secho(f"note: the embedded engine uses one GPU; serving on GPU {gpu_ids[0]}", fg="yellow", err=True)
+    config = {"engine": "embedded", "method": method, "target": target, "draft": draft, "host": host, "port": port,
+              "max_batch": max_batch or 16, "max_new_tokens_limit": max_new_tokens_limit,
+              "context_length": context_length, "length_rate": length_rate, "min_length": min_length, "steps": steps,
+              "device": device, "dtype": dtype, "gpus": gpus, "api_key": bool(api_key)}
+    if dry_run:
+        click.echo(json.dumps(config, indent=2))
+        return
+    _serve_embedded(ctx, config, api_key, seed)
+
+
+def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed: int) -> None:
+    import asyncio
+
+    from adaflash.engine.build import build_engine, check_method
+    from adaflash.models.drafter_io import DrafterError
+    from adaflash.serve.server import READY_LINE, EmbeddedServer, hardware_name, serve
+
+    try:
+        check_method(config["method"], config["draft"])
+        engine = build_engine(config["target"], config["method"], config["draft"], device=config["device"],
+                              dtype=config["dtype"], max_batch=config["max_batch"], max_len=config["context_length"],
+                              length_rate=config["length_rate"], min_length=config["min_length"],
+                              num_steps=config["steps"], seed=seed)
+    except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
+        fail(str(err))
+    log = runlog_of(ctx)
+    hardware = hardware_name(engine.device)
+    config.update(device=str(engine.device), hardware=hardware, context_length=engine.max_len)
+    run_id = log.create_run("serve", name=f"serve-{config['method']}", method=config["method"], target=config["target"],
+                            draft=config["draft"], config=config)
+
+    def on_event(kind: str, data: dict) -> None:
+        log.log_event(run_id, f"{kind}: {json.dumps(data)}")
+
+    server = EmbeddedServer(engine, target=config["target"], draft=config["draft"], api_key=api_key,
+                            max_new_tokens_limit=config["max_new_tokens_limit"], hardware=hardware, on_event=on_event)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+
+        def ready(url: str) -> None:
+            log.update_run(run_id, config={**config, "url": url})
+            log.log_event(run_id, f"ready on {url}")
+            click.echo(READY_LINE.format(url=url))
+            sys.stdout.flush()
+
+        metrics = asyncio.create_task(_log_metrics(server, log, run_id, stop))
+        try:
+            await serve(server, config["host"], config["port"], stop, ready)
+        finally:
+            stop.set()
+            await metrics
+
+    status, note = "finished", None
+    try:
+        asyncio.run(main())
+    except OSError as err:  # the port is taken, the host is wrong
+        status, note = "failed", str(err)
+    except Exception as err:
+        status, note = "failed", f"{type(err).__name__}: {err}"
+        raise
+    finally:
+        info = server.info()
+        log.log_metrics(run_id, {k: info[k] for k in ("requests_served", "completion_tokens", "verify_ct")
+                                 if info.get(k) is not None})
+        log.finish_run(run_id, status, note=note)
+    if status == "failed":
+        fail(f"the server stopped: {note}")
+    click.echo("adaflash server stopped", err=True)
+
+
+async def _log_metrics(server, log, run_id: str, stop) -> None:
+    """Every few seconds, what the TUI follows: served requests, τ, throughput, queue depth."""
+    import asyncio
+
+    last = None
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=5.0)
+        info = server.info()
+        values = {"requests_served": info["requests_served"], "avg_spec_accept_length": info["avg_spec_accept_length"],
+                  "gen_throughput": info["last_gen_throughput"], "queue_depth": info["queue_depth"],
+                  "running_requests": info["running_requests"]}
+        key = (values["requests_served"], values["queue_depth"], values["running_requests"])
+        if key != last:
+            last = key
+            await loop.run_in_executor(None, lambda v=values: log.log_metrics(run_id, v, job="server"))
+
+
+def _serve_sglang(ctx: click.Context, method: str, target: str, draft: str | None, host: str, port: int,
+                  api_key: str | None, gpus: str | None, max_batch: int | None, length_rate: float, min_length: int,
+                  steps: int | None, block_size: int | None, extra: list[str], dry_run: bool) -> None:
+    from adaflash.serve.sglang import build_sglang_command
+
+    try:
+        command = build_sglang_command(method, target, draft, host=host, port=port, gpus=gpus, api_key=api_key,
+                                       max_batch=max_batch, length_rate=length_rate, min_length=min_length, steps=steps,
+                                       block_size=block_size, extra_args=extra)
+    except ValueError as err:
+        fail(str(err))
+    for note in command.notes:
+        click.secho(f"note: {note}", fg="yellow", err=True)
+    if dry_run:
+        click.echo(command.shell())
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:  # looked up, never imported
+        fail("SGLang is not installed in this environment: `pip install 'adaflash[sglang]'` on a GPU machine "
+             "(or use --dry-run to see the command)")
+    log = runlog_of(ctx)
+    run_id = log.create_run("serve", name=f"serve-{method}-sglang", method=method, target=target, draft=draft,
+                            config={"engine": "sglang", "argv": [a if a != api_key else "***" for a in command.argv],
+                                    "env": command.env, "host": host, "port": port})
+    try:
+        proc = subprocess.Popen(command.argv, env={**os.environ, **command.env})
+    except OSError as err:
+        log.finish_run(run_id, "failed", note=str(err))
+        fail(f"cannot start SGLang ({err}); install it with `pip install 'adaflash[sglang]'`")
+
+    def forward(signum, _frame) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    url = f"http://{host}:{port}"
+    threading.Thread(target=_announce_when_ready, args=(proc, url, api_key), daemon=True).start()
+    code = proc.wait()
+    log.finish_run(run_id, "finished" if code in (0, -signal.SIGTERM, -signal.SIGINT) else "failed",
+                   note=f"exit code {code}")
+    sys.exit(0 if code < 0 else code)
+
+
+def _announce_when_ready(proc: subprocess.Popen, url: str, api_key: str | None) -> None:
+    """Print our ready line once SGLang answers /health, so supervisors match one line for both engines."""
+    import urllib.error
+    import urllib.request
+
+    from adaflash.serve.server import READY_LINE
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    while proc.poll() is None:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url + "/health", headers=headers), timeout=5) as resp:
+                if resp.status == 200:
+                    click.echo(READY_LINE.format(url=url))
+                    sys.stdout.flush()
+                    return
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        time.sleep(2)

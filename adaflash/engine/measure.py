@@ -1,0 +1,56 @@
+"""Offline measurement of a method through the embedded engine (no HTTP): τ, throughput, latency.
+
+Metric names follow SGLang's bench_serving so these records sit beside HTTP benchmark results.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from adaflash.engine.engine import Engine
+from adaflash.engine.params import Request, SamplingParams
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def measure(engine: Engine, prompts: list[str], *, max_new_tokens: int, temperature: float = 0.0,
+            warmup: int = 2) -> tuple[dict[str, Any], list[Any]]:
+    """Run all prompts with the engine's batch size as concurrency; returns (metrics, outputs)."""
+    target = engine.target
+    if warmup:
+        engine.generate([Request(target.encode(p), SamplingParams(max_new_tokens=8)) for p in prompts[:warmup]])
+    requests = [Request(target.encode(p), SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
+                        prompt_text=p) for p in prompts]
+    started = time.perf_counter()
+    outputs = engine.generate(requests)
+    duration = time.perf_counter() - started
+    out_tokens = sum(o.meta_info["completion_tokens"] for o in outputs)
+    in_tokens = sum(o.meta_info["prompt_tokens"] for o in outputs)
+    verify = sum(o.meta_info["spec_verify_ct"] for o in outputs)
+    proposed = sum(o.meta_info["spec_num_proposed_drafts"] for o in outputs)
+    correct = sum(o.meta_info["spec_num_correct_drafts"] for o in outputs)
+    e2e = [o.meta_info["e2e_latency"] * 1000 for o in outputs]
+    ttft = [o.meta_info["ttft"] * 1000 for o in outputs]
+    tpot = [(o.meta_info["e2e_latency"] - o.meta_info["ttft"]) * 1000 / max(o.meta_info["completion_tokens"] - 1, 1)
+            for o in outputs]
+    metrics = {
+        "completed": len(outputs), "duration": duration, "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens, "request_throughput": len(outputs) / duration,
+        "output_throughput": out_tokens / duration, "input_throughput": in_tokens / duration,
+        "accept_length": out_tokens / max(verify, 1),
+        "accept_rate": correct / proposed if proposed else None,
+        "mean_e2e_latency_ms": statistics.mean(e2e), "median_e2e_latency_ms": _pct(e2e, 0.5),
+        "p99_e2e_latency_ms": _pct(e2e, 0.99), "mean_ttft_ms": statistics.mean(ttft),
+        "median_ttft_ms": _pct(ttft, 0.5), "p99_ttft_ms": _pct(ttft, 0.99), "mean_tpot_ms": statistics.mean(tpot),
+        "median_tpot_ms": _pct(tpot, 0.5), "p99_tpot_ms": _pct(tpot, 0.99),
+        "max_concurrency": engine.max_batch, "concurrency": engine.max_batch, "num_prompts": len(prompts),
+        "max_new_tokens": max_new_tokens, "temperature": temperature,
+    }
+    return metrics, outputs

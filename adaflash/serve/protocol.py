@@ -1,0 +1,153 @@
+"""The `/generate` request body of SGLang's native API, checked field by field.
+
+Pure parsing (no torch, no engine): every mistake becomes a `BadRequest` naming the field, which the
+server answers with a 400 before anything reaches the engine thread, so a bad request can never
+disturb the others being decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from adaflash.engine.params import SamplingParams
+
+# Top-level fields SGLang's GenerateReqInput accepts that the embedded engine does not implement.
+# Clients (SGLang's bench_serving among them) send them with their defaults; any other value is a 400
+# rather than silently ignored.
+UNSUPPORTED_FIELDS = {
+    "lora_path", "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob",
+    "image_data", "video_data", "audio_data", "modalities", "return_hidden_states", "return_routed_experts",
+    "custom_logit_processor", "session_params", "input_embeds", "data_parallel_rank", "bootstrap_host",
+    "bootstrap_port", "bootstrap_room",
+}
+HARMLESS_FIELDS = {"return_text_in_logprobs", "log_metrics", "no_logs", "routing_key", "priority"}
+KNOWN_FIELDS = {"text", "input_ids", "sampling_params", "stream", "rid"}
+DEFAULTS_OK = (None, False, -1, 0, [], {})
+
+# Sampling fields SGLang knows that the engine does not implement, with the value that means "off".
+NEUTRAL_SAMPLING = {
+    "n": 1, "min_new_tokens": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+    "min_p": 0.0, "skip_special_tokens": True, "spaces_between_special_tokens": True, "no_stop_trim": False,
+    "json_schema": None, "regex": None,
+}
+
+
+class BadRequest(ValueError):
+    """A request the server refuses with a 4xx; `status` is the HTTP code."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class GenerateItem:
+    text: str | None
+    input_ids: list[int] | None
+    params: SamplingParams
+    rid: str | None = None
+
+
+@dataclass
+class GenerateInput:
+    items: list[GenerateItem]
+    batch: bool
+    stream: bool
+
+
+def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None, max_batch: int = 4096) -> GenerateInput:
+    """Check a decoded JSON body; raise BadRequest with the offending field named."""
+    if not isinstance(body, dict):
+        raise BadRequest(f"the request body must be a JSON object, got {type(body).__name__}")
+    for key, value in body.items():
+        if key in KNOWN_FIELDS or key in HARMLESS_FIELDS:
+            continue
+        if key in UNSUPPORTED_FIELDS:
+            if value in DEFAULTS_OK:
+                continue
+            raise BadRequest(f"field {key!r} is not supported by the embedded engine")
+        raise BadRequest(f"unknown field {key!r}")
+    has_text, has_ids = body.get("text") is not None, body.get("input_ids") is not None
+    if has_text == has_ids:
+        raise BadRequest("give exactly one of 'text' or 'input_ids'")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(f"'stream' must be a boolean, got {stream!r}")
+    texts: list[str | None]
+    ids: list[list[int] | None]
+    if has_text:
+        raw = body["text"]
+        batch = isinstance(raw, list)
+        texts = list(raw) if batch else [raw]
+        if not all(isinstance(t, str) for t in texts):
+            raise BadRequest("'text' must be a string or a list of strings")
+        ids = [None] * len(texts)
+    else:
+        raw = body["input_ids"]
+        if not isinstance(raw, list) or not raw:
+            raise BadRequest("'input_ids' must be a non-empty list of integers or a list of such lists")
+        batch = isinstance(raw[0], list)
+        ids = list(raw) if batch else [raw]
+        for row in ids:
+            if not isinstance(row, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
+                raise BadRequest("'input_ids' must be a list of integers or a list of lists of integers")
+        texts = [None] * len(ids)
+    count = len(texts)
+    if count == 0:
+        raise BadRequest("the batch is empty")
+    if count > max_batch:
+        raise BadRequest(f"a batch holds at most {max_batch} prompts, got {count}")
+    raw_params = body.get("sampling_params")
+    if isinstance(raw_params, list):
+        if not batch or len(raw_params) != count:
+            raise BadRequest("a list of 'sampling_params' needs a batched input of the same length")
+        param_list = [parse_sampling(p, max_new_tokens_limit) for p in raw_params]
+    else:
+        one = parse_sampling(raw_params, max_new_tokens_limit)
+        param_list = [one] + [parse_sampling(raw_params, max_new_tokens_limit) for _ in range(count - 1)]
+    rids = _rids(body.get("rid"), batch, count)
+    items = [GenerateItem(texts[i], ids[i], param_list[i], rids[i]) for i in range(count)]
+    return GenerateInput(items, batch, stream)
+
+
+def _rids(raw: Any, batch: bool, count: int) -> list[str | None]:
+    if raw is None:
+        return [None] * count
+    if batch:
+        if not isinstance(raw, list) or len(raw) != count or not all(isinstance(r, str) and r for r in raw):
+            raise BadRequest("'rid' of a batch must be a list of non-empty strings, one per prompt")
+        if len(set(raw)) != len(raw):
+            raise BadRequest("'rid' values must be unique")
+        return list(raw)
+    if not isinstance(raw, str) or not raw:
+        raise BadRequest("'rid' must be a non-empty string")
+    return [raw]
+
+
+def parse_sampling(raw: Any, max_new_tokens_limit: int | None = None) -> SamplingParams:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise BadRequest(f"'sampling_params' must be a JSON object, got {type(raw).__name__}")
+    for key, neutral in NEUTRAL_SAMPLING.items():
+        if key in raw and raw[key] is not None and raw[key] != neutral:
+            raise BadRequest(f"sampling_params.{key}={raw[key]!r} is not supported by the embedded engine")
+    for key in ("temperature", "top_p", "top_k", "max_new_tokens"):
+        if isinstance(raw.get(key), bool):
+            raise BadRequest(f"sampling_params.{key} must be a number, got {raw[key]!r}")
+    if "ignore_eos" in raw and not isinstance(raw["ignore_eos"], bool):
+        raise BadRequest(f"sampling_params.ignore_eos must be a boolean, got {raw['ignore_eos']!r}")
+    stop_ids = raw.get("stop_token_ids")
+    if stop_ids is not None and (not isinstance(stop_ids, list)
+                                 or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids)):
+        raise BadRequest("sampling_params.stop_token_ids must be a list of integers")
+    cleaned = {k: v for k, v in raw.items() if k not in NEUTRAL_SAMPLING}
+    if cleaned.get("stop_token_ids") is None:
+        cleaned.pop("stop_token_ids", None)
+    try:
+        params = SamplingParams.from_dict(cleaned)
+        params.validate(max_new_tokens_limit=max_new_tokens_limit)
+    except (ValueError, TypeError) as err:
+        raise BadRequest(str(err)) from None
+    return params

@@ -1,0 +1,636 @@
+"""The embedded engine behind an HTTP server that speaks SGLang's native dialect.
+
+Why this shape: the engine is not thread-safe and batches best when it sees every live request, so
+ONE engine thread owns it and loops "take new requests → engine.step() → hand out StepEvents".
+The aiohttp handlers only parse, validate (the same checks `Engine.add` makes, run before queuing, so
+a bad request is a 400 and never reaches the engine thread) and wait on a per-request asyncio queue
+that the engine thread feeds through `loop.call_soon_threadsafe`. Requests from many clients are
+therefore decoded in one batch. Work that must touch the engine (a drafter hot swap) is posted to the
+same thread and runs between two steps.
+
+Endpoints: POST /generate, GET /health, GET /health_generate, GET /get_server_info,
+GET /get_model_info, POST /update_weights_from_disk (swaps the DRAFTER, the part the pipeline
+retrains), POST /flush_cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import hmac
+import json
+import queue
+import re
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from adaflash.bench.metrics import cpu_model
+from adaflash.engine.engine import Engine, StepEvent
+from adaflash.engine.params import Output, Request, SamplingParams
+from adaflash.serve.protocol import BadRequest, GenerateItem, parse_generate
+
+READY_LINE = "adaflash server ready on {url}"
+SGLANG_ALGORITHM = {"vanilla": None, "dflash": "DFLASH", "adaflash": "DFLASH", "osd": "DFLASH",
+                    "eagle3": "EAGLE3", "mtp": "NEXTN"}
+
+
+def error_body(message: str, kind: str = "BadRequest") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind}}
+
+
+def error_response(message: str, status: int = 400) -> web.Response:
+    kind = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed",
+            413: "RequestTooLarge", 503: "ServiceUnavailable"}.get(status, "InternalServerError")
+    return web.json_response(error_body(message, kind), status=status)
+
+
+@dataclass
+class _Failure:
+    message: str
+    status: int = 500
+
+
+@dataclass
+class _Handle:
+    """One request in flight, seen from the asyncio side."""
+
+    rid: str
+    queue: asyncio.Queue
+    arrived: float
+    prompt_tokens: int = 0
+    ids: list[int] = field(default_factory=list)
+    steps: int = 0
+    first_at: float | None = None
+
+
+class EngineLoop:
+    """The engine thread: owns the Engine, batches whatever is queued, feeds per-request queues."""
+
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine = engine
+        self.loop = loop
+        self.inbox: queue.Queue = queue.Queue()
+        self.handles: dict[str, _Handle] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="adaflash-engine", daemon=True)
+        self.error: str | None = None
+        self.heartbeat = time.monotonic()
+        self.steps = 0
+        self._recent: deque[tuple[float, int]] = deque()
+
+    # -- called from the asyncio side ---------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stopping.set()
+        self.inbox.put(None)
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() and not self.stopping.is_set()
+
+    def submit(self, request: Request, handle: _Handle) -> None:
+        self.inbox.put(("add", request, handle))
+
+    def call(self, fn: Callable[[Engine], Any]) -> asyncio.Future:
+        """Run fn(engine) on the engine thread between two steps; the future gets its result."""
+        future = self.loop.create_future()
+        self.inbox.put(("call", fn, future))
+        return future
+
+    @property
+    def queue_depth(self) -> int:
+        return self.inbox.qsize() + len(self.engine.waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self.engine.active)
+
+    def gen_throughput(self, window: float = 10.0) -> float:
+        now = time.monotonic()
+        recent = [(t, n) for t, n in list(self._recent) if now - t <= window]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0][0], 1e-3)
+        return sum(n for _, n in recent) / span
+
+    # -- the engine thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            self._drain(block=not self.engine.has_work())
+            if self.stopping.is_set():
+                break
+            if not self.engine.has_work():
+                continue
+            try:
+                events = self.engine.step()
+            except Exception as err:  # the engine failed mid-step: fail what is in flight, keep serving
+                self._fail_all(f"engine step failed: {type(err).__name__}: {err}")
+                continue
+            self.steps += 1
+            self.heartbeat = now = time.monotonic()
+            produced = 0
+            for event in events:
+                produced += len(event.new_ids)
+                handle = self.handles.get(event.rid)
+                if handle is None:
+                    continue
+                if event.output is not None:
+                    del self.handles[event.rid]
+                self._post(handle.queue.put_nowait, event)
+            self._recent.append((now, produced))
+            while self._recent and now - self._recent[0][0] > 30:
+                self._recent.popleft()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=0.1) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while item is not None:
+            self._handle(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, item: tuple) -> None:
+        if item[0] == "add":
+            _, request, handle = item
+            try:
+                self.engine.add(request)
+            except ValueError as err:
+                self._post(handle.queue.put_nowait, _Failure(str(err), 400))
+                return
+            self.handles[request.rid] = handle
+        elif item[0] == "call":
+            _, fn, future = item
+            try:
+                result = fn(self.engine)
+            except Exception as err:
+                self._post(_resolve, future, None, err)
+            else:
+                self._post(_resolve, future, result, None)
+
+    def _post(self, fn: Callable, *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is waiting any more
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def _fail_all(self, message: str) -> None:
+        traceback.print_exc(file=sys.stderr)
+        self.error = message
+        for handle in self.handles.values():
+            self._post(handle.queue.put_nowait, _Failure(message, 500))
+        self.handles.clear()
+        self.engine.waiting.clear()
+        self.engine.active.clear()
+
+
+def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class EmbeddedServer:
+    """The HTTP application around one Engine; `app()` builds the aiohttp Application."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        target: str,
+        draft: str | None = None,
+        api_key: str | None = None,
+        max_new_tokens_limit: int | None = None,
+        hardware: str | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.target_name = target
+        self.draft = draft
+        self.api_key = api_key or None
+        self.max_new_tokens_limit = max_new_tokens_limit
+        self.hardware = hardware
+        self.on_event = on_event
+        # The handlers tokenize on the asyncio thread while the engine thread decodes: each side
+        # gets its own tokenizer object so no Rust tokenizer is ever shared across threads.
+        self.text = dataclasses.replace(engine.target, tokenizer=copy.deepcopy(engine.target.tokenizer))
+        self.loop_thread: EngineLoop | None = None
+        self.started = time.time()
+        self.in_flight: set[str] = set()
+        self.swaps = 0
+
+    # -- application -------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/generate", self.generate)
+        app.router.add_put("/generate", self.generate)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", self.health_generate)
+        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_get("/server_info", self.server_info)
+        app.router.add_get("/get_model_info", self.model_info)
+        app.router.add_get("/model_info", self.model_info)
+        app.router.add_post("/update_weights_from_disk", self.update_weights)
+        app.router.add_post("/flush_cache", self.flush_cache)
+        app.router.add_get("/flush_cache", self.flush_cache)
+        app.on_startup.append(self._startup)
+        app.on_shutdown.append(self._shutdown)
+        return app
+
+    async def _startup(self, _app: web.Application) -> None:
+        self.loop_thread = EngineLoop(self.engine, asyncio.get_running_loop())
+        self.loop_thread.start()
+
+    async def _shutdown(self, _app: web.Application) -> None:
+        if self.loop_thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.loop_thread.stop)
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return error_response(exc.reason or exc.text or "error", exc.status)
+        except BadRequest as exc:
+            return error_response(str(exc), exc.status)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        if self.api_key and not request.path.startswith("/health"):
+            given = request.headers.get("Authorization", "")
+            if not given:
+                return error_response("missing API key: send 'Authorization: Bearer KEY'", 401)
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                return error_response("invalid API key", 401)
+        return await handler(request)
+
+    @property
+    def method(self) -> str:
+        return self.engine.method
+
+    # -- /generate ------------------------------------------------------------------------------
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.perf_counter()
+        body = await _json_body(request)
+        parsed = parse_generate(body, max_new_tokens_limit=self.max_new_tokens_limit)
+        requests = [self._to_request(item) for item in parsed.items]
+        self._check_live()
+        handles = []
+        for req in requests:
+            handle = _Handle(req.rid, asyncio.Queue(), arrived, len(req.prompt_ids))
+            self.in_flight.add(req.rid)
+            handles.append(handle)
+        for req, handle in zip(requests, handles):
+            self.loop_thread.submit(req, handle)
+        try:
+            if parsed.stream:
+                return await self._stream(request, handles, parsed.batch)
+            results = await asyncio.gather(*(self._collect(h) for h in handles))
+        finally:
+            for handle in handles:
+                self.in_flight.discard(handle.rid)
+        failures = [r for r in results if isinstance(r, _Failure)]
+        if failures:
+            return error_response(failures[0].message, failures[0].status)
+        payload = [r.to_json() for r in results]
+        return web.json_response(payload if parsed.batch else payload[0])
+
+    def _to_request(self, item: GenerateItem) -> Request:
+        if item.text is not None:
+            ids, text = self.text.encode(item.text), item.text
+        else:
+            ids, text = list(item.input_ids or []), None
+        rid = item.rid or uuid.uuid4().hex
+        if rid in self.in_flight:
+            raise BadRequest(f"rid {rid!r} is already in flight")
+        req = Request(ids, item.params, prompt_text=text, rid=rid)
+        try:
+            self.engine.check(req)
+        except ValueError as err:
+            raise BadRequest(str(err)) from None
+        return req
+
+    def _check_live(self) -> None:
+        if self.loop_thread is None or not self.loop_thread.alive:
+            raise BadRequest("the engine loop is not running", 503)
+
+    async def _collect(self, handle: _Handle) -> Output | _Failure:
+        while True:
+            item = await handle.queue.get()
+            if isinstance(item, _Failure):
+                return item
+            self._note(handle, item)
+            if item.output is not None:
+                return self._finish(handle, item.output)
+
+    def _note(self, handle: _Handle, event: StepEvent) -> None:
+        handle.steps += 1
+        handle.ids.extend(event.new_ids)
+        if handle.first_at is None and event.new_ids:
+            handle.first_at = time.perf_counter()
+
+    def _finish(self, handle: _Handle, output: Output) -> Output:
+        now = time.perf_counter()
+        meta = dict(output.meta_info)
+        engine_e2e = meta.get("e2e_latency") or 0.0
+        meta["e2e_latency"] = now - handle.arrived
+        meta["queue_time"] = max(meta["e2e_latency"] - engine_e2e, 0.0)
+        if handle.first_at is not None:
+            meta["ttft"] = handle.first_at - handle.arrived
+        meta["drafter_version"] = self.engine.drafter_version
+        return dataclasses.replace(output, meta_info=meta)
+
+    async def _stream(self, request: web.Request, handles: list[_Handle], batch: bool) -> web.StreamResponse:
+        # Each chunk carries the cumulative text, as SGLang's /generate stream does; a request the
+        # engine thread refuses late (it re-checks) becomes an error chunk, then [DONE].
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        lock = asyncio.Lock()
+        gone = False
+
+        async def send(payload: dict[str, Any] | str) -> None:
+            nonlocal gone
+            if gone:
+                return
+            data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+            try:
+                async with lock:
+                    await response.write(f"data: {data}\n\n".encode())
+            except (ConnectionResetError, RuntimeError):
+                gone = True  # the client left; the engine still finishes the request, unseen
+
+        async def pump(index: int, handle: _Handle) -> None:
+            while True:
+                item = await handle.queue.get()
+                if isinstance(item, _Failure):
+                    body = error_body(item.message, "BadRequest" if item.status == 400 else "InternalServerError")
+                    await send({**body, "index": index} if batch else body)
+                    return
+                self._note(handle, item)
+                if item.output is not None:
+                    chunk = self._finish(handle, item.output).to_json()
+                else:
+                    chunk = self._partial(handle)
+                if batch:
+                    chunk["index"] = index
+                await send(chunk)
+                if item.output is not None:
+                    return
+
+        await asyncio.gather(*(pump(i, h) for i, h in enumerate(handles)))
+        await send("[DONE]")
+        if not gone:
+            with contextlib.suppress(ConnectionResetError, RuntimeError):
+                await response.write_eof()
+        return response
+
+    def _partial(self, handle: _Handle) -> dict[str, Any]:
+        text = self.text.decode(handle.ids).rstrip("\ufffd")  # hold back a half-decoded character
+        return {
+            "text": text,
+            "output_ids": list(handle.ids),
+            "meta_info": {
+                "id": handle.rid,
+                "prompt_tokens": handle.prompt_tokens,
+                "completion_tokens": len(handle.ids),
+                "spec_verify_ct": handle.steps,
+                "finish_reason": None,
+                "e2e_latency": time.perf_counter() - handle.arrived,
+            },
+        }
+
+    # -- health and info ------------------------------------------------------------------------
+    async def health(self, _request: web.Request) -> web.Response:
+        if self.loop_thread is None or not self.loop_thread.alive:
+            return error_response("the engine loop is not running", 503)
+        return web.Response(status=200)
+
+    async def health_generate(self, _request: web.Request) -> web.Response:
+        self._check_live()
+        ids = self.text.encode("Hi") or [0]
+        req = Request(ids, SamplingParams(max_new_tokens=1), rid=f"health-{uuid.uuid4().hex}")
+        handle = _Handle(req.rid, asyncio.Queue(), time.perf_counter())
+        self.loop_thread.submit(req, handle)
+        try:
+            result = await asyncio.wait_for(self._collect(handle), timeout=60)
+        except asyncio.TimeoutError:
+            return error_response("the engine did not answer within 60 s", 503)
+        if isinstance(result, _Failure):
+            return error_response(result.message, 503)
+        return web.Response(status=200)
+
+    def info(self) -> dict[str, Any]:
+        engine = self.engine
+        loop = self.loop_thread
+        avg = engine.avg_accept_length
+        throughput = loop.gen_throughput() if loop else 0.0
+        drafter = engine.drafter
+        return {
+            "engine": "embedded",
+            "method": engine.method,
+            "speculative_algorithm": SGLANG_ALGORITHM.get(engine.method),
+            "model_path": str(engine.target.folder),
+            "target": self.target_name,
+            "draft": self.draft,
+            "speculative_draft_model_path": self.draft,
+            "drafter_version": engine.drafter_version,
+            "block_size": getattr(drafter, "block_size", None) if drafter is not None else None,
+            "max_batch": engine.max_batch,
+            "max_running_requests": engine.max_batch,
+            "context_length": engine.max_len,
+            "max_new_tokens_limit": self.max_new_tokens_limit,
+            "queue_depth": loop.queue_depth if loop else 0,
+            "running_requests": loop.running if loop else 0,
+            "avg_spec_accept_length": avg,
+            "last_gen_throughput": throughput,
+            "requests_served": engine.stats["requests"],
+            "completion_tokens": engine.stats["completion_tokens"],
+            "verify_ct": engine.stats["verify_ct"],
+            "length_rate": engine.length_rate,
+            "min_length": engine.min_length,
+            "device": str(engine.device),
+            "hardware": self.hardware,
+            "uptime": time.time() - self.started,
+            "drafter_swaps": self.swaps,
+            "engine_error": loop.error if loop else None,
+            "internal_states": [{"avg_spec_accept_length": avg, "last_gen_throughput": throughput}],
+            "version": _version(),
+        }
+
+    async def server_info(self, _request: web.Request) -> web.Response:
+        return web.json_response(self.info())
+
+    async def model_info(self, _request: web.Request) -> web.Response:
+        return web.json_response({
+            "model_path": str(self.engine.target.folder),
+            "tokenizer_path": str(self.engine.target.folder),
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.engine.drafter_version,
+            "target": self.target_name,
+            "method": self.engine.method,
+            "draft_model_path": self.draft,
+            "context_length": self.engine.max_len,
+        })
+
+    async def flush_cache(self, _request: web.Request) -> web.Response:
+        return web.Response(text="Cache flushed (the embedded engine keeps no prefix cache).\n")
+
+    # -- drafter hot swap ---------------------------------------------------------------------------
+    async def update_weights(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object with 'model_path'")
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("'model_path' must be the path of a drafter folder")
+        version = _weight_version(body.get("weight_version", body.get("version")), path)
+        self._check_live()
+        if self.engine.drafter is None:
+            return _swap_refused(f"method {self.engine.method!r} runs without a drafter; nothing to swap")
+        from adaflash.models.drafter_io import load_drafter
+        from adaflash.models.drafters import DFlashDrafter
+
+        loop = asyncio.get_running_loop()
+        try:
+            drafter = await loop.run_in_executor(None, load_drafter, path, self.engine.model.cfg)
+        except (ValueError, OSError) as err:  # DrafterError is a ValueError
+            return _swap_refused(str(err))
+        if self.engine.method == "adaflash" and (not isinstance(drafter, DFlashDrafter) or drafter.length_head is None):
+            return _swap_refused(f"{path}: method adaflash needs a DFlash drafter with a length head")
+        try:
+            await self.loop_thread.call(lambda engine: engine.swap_drafter(drafter, version))
+        except ValueError as err:
+            return _swap_refused(str(err))
+        self.draft = path
+        self.swaps += 1
+        if self.on_event:
+            self.on_event("drafter_swap", {"path": path, "version": version})
+        return web.json_response({"success": True, "message": f"drafter swapped to {path}",
+                                  "drafter_version": version, "num_paused_requests": 0})
+
+
+def _swap_refused(message: str) -> web.Response:
+    return web.json_response({"success": False, "message": message, **error_body(message)}, status=400)
+
+
+def _weight_version(raw: Any, path: str) -> int | None:
+    """An explicit weight_version, else `v{N}` in the folder name, else the drafter config's version."""
+    if raw is not None:
+        if isinstance(raw, bool) or not (isinstance(raw, int) or (isinstance(raw, str) and raw.isdigit())):
+            raise BadRequest(f"'weight_version' must be an integer, got {raw!r}")
+        return int(raw)
+    match = re.fullmatch(r"v(\d+)", Path(path).name)
+    if match:
+        return int(match.group(1))
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+        value = (cfg.get("adaflash") or {}).get("version")
+        return int(value) if value is not None else None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return json.loads(raw) if raw else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BadRequest(f"the request body is not valid JSON ({err})") from None
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("adaflash")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def hardware_name(device: Any) -> str:
+    """A short name of what the engine runs on, for benchmark records (GPU model or CPU model)."""
+    text = str(device)
+    if text.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+# -- running ---------------------------------------------------------------------------------------
+async def serve(server: EmbeddedServer, host: str, port: int, stop: asyncio.Event,
+                ready: Callable[[str], None] | None = None) -> None:
+    """Serve until `stop` is set; `ready(url)` once the socket listens and the engine thread runs."""
+    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else port
+        if ready is not None:
+            ready(f"http://{host}:{bound}")
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+class RunningServer:
+    """A server on its own event-loop thread (tests, the pipeline's inference worker)."""
+
+    def __init__(self, server: EmbeddedServer, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.server = server
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(host, port), name="adaflash-http", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(60):
+            raise RuntimeError("the server did not start within 60 s")
+        if self._error is not None:
+            raise self._error
+
+    def _run(self, host: str, port: int) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._stop = asyncio.Event()
+
+        def ready(url: str) -> None:
+            self.url = url
+            self._ready.set()
+
+        try:
+            self._loop.run_until_complete(serve(self.server, host, port, self._stop, ready))
+        except BaseException as err:  # surface bind errors to the constructor
+            self._error = err
+            self._ready.set()
+        finally:
+            self._loop.close()
+
+    def stop(self) -> None:
+        if self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(30)

@@ -1,0 +1,224 @@
+"""The embedded HTTP server on a tiny random target: batching, streaming, bad requests, auth, hot swap."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+PROMPTS = ["Hello there", "What is 2+2?", "Tell me a story about a cat", "Name three colors.",
+           "Why is the sky blue?", "Count to five", "Say hi", "A haiku about rain"]
+MAX_NEW = 10
+
+
+@pytest.fixture(scope="module")
+def references(tiny_target) -> dict[str, list[int]]:
+    """Greedy output of each prompt through engine.generate, one request at a time."""
+    from adaflash.engine.engine import Engine
+    from adaflash.engine.params import Request, SamplingParams
+
+    engine = Engine(tiny_target, "vanilla", max_batch=1, max_len=128)
+    out = {}
+    for text in PROMPTS:
+        request = Request(tiny_target.encode(text), SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
+        out[text] = engine.generate([request])[0].output_ids
+    return out
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tmp_path_factory, tiny_target) -> Path:
+    from adaflash.models.drafter_io import new_drafter, save_drafter
+
+    return save_drafter(new_drafter("dflash", tiny_target.model.cfg, seed=1), tmp_path_factory.mktemp("d") / "draft")
+
+
+def _start(tiny_llama: Path, method: str = "vanilla", draft: Path | None = None, **kw):
+    from adaflash.engine.build import build_engine
+    from adaflash.serve.server import EmbeddedServer, RunningServer
+
+    engine = build_engine(str(tiny_llama), method, str(draft) if draft else None, device="cpu", max_batch=8,
+                          max_len=256)
+    return RunningServer(EmbeddedServer(engine, target=str(tiny_llama), draft=str(draft) if draft else None, **kw))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama, drafter_dir, references):
+    running = _start(tiny_llama, "dflash", drafter_dir, max_new_tokens_limit=64)
+    yield running
+    running.stop()
+
+
+async def _post(url: str, body, *, raw: bytes | None = None, headers: dict | None = None):
+    async with aiohttp.ClientSession() as session:
+        data = raw if raw is not None else json.dumps(body).encode()
+        async with session.post(url, data=data, headers={"Content-Type": "application/json", **(headers or {})}) as r:
+            return r.status, await r.text()
+
+
+def _gen(text=None, ids=None, **params):
+    body = {"sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True, **params}}
+    if text is not None:
+        body["text"] = text
+    if ids is not None:
+        body["input_ids"] = ids
+    return body
+
+
+async def test_concurrent_clients_are_batched_and_match_generate_alone(server, references, tiny_target):
+    url = server.url + "/generate"
+    singles = [_post(url, _gen(text)) for text in PROMPTS[:4]]
+    by_ids = [_post(url, _gen(ids=tiny_target.encode(PROMPTS[4])))]
+    batched = [_post(url, _gen(PROMPTS[5:]))]
+    results = await asyncio.gather(*singles, *by_ids, *batched)
+    assert all(status == 200 for status, _ in results), results
+    outputs = [json.loads(body) for _, body in results]
+    for text, out in zip(PROMPTS[:5], outputs[:5]):
+        assert out["output_ids"] == references[text]
+        assert out["text"] == tiny_target.decode(references[text])
+        meta = out["meta_info"]
+        for key in ("id", "prompt_tokens", "completion_tokens", "spec_verify_ct", "spec_accept_length",
+                    "spec_accept_histogram", "finish_reason", "e2e_latency"):
+            assert key in meta
+        assert meta["completion_tokens"] == MAX_NEW and meta["finish_reason"]["type"] == "length"
+    assert isinstance(outputs[5], list) and len(outputs[5]) == 3
+    for text, out in zip(PROMPTS[5:], outputs[5]):
+        assert out["output_ids"] == references[text]
+
+
+async def test_streaming_sends_cumulative_chunks_then_done(server, references):
+    body = {**_gen(PROMPTS[0]), "stream": True}
+    async with aiohttp.ClientSession() as session, session.post(server.url + "/generate", json=body) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        raw = (await response.read()).decode()
+    events = [block for block in raw.split("\n\n") if block]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    assert len(chunks) >= 2
+    counts = [c["meta_info"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == MAX_NEW
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert chunks[-1]["output_ids"] == references[PROMPTS[0]]
+    assert all(chunks[i + 1]["output_ids"][: len(c["output_ids"])] == c["output_ids"] for i, c in enumerate(chunks[:-1]))
+
+
+BAD = [
+    ("malformed json", None, b"{not json"),
+    ("not an object", [1, 2], None),
+    ("both text and ids", {"text": "a", "input_ids": [1]}, None),
+    ("neither", {"sampling_params": {}}, None),
+    ("text wrong type", {"text": 5}, None),
+    ("ids wrong type", {"input_ids": ["a", "b"]}, None),
+    ("ids out of vocab", {"input_ids": [10**9]}, None),
+    ("empty prompt", {"text": ""}, None),
+    ("sampling not object", {"text": "a", "sampling_params": "x"}, None),
+    ("unknown sampling field", {"text": "a", "sampling_params": {"foo": 1}}, None),
+    ("unknown top-level field", {"text": "a", "bogus": True}, None),
+    ("max_new_tokens zero", {"text": "a", "sampling_params": {"max_new_tokens": 0}}, None),
+    ("max_new_tokens over the limit", {"text": "a", "sampling_params": {"max_new_tokens": 65}}, None),
+    ("max_new_tokens wrong type", {"text": "a", "sampling_params": {"max_new_tokens": "ten"}}, None),
+    ("temperature negative", {"text": "a", "sampling_params": {"temperature": -1}}, None),
+    ("top_p zero", {"text": "a", "sampling_params": {"top_p": 0}}, None),
+    ("top_k zero", {"text": "a", "sampling_params": {"top_k": 0}}, None),
+    ("stop_token_ids wrong", {"text": "a", "sampling_params": {"stop_token_ids": "x"}}, None),
+    ("stream not bool", {"text": "a", "stream": "yes"}, None),
+    ("prompt over the context", {"input_ids": [1] * 300, "sampling_params": {"max_new_tokens": 8}}, None),
+    ("unsupported logprobs", {"text": "a", "return_logprob": True}, None),
+    ("sampling list length", {"text": ["a", "b"], "sampling_params": [{}]}, None),
+]
+
+
+async def test_bad_requests_get_400_and_never_disturb_a_running_request(server, references):
+    url = server.url + "/generate"
+
+    async def good():
+        body = {**_gen(PROMPTS[2]), "stream": True}
+        async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
+            raw = (await response.read()).decode()
+        return json.loads(raw.split("\n\n")[-3][len("data: "):])
+
+    async def bad(body, raw):
+        await asyncio.sleep(0.01)
+        return await _post(url, body, raw=raw)
+
+    results = await asyncio.gather(good(), *(bad(body, raw) for _, body, raw in BAD))
+    assert results[0]["output_ids"] == references[PROMPTS[2]]
+    for (name, _, _), (status, text) in zip(BAD, results[1:]):
+        assert status == 400, (name, status, text)
+        error = json.loads(text)["error"]
+        assert error["type"] == "BadRequest" and error["message"], name
+
+
+async def test_info_and_health_endpoints(server):
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url + "/health") as r:
+            assert r.status == 200
+        async with session.get(server.url + "/health_generate") as r:
+            assert r.status == 200
+        async with session.get(server.url + "/get_server_info") as r:
+            info = await r.json()
+        async with session.get(server.url + "/get_model_info") as r:
+            model = await r.json()
+        async with session.get(server.url + "/nope") as r:
+            assert r.status == 404 and (await r.json())["error"]["type"] == "NotFound"
+    for key in ("avg_spec_accept_length", "method", "drafter_version", "max_batch", "queue_depth", "internal_states"):
+        assert key in info
+    assert info["method"] == "dflash" and info["speculative_algorithm"] == "DFLASH" and info["max_batch"] == 8
+    assert info["avg_spec_accept_length"] >= 1.0
+    assert model["is_generation"] is True and Path(model["model_path"]).is_dir()
+
+
+async def test_hot_swap_replaces_the_drafter_and_refuses_a_torn_one(server, tiny_target, references, tmp_path):
+    from adaflash.models.drafter_io import new_drafter, save_drafter
+
+    fresh = save_drafter(new_drafter("dflash", tiny_target.model.cfg, seed=7), tmp_path / "weights" / "v3")
+    url = server.url
+    inflight = asyncio.ensure_future(_post(url + "/generate", _gen(PROMPTS[3])))
+    status, body = await _post(url + "/update_weights_from_disk", {"model_path": str(fresh)})
+    assert status == 200 and json.loads(body)["success"] is True and json.loads(body)["drafter_version"] == 3
+    status, body = await inflight
+    assert status == 200 and json.loads(body)["output_ids"] == references[PROMPTS[3]]
+
+    torn = save_drafter(new_drafter("dflash", tiny_target.model.cfg, seed=8), tmp_path / "weights" / "v4")
+    weights = torn / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    for bad in ({"model_path": str(torn)}, {"model_path": str(tmp_path / "missing")}, {"model_path": 5}):
+        status, body = await _post(url + "/update_weights_from_disk", bad)
+        assert status == 400, body
+        if isinstance(bad["model_path"], str):
+            assert json.loads(body)["success"] is False
+    async with aiohttp.ClientSession() as session, session.get(url + "/get_server_info") as r:
+        info = await r.json()
+    assert info["drafter_version"] == 3 and info["draft"] == str(fresh)
+    status, body = await _post(url + "/generate", _gen(PROMPTS[1]))
+    assert status == 200 and json.loads(body)["output_ids"] == references[PROMPTS[1]]
+    assert json.loads(body)["meta_info"]["drafter_version"] == 3
+
+
+def test_api_key_is_required_except_for_health(tiny_llama):
+    running = _start(tiny_llama, api_key="s3cret")
+
+    async def check():
+        body = _gen("Hello there")
+        assert (await _post(running.url + "/generate", body))[0] == 401
+        status, text = await _post(running.url + "/generate", body, headers={"Authorization": "Bearer nope"})
+        assert status == 401 and json.loads(text)["error"]["type"] == "Unauthorized"
+        assert (await _post(running.url + "/generate", body, headers={"Authorization": "Bearer s3cret"}))[0] == 200
+        async with aiohttp.ClientSession() as session:
+            async with session.get(running.url + "/get_server_info") as r:
+                assert r.status == 401
+            async with session.get(running.url + "/health") as r:
+                assert r.status == 200
+        status, text = await _post(running.url + "/update_weights_from_disk", {"model_path": "x"},
+                                   headers={"Authorization": "Bearer s3cret"})
+        assert status == 400 and "without a drafter" in json.loads(text)["message"]
+
+    try:
+        asyncio.run(check())
+    finally:
+        running.stop()
