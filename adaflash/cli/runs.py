@@ -73,3 +73,14 @@ def show_run(ctx: click.Context, run_id: str, fmt: str) -> None:
         emit_rows(detail["checkpoints"], ["kind", "version", "step", "path"], "table", title="Checkpoints")
     if detail["events"]:
         emit_rows(detail["events"], ["level", "job", "message"], "table", title="Events")
+
+
+from adaflash.cli.runs_bench import compare_runs, export_runs, import_runs  # noqa: E402
+
+runs.add_command(compare_runs)
+runs.add_command(export_runs)
+runs.add_command(import_runs)
+from adaflash.cli.runs_control import attach_run, stop_run  # noqa: E402
+
+runs.add_command(attach_run)
+runs.add_command(stop_run)

@@ -1,0 +1,106 @@
+"""`adaflash runs attach|stop`: follow and stop recipe runs, detached ones included."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from adaflash.cli.common import fail, runlog_of
+
+
+@click.command("attach")
+@click.argument("run_id")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=0.5, show_default=True,
+              help="Seconds between reads of the run log.")
+@click.pass_context
+def attach_run(ctx: click.Context, run_id: str, interval: float) -> None:
+    """Follow a run's jobs, events and metrics until it ends (Ctrl-C detaches; the run goes on)."""
+    from rich.console import Console
+
+    from adaflash.cli.run import follow, render_view
+    from jobs.runner import EXIT_CODES, run_view
+
+    log = runlog_of(ctx)
+    try:
+        run = log.get_run(run_id)
+    except KeyError as err:
+        fail(err.args[0])
+    config = run.get("config") if isinstance(run.get("config"), dict) else {}
+    console = Console(highlight=False)
+    if config.get("backend") == "slurm":
+        _attach_slurm(log, run["id"], console)
+        return
+    try:
+        view = follow(log, run["id"], console, interval=interval)
+    except KeyboardInterrupt:
+        console.print(f"detached; run {run['id']} goes on (adaflash runs stop {run['id']} stops it)")
+        sys.exit(0)
+    view = run_view(log, run["id"], events_after=view.last_event_id if view else 0)
+    console.print(render_view(view))
+    if view.orphaned:
+        console.print(f"[red]run {view.run['id']} is recorded as {view.status} but its supervisor is gone[/red]"
+                      f" (adaflash runs stop {view.run['id']} stops what is left of its jobs)")
+        sys.exit(1)
+    console.print(f"run {view.run['id']} {view.status}" + (f": {view.run['note']}" if view.run.get("note") else ""))
+    sys.exit(EXIT_CODES.get(view.status, 1))
+
+
+def _attach_slurm(log, run_id: str, console) -> None:
+    from jobs import slurm
+
+    tracker = slurm.SlurmRun.resume(log, run_id)
+    last = {"state": None}
+
+    def on_tick(state) -> None:
+        if state.state != last["state"]:
+            last["state"] = state.state
+            console.print(f"slurm job {tracker.job_id}: {state.state}")
+
+    try:
+        result = tracker.track(on_tick=on_tick)
+    except KeyboardInterrupt:
+        sys.exit(0)
+    except slurm.SlurmError as err:
+        fail(str(err), code=1)
+    console.print(f"run {result.run_id} {result.status}: {result.message}")
+    sys.exit(result.exit_code)
+
+
+@click.command("stop")
+@click.argument("run_id")
+@click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL for each job.")
+@click.option("--job", "job_name", default=None, help="Stop only this job (asked of the run's supervisor).")
+@click.option("--restart", is_flag=True, help="With --job: restart that job instead of stopping it.")
+@click.pass_context
+def stop_run(ctx: click.Context, run_id: str, grace: float, job_name: str | None, restart: bool) -> None:
+    """Stop a run: its verified supervisor stops every job; if the supervisor is gone, its job groups are
+    stopped directly (each pid checked against its recorded create time)."""
+    from jobs import runner
+
+    log = runlog_of(ctx)
+    try:
+        run = log.get_run(run_id)
+    except KeyError as err:
+        fail(err.args[0])
+    if restart and not job_name:
+        fail("--restart needs --job NAME")
+    if job_name:
+        if job_name not in {j["name"] for j in log.jobs(run["id"])}:
+            fail(f"run {run['id']} has no job {job_name!r}")
+        if runner.supervisor_pid(run) is None:
+            fail(f"run {run['id']} has no live supervisor to ask")
+        runner.request_job_action(run["run_dir"], "restart" if restart else "stop", job_name)
+        click.echo(f"asked the supervisor of run {run['id']} to {'restart' if restart else 'stop'} job {job_name}")
+        return
+    try:
+        result = runner.stop_run(log, run["id"], grace=grace)
+    except Exception as err:  # noqa: BLE001 - scancel missing, permission denied: say it plainly
+        fail(f"could not stop run {run['id']}: {err}", code=1)
+    if result.how == "already ended":
+        click.echo(f"run {result.run_id} had already ended ({result.status})"
+                   + (f"; stopped leftover jobs: {', '.join(result.stopped_jobs)}" if result.stopped_jobs else ""))
+    else:
+        jobs = f" (jobs: {', '.join(result.stopped_jobs)})" if result.stopped_jobs else ""
+        click.echo(f"run {result.run_id} {result.status} via {result.how}{jobs}")
