@@ -142,6 +142,9 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
             log.finish_run(run_id, "failed", note=str(err))
         fail(str(err))
     if log:
+        evals = {k: v for k, v in final.items() if k.startswith("eval_")}
+        if evals:
+            log.log_metrics(run_id, evals, step=trainer.state.step, job="train")
         log.add_checkpoint(run_id, out, kind=method, step=trainer.state.step, metrics={"eval_tau": final.get("eval_tau")})
         log.finish_run(run_id)
         summary = {"run": run_id, "steps": trainer.state.step, "loss": final.get("loss"),

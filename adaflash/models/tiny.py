@@ -18,8 +18,14 @@ def make_tiny_target(
     heads: int = 4,
     kv_heads: int = 2,
     seed: int = 0,
+    init_std: float = 0.5,
 ) -> Path:
-    """Save a random `model_type` decoder with the tokenizer of `tokenizer_from` (its vocab size)."""
+    """Save a random `model_type` decoder with the tokenizer of `tokenizer_from` (its vocab size).
+
+    The default large `init_std` gives peaked, varied logits (few greedy near-ties); a small one
+    gives a model dominated by its tied embedding that keeps repeating itself, which a drafter
+    can learn in a few steps.
+    """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -45,7 +51,7 @@ def make_tiny_target(
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() > 1:
-                param.normal_(0, 0.5)  # peaked logits, so greedy is not a sea of near-ties
+                param.normal_(0, init_std)
     model.save_pretrained(str(out))
     for name in TOKENIZER_FILES:
         source = Path(tokenizer_from) / name

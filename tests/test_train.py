@@ -1,0 +1,164 @@
+"""Training: losses, the DFlash block mask, bit-for-bit resume, and drafters that really improve τ."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from adaflash.cli.main import cli
+from adaflash.engine.engine import Engine
+from adaflash.engine.params import Request, SamplingParams
+from adaflash.models.drafter_io import load_drafter
+from adaflash.train.chain import ttt_mask
+from adaflash.train.data import load_sequences
+from adaflash.train.dflash import block_mask
+from adaflash.train.evaluate import eval_tau
+from adaflash.train.loop import TrainConfig, Trainer
+from adaflash.train.losses import LossConfig, distill_loss, position_decay
+
+PROMPTS = [f"Tell me about the number {i}." for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def learnable(tmp_path_factory, smollm2_folder):
+    """A tiny target whose greedy output is a context-dependent, mostly repeating pattern."""
+    from adaflash.models.loading import load_target
+    from adaflash.models.tiny import make_tiny_target
+
+    folder = make_tiny_target(tmp_path_factory.mktemp("learnable"), smollm2_folder, init_std=0.08)
+    return load_target(str(folder), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def regen(tmp_path_factory, learnable):
+    """Rows answered by the target itself: exact prompt string + greedy response."""
+    tiny_target = learnable
+    path = tmp_path_factory.mktemp("regen") / "regen.jsonl"
+    texts = [tiny_target.render(p) for p in PROMPTS]
+    outputs = Engine(tiny_target, "vanilla", max_batch=12, max_len=256).generate(
+        [Request(tiny_target.encode(t), SamplingParams(max_new_tokens=48, ignore_eos=True), prompt_text=t) for t in texts])
+    with path.open("w") as handle:
+        for out in outputs:
+            handle.write(json.dumps({"prompt_text": out.prompt_text, "response": out.text,
+                                     "finish_reason": out.meta_info["finish_reason"]}) + "\n")
+    return path
+
+
+def test_losses():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(6, 50), torch.randn(6, 50)
+    weights = torch.ones(6)
+    ce, _ = distill_loss(student, teacher.argmax(-1), None, weights, LossConfig("ce"))
+    mix1, stats = distill_loss(student, teacher.argmax(-1), teacher, weights, LossConfig("rkl-mix", alpha=1.0))
+    assert torch.allclose(ce, mix1)
+    assert 0.0 <= stats["clip_ratio"] <= 1.0
+    mix0, stats0 = distill_loss(student, teacher.argmax(-1), teacher, weights, LossConfig("rkl-mix", alpha=0.0, clip=1e-6))
+    assert stats0["clip_ratio"] == 1.0 and mix0.item() == pytest.approx(6 * 1e-6, rel=1e-3)
+    same, _ = distill_loss(teacher, teacher.argmax(-1), teacher, weights, LossConfig("fkl"))
+    assert same.item() == pytest.approx(0.0, abs=1e-5)
+    decay = position_decay(4, 7.0)
+    assert decay[0] == 0 and decay[1] == 1 and decay[2] == pytest.approx(torch.exp(torch.tensor(-1 / 7)).item())
+    with pytest.raises(ValueError, match="loss must be one of"):
+        LossConfig("mse")
+
+
+def test_block_mask_sees_context_before_its_anchor_and_its_own_block():
+    mask = block_mask(torch.tensor([[2, 5]]), ctx_len=8, block=3)[0]
+    assert mask.shape == (6, 8 + 6)
+    assert mask[0, :8].tolist() == [True, True] + [False] * 6  # anchor 2 sees positions 0, 1
+    assert mask[3, :8].tolist() == [True] * 5 + [False] * 3  # anchor 5 sees 0..4
+    assert mask[1, 8:].tolist() == [True] * 3 + [False] * 3
+    assert mask[4, 8:].tolist() == [False] * 3 + [True] * 3
+
+
+def test_ttt_mask_is_causal_then_diagonal():
+    mask = ttt_mask(5, 2, torch.device("cpu"))
+    assert mask.shape == (5, 15)
+    assert mask[4, :5].tolist() == [True, True, True, False, False]  # step-0 keys up to p - 2
+    assert mask[4, 5:10].tolist() == [False, False, False, True, False]  # step-1 key at p - 1
+    assert mask[4, 10:].tolist() == [False, False, False, False, True]  # own key at p
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(method="dflash", out=str(tmp_path / "d"), steps=6, lr=2e-3, warmup_steps=1, batch_tokens=600,
+                blocks_per_seq=6, block_size=8, save_every=3, seed=3)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_resume_is_bit_for_bit(tmp_path, learnable, regen):
+    tiny_target = learnable
+    sequences = load_sequences(regen, tiny_target, 256)
+    straight = Trainer(_cfg(tmp_path / "a"), tiny_target)
+    straight.run(sequences)
+
+    class Killed(Exception):
+        pass
+
+    def die_after_three(step, total, stats):
+        if step == 3:
+            raise Killed
+
+    first = Trainer(_cfg(tmp_path / "b"), tiny_target)
+    with pytest.raises(Killed):
+        first.run(sequences, on_step=die_after_three)
+    resumed = Trainer(_cfg(tmp_path / "b", resume=True), tiny_target)
+    resumed.run(sequences)
+    assert resumed.state.step == 6
+    a = load_drafter(tmp_path / "a" / "d").state_dict()
+    b = load_drafter(tmp_path / "b" / "d").state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_dflash_training_raises_tau(tmp_path, learnable, regen):
+    tiny_target = learnable
+    sequences = load_sequences(regen, tiny_target, 256)
+    trainer = Trainer(_cfg(tmp_path, steps=40, lr=3e-3, length_head=True), tiny_target)
+    prompts = [tiny_target.render(p) for p in PROMPTS[:6]]
+    before = eval_tau(tiny_target, trainer.drafter, prompts, max_new_tokens=32)["eval_tau"]
+    trainer.run(sequences)
+    after = eval_tau(tiny_target, trainer.drafter, prompts, max_new_tokens=32)["eval_tau"]
+    assert after > before + 0.5, (before, after)
+
+
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+def test_chain_training_lowers_loss_and_raises_tau(tmp_path, learnable, regen, method):
+    tiny_target = learnable
+    sequences = load_sequences(regen, tiny_target, 256)
+    trainer = Trainer(_cfg(tmp_path, method=method, steps=30, lr=3e-3, ttt_length=3, steps_chain=4), tiny_target)
+    losses = []
+    prompts = [tiny_target.render(p) for p in PROMPTS[:6]]
+    before = eval_tau(tiny_target, trainer.drafter, prompts, max_new_tokens=32)["eval_tau"]
+    trainer.run(sequences, on_step=lambda step, total, stats: losses.append(stats["loss"]))
+    after = eval_tau(tiny_target, trainer.drafter, prompts, max_new_tokens=32)["eval_tau"]
+    assert sum(losses[-5:]) < sum(losses[:5])
+    assert after > before + 0.3, (before, after)
+
+
+def test_train_cli_records_run_and_checkpoint(tmp_path, learnable, regen):
+    tiny_llama = learnable.folder
+    ws = tmp_path / "ws"
+    out = tmp_path / "draft"
+    result = CliRunner().invoke(cli, ["--workspace", str(ws), "train", "draft", "--method", "dflash", "--target",
+                                      str(tiny_llama), "--data", str(regen), "--out", str(out), "--steps", "3",
+                                      "--block-size", "8", "--blocks-per-seq", "4", "--eval-prompts", "2"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and summary["eval_tau_after"] >= 1.0
+    assert (out / "config.json").is_file() and (out / "trainer_state.pt").is_file()
+    from adaflash.runlog import RunLog
+
+    log = RunLog.open(ws)
+    run = log.list_runs(kind="train")[0]
+    names = {m["name"] for m in log.metrics_since(0, run_id=run["id"])}
+    assert {"loss", "lr", "tokens_per_s", "eval_tau"} <= names
+    assert log.checkpoints(run["id"])[0]["path"] == str(out)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_text": "x"}\n')
+    result = CliRunner().invoke(cli, ["--workspace", str(ws), "train", "draft", "--method", "dflash", "--target",
+                                      str(tiny_llama), "--data", str(bad), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "bad.jsonl:1" in result.output
