@@ -232,25 +232,16 @@ def from_sglang(obj: dict[str, Any], *, method: str | None = None, dataset: str 
 
 
 def read_sglang_jsonl(path: str | Path, **kw: Any) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.is_file():
-        raise ImportFormatError(f"{path}: no such file")
+    from adaflash.data.io import read_jsonl
+
     records = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ImportFormatError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(obj, dict):
-                raise ImportFormatError(f"{where}: expected a JSON object per line")
-            try:
-                records.append(from_sglang(obj, source=str(path), **kw))
-            except ImportFormatError as err:
-                raise ImportFormatError(f"{where}: {err}") from None
+    for where, obj in read_jsonl(path, ImportFormatError):
+        if not isinstance(obj, dict):
+            raise ImportFormatError(f"{where}: expected a JSON object per line")
+        try:
+            records.append(from_sglang(obj, source=str(path), **kw))
+        except ImportFormatError as err:
+            raise ImportFormatError(f"{where}: {err}") from None
     if not records:
         raise ImportFormatError(f"{path}: holds no results")
     return records

@@ -21,21 +21,17 @@ def _eval_prompts(eval_data: str | None, data: str, target, count: int) -> list[
 
     Regenerated rows carry the exact `prompt_text` the engine saw; other rows are rendered.
     """
+    from adaflash.data.io import read_jsonl
     from adaflash.data.prompts import row_to_prompt
 
-    path = eval_data or data
     prompts: list[str] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if len(prompts) >= count:
-                break
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if isinstance(row.get("prompt_text"), str):
-                prompts.append(row["prompt_text"])
-            else:
-                prompts.append(target.render(row_to_prompt(row, f"{path}:{number}").prompt))
+    for where, row in read_jsonl(eval_data or data):
+        if len(prompts) >= count:
+            break
+        if isinstance(row.get("prompt_text"), str):
+            prompts.append(row["prompt_text"])
+        else:
+            prompts.append(target.render(row_to_prompt(row, where).prompt))
     return prompts
 
 

@@ -65,3 +65,19 @@ def write_jsonl_atomic(path: str | os.PathLike, rows: list[dict[str, Any]]) -> P
         for row in rows:
             writer.write(row)
     return Path(path)
+
+
+def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError) -> Iterator[tuple[str, Any]]:
+    """(`file:line`, object) for each non-blank line; a line that is not JSON raises `error` naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: no such file")
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as err:
+                raise error(f"{where}: not valid JSON ({err.msg})") from None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,22 +47,13 @@ def row_to_prompt(row: Any, where: str) -> PromptRow:
 
 
 def read_prompt_file(path: str | Path, limit: int | None = None) -> list[PromptRow]:
-    path = Path(path)
-    if not path.is_file():
-        raise PromptFileError(f"{path}: no such file")
+    from adaflash.data.io import read_jsonl
+
     rows: list[PromptRow] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise PromptFileError(f"{where}: not valid JSON ({err.msg})") from None
-            rows.append(row_to_prompt(raw, where))
-            if limit and len(rows) >= limit:
-                break
+    for where, raw in read_jsonl(path, PromptFileError):
+        rows.append(row_to_prompt(raw, where))
+        if limit and len(rows) >= limit:
+            break
     if not rows:
         raise PromptFileError(f"{path}: holds no prompts")
     return rows

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,23 +46,17 @@ def row_to_sequence(row: dict, target: Target, max_len: int, where: str) -> Sequ
 
 
 def load_sequences(path: str | Path, target: Target, max_len: int, limit: int | None = None) -> list[Sequence]:
-    path = Path(path)
-    if not path.is_file():
+    from adaflash.data.io import read_jsonl
+
+    if not Path(path).is_file():
         raise TrainDataError(f"{path}: no such file (make one with `adaflash data regenerate` or `adaflash data prepare`)")
     out: list[Sequence] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise TrainDataError(f"{path}:{number}: not valid JSON ({err.msg})") from None
-            seq = row_to_sequence(row, target, max_len, f"{path}:{number}")
-            if seq is not None:
-                out.append(seq)
-            if limit and len(out) >= limit:
-                break
+    for where, row in read_jsonl(path, TrainDataError):
+        seq = row_to_sequence(row, target, max_len, where)
+        if seq is not None:
+            out.append(seq)
+        if limit and len(out) >= limit:
+            break
     if not out:
         raise TrainDataError(f"{path}: no usable training rows")
     return out
