@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build is enough everywhere the embedded engine runs; GPU users install their own torch first.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run test lint model
+.PHONY: setup run recipe test lint model
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,9 @@ run: model
 	$(BIN)/adaflash generate --target smollm2-135m --max-new-tokens 64 \
 	  --prompt "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
 	$(BIN)/adaflash runs list
+
+recipe: model
+	$(BIN)/adaflash run smollm2-cpu
 
 lint: setup
 	$(BIN)/ruff check .
