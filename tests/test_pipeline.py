@@ -102,3 +102,33 @@ def test_pipeline_bad_inputs(tmp_path):
     result = runner.invoke(cli, ["--workspace", str(tmp_path), "pipeline", "--draft", str(tmp_path), "--data",
                                  str(tmp_path / "p.jsonl"), "--train-gpus", "0,x"])
     assert result.exit_code == 2 and "--train-gpus" in result.output
+
+
+def test_training_worker_restart_resumes_after_last_published_sample(tmp_path, tiny_llama, tiny_target):
+    from adaflash.pipeline.training import TrainingConfig, run_training
+
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
+    swap = tmp_path / "swap"
+    buffer = SwapBuffer(swap)
+    prompt = tiny_target.render("Count.")
+    rows = [{"prompt_text": prompt, "response": f"one two three {i}", "output_ids": []} for i in range(8)]
+    buffer.append(rows[:6])
+    buffer.mark_done()
+    log = RunLog.open(tmp_path / "ws")
+    run = log.create_run("pipeline")
+    cfg = TrainingConfig(target=str(tiny_llama), draft=str(draft), swap_dir=str(swap), run_id=run,
+                         workspace=str(tmp_path / "ws"), loss="fkl", length_head=False, min_buffer=2, train_batch=4,
+                         publish_every=1, poll_seconds=0.05)
+    assert run_training(cfg) == 6
+    store = WeightStore(swap)
+    first = store.latest_version()
+    assert store.pointer()["consumed"] == 6
+    # the producer comes back with more samples; a restarted trainer continues after sample 6
+    buffer.clear_done()
+    buffer.append(rows[6:])
+    buffer.mark_done()
+    assert run_training(cfg) == 8
+    assert store.latest_version() == first + 1
+    state = torch.load(store.folder(store.latest_version()) / "trainer_state.pt", weights_only=False)
+    assert state["state"]["consumed"] == 8
+    assert state["state"]["step"] == 3  # 4 + 2 rows, then the 2 new ones: no sample learned twice
