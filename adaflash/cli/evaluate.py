@@ -66,7 +66,11 @@ def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_si
         except (DrafterError, ValueError) as err:
             log.finish_run(run_id, "failed", note=str(err))
             fail(str(err))
-        metrics, _ = measure(engine, prompts, max_new_tokens=max_new_tokens, temperature=temperature)
+        try:
+            metrics, _ = measure(engine, prompts, max_new_tokens=max_new_tokens, temperature=temperature)
+        except KeyboardInterrupt:
+            log.finish_run(run_id, "stopped")
+            raise
         record = {**metrics, "method": method, "draft": draft, "target": target, "dataset": path.stem,
                   "label": label, "hardware": str(engine.device), "backend": "embedded-offline"}
         log.add_bench_result(run_id, record)
