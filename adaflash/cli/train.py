@@ -115,6 +115,7 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
     log = runlog_of(ctx) if rank == 0 else None
     run_id = log.create_run("train", method=method, target=target, draft=out, dataset=data,
                             config={"world_size": world, "sequences": len(sequences), **{k: str(v) for k, v in vars(cfg).items()}}) if log else None
+    _sigterm_interrupts()
     before = trainer.evaluate(prompts) if prompts and rank == 0 and not resume else {}
     if log and before:
         log.log_metrics(run_id, {"eval_tau_init": before["eval_tau"]}, step=0)
@@ -130,9 +131,11 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
 
             final = trainer.run(sequences, eval_prompts=prompts, on_step=on_step)
     except KeyboardInterrupt:
+        if rank == 0 and trainer.state.step:
+            trainer.save()  # stopping keeps the work: `--resume` continues from here
         if log:
-            log.finish_run(run_id, "stopped")
-        raise
+            log.finish_run(run_id, "stopped", note=f"stopped at step {trainer.state.step}")
+        raise SystemExit(130) from None
     except (RuntimeError, ValueError, FileNotFoundError) as err:
         if log:
             log.finish_run(run_id, "failed", note=str(err))
@@ -146,6 +149,16 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
         summary = {"run": run_id, "steps": trainer.state.step, "loss": final.get("loss"),
                    "eval_tau_before": before.get("eval_tau"), "eval_tau_after": final.get("eval_tau")}
         click.echo(json.dumps(summary))
+
+
+def _sigterm_interrupts() -> None:
+    """SIGTERM (a supervisor stopping the job) unwinds like Ctrl-C, so the run is marked and saved."""
+    import signal
+
+    def interrupt(_signum, _frame) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _device(device: str, rank: int, world: int) -> str:
