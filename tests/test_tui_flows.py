@@ -1,0 +1,411 @@
+"""adaflash-tui flows driven with App.run_test() + Pilot: every screen on an empty workspace,
+assign -> launch a real short CPU job -> Jobs -> Monitor -> stop with confirmation, the quit
+question with runs still going, Compare (sort, filter, export), History (filter, open, compare),
+inline launch errors, the palette and the help generated from the registry."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from textual.widgets import DataTable, Input, Select
+
+from adaflash.runlog import RunLog
+from jobs import runner
+from tests.test_tui_fixtures import (
+    GENERATE_RUN,
+    MATRIX_RUN,
+    PIPELINE_RUN,
+    RECIPE_RUN,
+    SERVE_RUN,
+    FakeInventory,
+    fill_runlog,
+    screen_text,
+    settle,
+    tiny_recipe,
+    wait_for,
+)
+from tui.actions import REGISTRY, TABS
+from tui.app import AdaflashApp
+from tui.modals import ConfirmScreen, HelpScreen, QuitScreen
+
+SIZE = (80, 24)  # the smallest terminal the TUI is designed for
+
+
+@pytest.fixture()
+def leases(tmp_path, monkeypatch) -> Path:
+    """GPU leases of the fake GPUs go to a private file, never the user's."""
+    path = tmp_path / "leases.json"
+    monkeypatch.setenv("ADAFLASH_LEASES", str(path))
+    return path
+
+
+@pytest.fixture()
+def ws(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "ws"
+    path.mkdir()
+    monkeypatch.setenv("ADAFLASH_WORKSPACE", str(path))
+    return path
+
+
+def make_app(workspace: Path, **kwargs) -> AdaflashApp:
+    app = AdaflashApp(workspace, **kwargs)
+    app.animation_level = "none"  # tests wait for what happened, never for tab underline slides
+    return app
+
+
+def cell_offset(table: DataTable, row: int, column: int) -> tuple[int, int]:
+    """Where to click a DataTable cell (inside the widget)."""
+    x = sum(c.get_render_width(table) for c in table.ordered_columns[:column]) + 2
+    return x, row + (1 if table.show_header else 0)
+
+
+def stop_leftovers(workspace: Path) -> None:
+    """A failed test must not leave detached runs behind."""
+    log = RunLog.open(workspace)
+    for run in log.list_runs():
+        if run["status"] in runner.LIVE_RUN_STATUSES:
+            runner.stop_run(log, run["id"], grace=1.0, wait=10.0)
+
+
+async def test_empty_workspace_renders_every_screen(ws: Path) -> None:
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        assert "No usable NVIDIA GPU" in text and "Use CPU workers" in text and "Host" in text
+        expected = {"gpus": "CPU workers", "launch": "GPUs → roles", "jobs": "No run yet",
+                    "monitor": "No run yet", "compare": "No benchmark results yet", "history": "No runs"}
+        for tab, _, key in TABS:
+            await pilot.press(key)
+            await settle(pilot)
+            assert app.active_tab == tab
+            assert expected[tab] in screen_text(app), tab
+        # the help lists the registry; the palette runs a tab's command from anywhere
+        await pilot.press("f1")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        assert app.screen.query_one("#help-table", DataTable).row_count == len(REGISTRY)
+        await pilot.press("escape")
+        launch = app.pane("launch")
+        launch.method_roles["training"] = (0,)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        app.screen.query_one(Input).insert_text_at_cursor("every role on CPU")
+        await wait_for(pilot, lambda: "Put every role on CPU" in screen_text(app), 10, "the palette hit")
+        await pilot.press("enter")
+        await settle(pilot)
+        assert app.active_tab == "launch" and launch.method_roles["training"] is None
+        await pilot.press("1", "c")  # the no-GPU offer: every role on CPU workers, in Launch
+        await settle(pilot)
+        assert app.active_tab == "launch"
+        assert all(gpus is None for gpus in launch.method_roles.values())
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+
+
+async def test_assign_launch_monitor_and_stop_a_real_cpu_job(ws: Path, leases: Path) -> None:
+    recipe = tiny_recipe(ws / "tiny.toml")
+    app = make_app(ws, inventory=FakeInventory(2), live=True, interval_scale=0.2)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await pilot.press("2")
+            await pilot.click("#recipe-path")
+            app.query_one("#recipe-path", Input).value = str(recipe)
+            await settle(pilot)
+            launch = app.pane("launch")
+            await wait_for(pilot, lambda: launch.recipe_roles == {"inference": None}, 10, "the recipe's roles")
+            assert launch.errors == []
+            # assign: the grid cell (inference, GPU 1) with the keyboard...
+            grid = app.query_one("#assign", DataTable)
+            await pilot.press("ctrl+g")
+            assert grid.has_focus and grid.cursor_coordinate == (0, 1)  # inference × GPU 0
+            await pilot.press("right", "space")
+            await settle(pilot)
+            assert launch.assignment()["inference"] == (1,)
+            # ...and with the mouse: GPU 0 too, then off again
+            await pilot.click(grid, offset=cell_offset(grid, 0, 1))
+            await settle(pilot)
+            assert launch.assignment()["inference"] == (0, 1)
+            await pilot.click(grid, offset=cell_offset(grid, 0, 1))
+            await settle(pilot)
+            assert launch.assignment()["inference"] == (1,)
+            assert launch.errors == []
+            plan = launch.plan.plan_text
+            assert "CUDA_VISIBLE_DEVICES='1'" in plan and "-c" in plan and "tiny" in plan
+            assert "gpus.inference=[1]" in launch.plan.overrides
+            planned_id = launch.plan.run_id
+            await pilot.press("ctrl+l")
+            await wait_for(pilot, lambda: app.launched, 30, "the launch")
+            run_id = app.launched[0]
+            assert run_id == planned_id  # the command lines shown are the ones started
+            assert app.active_tab == "jobs" and app.current_run_id == run_id
+            jobs = app.pane("jobs")
+            await wait_for(pilot, lambda: any(r.job.get("status") == "running" for r in jobs.rows.values()), 30,
+                           "the job running")
+            row = next(iter(jobs.rows.values()))
+            assert row.name == "worker" and row.job["gpus"] == "1"
+            assert "supervisor" in screen_text(app) and "alive" in screen_text(app)
+            await wait_for(pilot, lambda: "tiny job ready" in "\n".join(app.query_one("#job-log").lines), 30,
+                           "the log tail")
+            monitor = app.pane("monitor")
+            await wait_for(pilot, lambda: monitor.model.series.get(("", "tau")) is not None
+                           and monitor.model.series[("", "tau")].count == 5, 30, "the metrics")
+            await pilot.press("4")
+            await settle(pilot)
+            text = screen_text(app)
+            assert "acceptance length τ" in text and "tokens_per_s" in text
+            assert [v.version for v in monitor.model.version_table()] == [0, 1, 2]
+            # restart, then stop, each with the confirmation
+            await pilot.press("3")
+            await settle(pilot)
+            await pilot.press("r")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
+            await pilot.press("y")
+            await wait_for(pilot, lambda: next(iter(jobs.rows.values())).job.get("restarts") == 1
+                           and next(iter(jobs.rows.values())).job.get("status") == "running", 30, "the restart")
+            await pilot.press("s")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
+            await pilot.press("n")  # cancelled: nothing happens
+            await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), 10, "the dialog closed")
+            assert any(r.job["status"] == "running" for r in jobs.rows.values())
+            await pilot.press("s")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
+            await pilot.press("y")
+            await wait_for(pilot, lambda: jobs.state is not None and jobs.state.run["status"] == "stopped", 30,
+                           "the run stopped")
+            assert next(iter(jobs.rows.values())).job["status"] == "stopped"
+            await pilot.press("q")  # nothing runs any more: quits at once
+            await pilot.pause()
+        assert app.return_code == 0
+    finally:
+        stop_leftovers(ws)
+
+
+async def test_quit_while_running_asks_then_leaves_or_stops(ws: Path) -> None:
+    recipe = tiny_recipe(ws / "tiny.toml")
+    run_id = runner.launch_detached(recipe, workspace=ws)
+    try:
+        app = make_app(ws, inventory=FakeInventory(available=False), live=False)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            assert app.current_run_id == run_id  # the live run is picked up at start
+            await pilot.press("q")
+            await wait_for(pilot, lambda: isinstance(app.screen, QuitScreen), 10, "the quit question")
+            assert run_id in screen_text(app)
+            await pilot.press("escape")  # cancel: still here
+            await wait_for(pilot, lambda: not isinstance(app.screen, QuitScreen), 10, "the dialog closed")
+            assert app.is_running
+            await pilot.press("q")
+            await settle(pilot)
+            await pilot.press("l")  # leave it running
+            await pilot.pause()
+        log = RunLog.open(ws)
+        assert log.get_run(run_id)["status"] == "running"
+        assert runner.supervisor_pid(log.get_run(run_id)) is not None
+
+        # the next start shows it again; quitting can stop it
+        app = make_app(ws, inventory=FakeInventory(available=False), live=False)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            assert app.current_run_id == run_id
+            await pilot.press("3")
+            await settle(pilot)
+            assert "worker" in screen_text(app)
+            await pilot.press("q")
+            await wait_for(pilot, lambda: isinstance(app.screen, QuitScreen), 10, "the quit question")
+            await pilot.press("s")
+            await wait_for(pilot, lambda: not app.is_running, 40, "the stop and exit")
+        assert RunLog.open(ws).get_run(run_id)["status"] == "stopped"
+    finally:
+        stop_leftovers(ws)
+
+
+async def test_compare_sort_filter_export(ws: Path) -> None:
+    fill_runlog(ws)
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=RECIPE_RUN)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("5")
+        await settle(pilot)
+        pane = app.pane("compare")
+        assert MATRIX_RUN in pane.data.source
+        assert [r["method"] for r in pane.shown][:3] == ["vanilla", "dflash", "adaflash"]
+        table = app.query_one("#compare-table", DataTable)
+        table.focus()
+        column = list(table.columns).index(next(k for k in table.columns if k.value == "speedup"))
+        table.move_cursor(column=column)
+        await pilot.press("s")
+        await pilot.pause()
+        speedups = [r["speedup"] for r in pane.shown]
+        assert speedups == sorted(speedups, reverse=True) and speedups[0] == pytest.approx(2.6)
+        await pilot.press("s")  # again: the other way
+        await pilot.pause()
+        assert [r["speedup"] for r in pane.shown] == sorted(speedups)
+        await pilot.click("#compare-table", offset=(3, 0))  # a header click sorts too (method)
+        await pilot.pause()
+        assert pane.sort_column == "method"
+        await pilot.press("slash")
+        assert app.focused is app.query_one("#compare-filter")
+        await pilot.press(*"dataset=")
+        app.query_one("#compare-filter", Input).insert_text_at_cursor("humaneval")  # the rest, at once
+        await pilot.pause()
+        assert {r["dataset"] for r in pane.shown} == {"humaneval"} and len(pane.shown) == 2
+        assert "2 of 8 rows" in screen_text(app)
+        await pilot.press("enter", "e")
+        await wait_for(pilot, lambda: pane.last_export is not None, 10, "the markdown export")
+        markdown = pane.last_export.read_text()
+        assert pane.last_export.parent == ws / "exports" and pane.last_export.suffix == ".md"
+        assert "humaneval" in markdown and "gsm8k" not in markdown.split("\n\n")[0] and "2.32x" in markdown
+        pane.last_export = None
+        await pilot.press("v")
+        await wait_for(pilot, lambda: pane.last_export is not None, 10, "the CSV export")
+        lines = pane.last_export.read_text().splitlines()
+        assert lines[0].startswith("group,run_id,method") and len(lines) == 3
+        assert any(line.split(",")[2] == "adaflash" for line in lines[1:])
+
+
+async def test_history_filter_open_and_compare(ws: Path) -> None:
+    fill_runlog(ws)
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=MATRIX_RUN)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("6")
+        await settle(pilot)
+        pane = app.pane("history")
+        assert [r["id"] for r in pane.shown] == [MATRIX_RUN, PIPELINE_RUN, RECIPE_RUN, SERVE_RUN, GENERATE_RUN]
+        app.query_one("#f-status", Select).value = "failed"
+        await settle(pilot)
+        assert [r["id"] for r in pane.shown] == [SERVE_RUN]
+        app.query_one("#f-status", Select).clear()
+        app.query_one("#f-target", Select).value = "smollm2-135m"
+        app.query_one("#f-method", Select).value = "adaflash"
+        await settle(pilot)
+        assert [r["id"] for r in pane.shown] == [PIPELINE_RUN]
+        await pilot.press("escape")
+        await settle(pilot)
+        assert len(pane.shown) == 5
+        await pilot.press("slash", *"gen")
+        app.query_one("#f-text", Input).insert_text_at_cursor("erate")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert [r["id"] for r in pane.shown] == [GENERATE_RUN]
+        await pilot.press("escape")
+        await settle(pilot)
+        # select two runs (space), compare them: no bench results, so their latest metrics side by side
+        table = app.query_one("#runs-table", DataTable)
+        table.focus()
+        table.move_cursor(row=1)
+        await pilot.press("space")  # the pipeline run
+        await pilot.pause()
+        assert pane.selected == [PIPELINE_RUN]
+        await pilot.press("space")  # the recipe run (the cursor moved down)
+        assert pane.selected == [PIPELINE_RUN, RECIPE_RUN]
+        await pilot.press("c")
+        await settle(pilot)
+        assert app.active_tab == "compare"
+        compare = app.pane("compare")
+        assert compare.run_ids == [PIPELINE_RUN, RECIPE_RUN]
+        assert [item["run"]["id"] for item in compare.data.side_by_side] == [PIPELINE_RUN, RECIPE_RUN]
+        assert "tau" in screen_text(app)
+        # open one: Jobs and Monitor follow it
+        await pilot.press("6")
+        await settle(pilot)
+        table.move_cursor(row=2)
+        await pilot.press("o")
+        await settle(pilot)
+        assert app.current_run_id == RECIPE_RUN and app.active_tab == "jobs"
+        assert "pipeline › inference" in screen_text(app)
+        assert app.pane("monitor").model.rows_seen == 280
+        # the palette knows the runs too (context: what History read)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        app.screen.query_one(Input).insert_text_at_cursor(f"open run {SERVE_RUN}")
+        await wait_for(pilot, lambda: "Open run " + SERVE_RUN in screen_text(app), 10, "the palette hit")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.current_run_id == SERVE_RUN, 10, "the run opened")
+
+
+async def test_launch_shows_invalid_choices_inline_and_refuses(ws: Path, leases: Path) -> None:
+    app = make_app(ws, inventory=FakeInventory(2), live=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("2")
+        await settle(pilot)
+        launch = app.pane("launch")
+        await pilot.click("#mode-pipeline")
+        await settle(pilot)
+        assert launch.mode == "pipeline"
+        assert any("drafter: required" in e for e in launch.errors)
+        assert "✗ drafter: required" in screen_text(app)
+        await pilot.press("ctrl+l")  # refused, and no crash
+        await pilot.pause()
+        assert app.launched == [] and RunLog.open(ws).list_runs() == []
+        app.query_one("#draft", Input).value = "drafters/none"
+        app.query_one("#dataset", Input).value = "data/none.jsonl"
+        app.query_one("#max-samples", Input).value = "many"
+        await settle(pilot)
+        assert launch.errors == ["max samples: expected an integer, got 'many'"]
+        app.query_one("#max-samples", Input).value = "8"
+        await settle(pilot)
+        assert launch.errors == [] and "does not exist yet" in screen_text(app)
+        assert "--infer-gpus 0 --train-gpus 1" in launch.plan.plan_text.replace("\n", " ")
+        # training onto GPU 0 as well: a conflict with inference unless they may share
+        launch.toggle("training", "0")
+        await settle(pilot)
+        assert any("GPU 0 is given to" in e for e in launch.errors)
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert launch.errors == []
+        # a role with no GPU at all
+        launch.toggle("inference", "0")
+        await settle(pilot)
+        assert any("has no GPU" in e for e in launch.errors)
+        # a server: the port must be a port
+        await pilot.click("#mode-server")
+        app.query_one("#port", Input).value = "99999"
+        await settle(pilot)
+        assert any(e.startswith("port:") for e in launch.errors)
+        # an override that is not one, a GPU the machine lacks
+        await pilot.click("#mode-recipe")
+        app.query_one("#recipe-sets", Input).value = "oops"
+        await settle(pilot)
+        assert any("expected KEY.PATH=VALUE" in e for e in launch.errors)
+        app.query_one("#recipe-sets", Input).value = "gpus.training=[7]"
+        await settle(pilot)
+        assert any("GPU 7 does not exist" in e for e in launch.errors)
+        assert "GPU 7?" in screen_text(app)  # the grid marks the unknown GPU
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert app.launched == [] and RunLog.open(ws).list_runs() == []
+
+
+def test_main_parses_workspace_and_env(tmp_path, monkeypatch) -> None:
+    from tui import app as app_module
+
+    seen = {}
+
+    def fake_run(self):
+        seen["workspace"] = self.workspace
+        seen["run"] = self._initial_run
+
+    monkeypatch.setattr(app_module.AdaflashApp, "run", fake_run)
+    app_module.main(["--workspace", str(tmp_path / "a"), "--run", "X"])
+    assert seen == {"workspace": (tmp_path / "a").resolve(), "run": "X"}
+    monkeypatch.setenv("ADAFLASH_WORKSPACE", str(tmp_path / "b"))
+    app_module.main([])
+    assert seen["workspace"] == (tmp_path / "b").resolve() and (tmp_path / "b").is_dir()
+
+
+def test_tui_never_imports_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, tui.app, tui.bench_tui; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.stdout.strip() == "False"
+

@@ -1,0 +1,88 @@
+"""SVG snapshots of every adaflash-tui screen at 100×32, over the fixture run log.
+
+Deterministic by construction: fixed ids, timestamps and pids in the run log, a fake GPU
+inventory, no polling timers, UTC, a fixed workspace path and interpreter path (both appear in
+the Launch plan and the Jobs log title), and a fixed run id for plans.
+Update the baselines with `pytest tests/test_tui_snapshots.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from textual.widgets import Input
+
+from tests.test_tui_fixtures import FIXED_RUN_ID, RECIPE_RUN, FakeInventory, fill_runlog, settle
+from tui.app import AdaflashApp
+
+SIZE = (100, 32)
+WORKSPACE = Path("/tmp/adaflash-tui-snapshots/ws")
+
+
+@pytest.fixture()
+def snap_app(monkeypatch):
+    """An app over the fixture run log, following the fixture's recipe run."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    monkeypatch.setattr(sys, "executable", "/usr/bin/python3")
+    monkeypatch.setenv("ADAFLASH_LEASES", str(WORKSPACE.parent / "leases.json"))
+    shutil.rmtree(WORKSPACE.parent, ignore_errors=True)
+    fill_runlog(WORKSPACE)
+
+    def make(tab: str, gpus: int = 2, run_id: str | None = RECIPE_RUN) -> AdaflashApp:
+        app = AdaflashApp(WORKSPACE, inventory=FakeInventory(gpus, available=gpus > 0), live=False, run_id=run_id,
+                          run_ids=lambda: FIXED_RUN_ID, tab=tab)
+        app.animation_level = "none"
+        return app
+
+    yield make
+    monkeypatch.undo()  # TZ back first, then let the C library re-read it
+    time.tzset()
+
+
+def show(then=None):
+    async def run_before(pilot) -> None:
+        await settle(pilot)
+        if then is not None:
+            await then(pilot)
+            await settle(pilot)
+
+    return run_before
+
+
+def test_snapshot_gpus(snap_compare, snap_app) -> None:
+    assert snap_compare(snap_app("gpus"), terminal_size=SIZE, run_before=show())
+
+
+def test_snapshot_launch_pipeline(snap_compare, snap_app) -> None:
+    async def fill_form(pilot) -> None:
+        await pilot.click("#mode-pipeline")
+        await settle(pilot)
+        pilot.app.query_one("#draft", Input).value = "drafters/dflash"
+        pilot.app.query_one("#dataset", Input).value = "data/gsm8k_train.jsonl"
+        pilot.app.query_one("#max-samples", Input).value = "32"
+        await settle(pilot)
+        pilot.app.pane("launch").focus_primary()
+
+    assert snap_compare(snap_app("launch"), terminal_size=SIZE, run_before=show(fill_form))
+
+
+def test_snapshot_jobs(snap_compare, snap_app) -> None:
+    assert snap_compare(snap_app("jobs"), terminal_size=SIZE, run_before=show())
+
+
+def test_snapshot_monitor(snap_compare, snap_app) -> None:
+    assert snap_compare(snap_app("monitor"), terminal_size=SIZE, run_before=show())
+
+
+def test_snapshot_compare(snap_compare, snap_app) -> None:
+    assert snap_compare(snap_app("compare"), terminal_size=SIZE, run_before=show())
+
+
+def test_snapshot_history(snap_compare, snap_app) -> None:
+    assert snap_compare(snap_app("history"), terminal_size=SIZE, run_before=show())
+

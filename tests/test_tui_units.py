@@ -1,0 +1,197 @@
+"""The TUI's pure parts: the form -> recipe bridge (checked by `jobs` itself), the Monitor's
+incremental model, the Compare filter/sort, the log tail reader, and the action registry."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.recipe import RecipeError, parse_recipe
+from tui.actions import BY_ID, REGISTRY, SCOPES, bindings_for, help_rows
+from tui.backend import Backend, rows_csv
+from tui.launch_plan import LaunchChoice, build, default_roles, drafts_of, method_recipe
+from tui.monitor_model import HISTORY, MonitorModel, fmt, spark
+from tui.panes.compare import matches, sort_key
+
+
+def choice(**kw) -> LaunchChoice:
+    roles = kw.pop("roles", {"inference": (0,), "training": (1, 2), "server": (0,)})
+    return LaunchChoice(roles=tuple(sorted(roles.items())), **kw)
+
+
+def test_pipeline_choice_becomes_a_launcher_job_on_both_roles() -> None:
+    text, errors, _ = method_recipe(choice(mode="pipeline", preset="osd", draft="d", dataset="f.jsonl",
+                                           max_samples="8"))
+    assert errors == []
+    recipe = parse_recipe(text, "tui.toml")
+    (job,) = recipe.jobs.values()
+    assert job.launcher and job.gpus == (0, 1, 2) and job.cuda_visible_devices is None
+    assert job.command == ["adaflash", "pipeline", "--target", "smollm2-135m", "--draft", "d", "--data", "f.jsonl",
+                           "--infer-gpus", "0", "--train-gpus", "1,2", "--preset", "osd", "--max-samples", "8"]
+    assert job.argv(sys.executable)[:3] == [sys.executable, "-m", "adaflash.cli.main"]
+
+
+def test_server_choice_is_a_service_with_a_readiness_check() -> None:
+    text, errors, _ = method_recipe(choice(mode="server", method="eagle3", draft="e3", port="31000",
+                                           roles={"server": None}))
+    assert errors == []
+    job = next(iter(parse_recipe(text, "tui.toml").jobs.values()))
+    assert job.kind == "service" and job.role == "server" and job.gpus is None
+    assert job.ready.http == "http://127.0.0.1:31000/health"
+    assert job.command[-4:] == ["--port", "31000", "--gpus", "cpu"]
+
+
+def test_bench_choice_needs_drafters_and_valid_numbers() -> None:
+    bad = choice(mode="bench", bench_methods=("vanilla", "dflash"), dataset="gsm8k", concurrency="1,x",
+                 num_prompts="0")
+    _, errors, _ = method_recipe(bad)
+    assert any("drafter: required for dflash" in e for e in errors)
+    assert any("concurrency" in e for e in errors) and any("prompts" in e for e in errors)
+    good = choice(mode="bench", bench_methods=("vanilla", "dflash", "adaflash"), dataset="gsm8k",
+                  draft="dflash=/a,adaflash=/b", concurrency="1,4", num_prompts="8")
+    text, errors, warnings = method_recipe(good)
+    assert errors == [] and warnings == []
+    command = next(iter(parse_recipe(text, "tui.toml").jobs.values())).command
+    assert command.count("--draft") == 2 and "adaflash=/b" in command and "1,4" in command
+    _, _, warnings = method_recipe(choice(mode="bench", bench_methods=("dflash",), dataset="g", draft="/d"))
+    assert any("no Vanilla" in w for w in warnings)
+
+
+def test_drafts_of_one_folder_or_pairs() -> None:
+    errors: list[str] = []
+    assert drafts_of("/d", ("vanilla", "dflash", "mtp"), errors) == ["dflash=/d", "mtp=/d"]
+    assert drafts_of("osd=/o, adaflash=/a", ("osd",), errors) == ["osd=/o", "adaflash=/a"]
+    drafts_of("osd=", ("osd",), errors)
+    assert errors and "method=DIR" in errors[0]
+
+
+def test_recipe_choice_overrides_only_what_the_user_changed(tmp_path: Path) -> None:
+    c = choice(mode="recipe", recipe="smollm2-cpu", sets="vars.train_steps=3 'vars.note=a b'",
+               roles={"inference": (1,), "training": None}, edited=("inference", "share"), share=True)
+    built = build(c, tmp_path)
+    assert built.recipe_text is None and built.errors == []
+    assert built.overrides == ["gpus.inference=[1]", "gpus.share=true", "vars.train_steps=3", "vars.note=a b"]
+    assert build(choice(mode="recipe", recipe=""), tmp_path).errors
+    assert "expected KEY.PATH=VALUE" in build(choice(mode="recipe", recipe="x", sets="nope"), tmp_path).errors[0]
+
+
+def test_method_choice_is_written_as_a_draft_then_a_final_recipe(tmp_path: Path) -> None:
+    c = choice(mode="server", method="vanilla", roles={"server": (0,)})
+    assert build(c, tmp_path).recipe_path == str(tmp_path / "tui-draft-server.toml")
+    assert build(c, tmp_path, final="RUN").recipe_path == str(tmp_path / "tui-server-RUN.toml")
+
+
+def test_default_roles() -> None:
+    assert default_roles([]) == {"inference": None, "training": None, "server": None}
+    assert default_roles([0]) == {"inference": (0,), "training": (0,), "server": (0,)}
+    assert default_roles([0, 1, 2, 3]) == {"inference": (0,), "training": (1, 2, 3), "server": (0,)}
+
+
+def test_backend_plan_reports_problems_inline_never_raises(tmp_path: Path) -> None:
+    backend = Backend(tmp_path, run_ids=lambda: "RUN-1")
+    text, _, _ = method_recipe(choice(mode="server", method="vanilla", roles={"server": (5,)}))
+    plan = backend.plan(tmp_path / "r.toml", [], None, recipe_text=text)
+    assert plan.errors == [] and plan.run_id == "RUN-1" and "RUN-1" in plan.plan_text
+    from jobs.gpus import HostInfo, Snapshot
+
+    no_gpu = Snapshot(False, "no driver", [], HostInfo(None, None, None, None, None))
+    plan = backend.plan(tmp_path / "r.toml", [], no_gpu, recipe_text=text)
+    assert any("GPU 5 does not exist" in e for e in plan.errors)
+    broken = backend.plan(tmp_path / "r.toml", ["gpus.server=[]"], None)
+    assert broken.plan_text is None and any("has no GPU" in e for e in broken.errors)
+    with pytest.raises(RecipeError):
+        parse_recipe("[run]\n", "x.toml")  # (what `plan` turns into messages)
+
+
+def rows(run_id: str, start: int, items: list[tuple[str, float, int]], job: str = "inference") -> list[dict]:
+    return [{"id": start + i, "run_id": run_id, "job": job, "step": step, "name": name, "value": value,
+             "time": 100.0 + start + i} for i, (name, value, step) in enumerate(items)]
+
+
+def test_monitor_model_folds_only_new_rows_and_groups_tau_by_version() -> None:
+    model = MonitorModel("R")
+    batch = rows("R", 1, [("tau", 2.0, 0), ("tokens_per_s", 10, 0), ("drafter_version", 0, 0),
+                          ("tau", 3.0, 1), ("drafter_version", 1, 1), ("tokens_per_s", 20, 1)])
+    assert model.ingest("R", {"R": ""}, {"R": batch}) == 6
+    assert model.cursors == {"R": 6} and model.rows_seen == 6
+    assert model.ingest("R", {"R": ""}, {"R": batch}) == 0  # a late duplicate changes nothing
+    generation = model.generation
+    assert model.ingest("OTHER", {}, {"OTHER": batch}) == 0 and model.generation == generation
+    versions = model.version_table()
+    assert [(v.version, v.tau, v.tokens_per_s) for v in versions] == [(0, 2.0, 10.0), (1, 3.0, 20.0)]
+    tau = model.series[("", "tau")]
+    assert (tau.count, tau.last, tau.low, tau.high, tau.mean) == (2, 3.0, 2.0, 3.0, 2.5)
+    label, xs, ys = model.chart(["tau"])[0]
+    assert label == "tau" and xs == [0.0, 3.0] and ys == [2.0, 3.0]
+    # a child run's rows are labelled with the job that created it
+    model.ingest("R", {"C": "pipeline"}, {"C": rows("C", 7, [("loss", 1.5, 0)], job="training")})
+    assert model.series[("pipeline", "loss")].label == "pipeline:loss"
+
+
+def test_monitor_model_memory_is_bounded() -> None:
+    model = MonitorModel("R")
+    model.ingest("R", {"R": ""}, {"R": rows("R", 1, [("tau", float(i), i) for i in range(HISTORY * 3)])})
+    tau = model.series[("", "tau")]
+    assert tau.count == HISTORY * 3 and len(tau.points) == HISTORY
+
+
+def test_formatting_never_raises() -> None:
+    assert fmt(None) == "N/A" and fmt(float("nan")) == "N/A" and fmt(3.0) == "3" and fmt(2.345) == "2.35"
+    assert fmt(0.01234) == "0.0123" and fmt(123.45) == "123.5" and fmt(2.5e7) == "2.5e+07"
+    assert spark([]) == "" and spark([1, 1, 1]) == "▄▄▄" and spark([0, 1]) == "▁█"
+
+
+def test_compare_filter_and_sort_keys() -> None:
+    row = {"method": "adaflash", "dataset": "gsm8k", "target": "Qwen/Qwen3-8B", "concurrency": 4}
+    assert matches(row, "ada gsm") and matches(row, "dataset=GSM concurrency=4")
+    assert not matches(row, "method=dflash") and not matches(row, "humaneval")
+    data = [{"x": 2.0}, {"x": None}, {"x": 1.0}]
+    assert [r["x"] for r in sorted(data, key=sort_key("x"))] == [1.0, 2.0, None]
+
+
+def test_rows_csv_keeps_raw_numbers() -> None:
+    text = rows_csv([{"group": "g", "run_id": "r", "method": "vanilla", "speedup": 1.0, "fair": True}])
+    assert text.splitlines()[0].startswith("group,run_id,method") and ",1.0," in text.splitlines()[1]
+
+
+def test_read_log_tails_then_follows(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("".join(f"line {i}\n" for i in range(10000)))
+    first = Backend.read_log(str(log), 0)
+    assert first.reset and first.text.startswith("line ") and first.text.endswith("line 9999\n")
+    assert len(first.text) <= 32 * 1024 and first.offset == log.stat().st_size
+    with log.open("a") as handle:
+        handle.write("new\n")
+    nxt = Backend.read_log(str(log), first.offset)
+    assert not nxt.reset and nxt.text == "new\n"
+    log.write_text("rotated\n")  # truncated: start again
+    again = Backend.read_log(str(log), nxt.offset)
+    assert again.reset and again.text == "rotated\n"
+    assert Backend.read_log(str(tmp_path / "missing.log"), 0).text == ""
+
+
+def test_registry_feeds_bindings_and_help() -> None:
+    assert len({c.id for c in REGISTRY}) == len(REGISTRY)
+    assert {c.scope for c in REGISTRY} <= set(SCOPES)
+    for scope in SCOPES:
+        ids = [b.id for b in bindings_for(scope)]
+        assert ids == [c.id for c in REGISTRY if c.scope == scope]
+    assert len(help_rows()) == len(REGISTRY)
+    assert BY_ID["compare.markdown"].key_display == "e" and BY_ID["launch.go"].key_display == "^l"
+    keys_per_scope: dict[str, set[str]] = {}
+    for command in REGISTRY:  # no key bound twice within one scope, nor shadowing an app key
+        for key in command.key.split(","):
+            seen = keys_per_scope.setdefault(command.scope, set())
+            assert key not in seen, (command.scope, key)
+            seen.add(key)
+    from textual.widgets import Input
+
+    typing_keys = {k for b in Input.BINDINGS for k in b.key.split(",")}  # type: ignore[union-attr]
+    for scope in ("launch", "compare", "history"):  # panes with text inputs: those keys must reach the pane
+        assert not keys_per_scope[scope] & typing_keys, scope
+    app_keys = keys_per_scope["app"]
+    for scope, keys in keys_per_scope.items():
+        if scope != "app":
+            assert not keys & app_keys, scope

@@ -1,0 +1,332 @@
+"""adaflash-tui: the Textual dashboard over `jobs` and the run log.
+
+Six tabs (GPUs, Launch, Jobs, Monitor, Compare, History), one registry of actions behind the
+keys, the footer, the help screen and the command palette, and a quit that asks what to do
+with runs still going (they are detached: leaving them is safe, the next start shows them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from textual.app import App, ComposeResult
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.lazy import Lazy
+from textual.message import Message
+from textual.reactive import reactive
+from textual.theme import Theme
+from textual.widgets import Footer, Header, TabbedContent, TabPane
+
+from tui.actions import BY_ID, REGISTRY, SCOPE_TITLES, TABS, Command, bindings_for
+from tui.backend import Backend, InventoryLike
+from tui.modals import HelpScreen, QuitScreen
+from tui.panes.base import Pane
+from tui.panes.compare import ComparePane
+from tui.panes.gpus import GpusPane
+from tui.panes.history import HistoryPane
+from tui.panes.jobs import JobsPane
+from tui.panes.launch import LaunchPane
+from tui.panes.monitor import MonitorPane
+
+PANES: dict[str, type[Pane]] = {"gpus": GpusPane, "launch": LaunchPane, "jobs": JobsPane, "monitor": MonitorPane,
+                                "compare": ComparePane, "history": HistoryPane}
+
+DARK = Theme(
+    name="adaflash", primary="#5FA8D3", secondary="#9D7CD8", accent="#F2B84B", warning="#F2B84B",
+    error="#E5625E", success="#7BC67B", foreground="#D8DEE9", background="#11151C", surface="#171C25",
+    panel="#202733", dark=True,
+)
+LIGHT = Theme(
+    name="adaflash-light", primary="#1F6FA8", secondary="#6A4FB3", accent="#B7791F", warning="#B7791F",
+    error="#C53030", success="#2F855A", foreground="#1A202C", background="#F7F9FC", surface="#EEF2F7",
+    panel="#DDE3EC", dark=False,
+)
+
+
+class RegistryCommands(Provider):
+    """The command palette over the registry: the active tab's actions first, then the rest."""
+
+    def _ordered(self) -> list[Command]:
+        app = self.app
+        active = getattr(app, "active_tab", "")
+        return sorted((c for c in REGISTRY if c.palette),
+                      key=lambda c: (c.scope not in (active, "app"), c.scope != active, REGISTRY.index(c)))
+
+    def _text(self, command: Command) -> str:
+        return f"{SCOPE_TITLES[command.scope]}: {command.description}"
+
+    def _runs(self) -> list[dict[str, Any]]:
+        """Runs the History tab already read (no I/O here): the palette can open any of them."""
+        history = self.app.pane("history")  # type: ignore[attr-defined]
+        return list(history.runs) if history is not None else []
+
+    async def discover(self) -> Hits:
+        for command in self._ordered():
+            yield DiscoveryHit(self._text(command), partial(self.app.run_command, command.id),  # type: ignore[attr-defined]
+                               help=f"key {command.key_display}")
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for command in self._ordered():
+            text = self._text(command)
+            score = matcher.match(text)
+            if score > 0:
+                yield Hit(score, matcher.highlight(text), partial(self.app.run_command, command.id),  # type: ignore[attr-defined]
+                          text=text, help=f"key {command.key_display}")
+        for run in self._runs():
+            text = f"Open run {run['id']} ({run.get('name') or run.get('kind')}, {run.get('status')})"
+            score = matcher.match(text)
+            if score > 0:
+                yield Hit(score * 0.9, matcher.highlight(text), partial(self.app.open_run, run["id"]),  # type: ignore[attr-defined]
+                          text=text, help="Jobs and Monitor follow it")
+
+
+class AdaflashApp(App[None]):
+    """The dashboard. `inventory` and `run_ids` are for tests (a fake GPU inventory, fixed ids)."""
+
+    TITLE = "adaflash"
+    CSS_PATH = "app.tcss"
+    BINDINGS = bindings_for("app")
+    COMMANDS = App.COMMANDS | {RegistryCommands}
+    ENABLE_COMMAND_PALETTE = True
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+
+    current_run_id: reactive[str | None] = reactive(None, init=False)
+
+    class QuitChecked(Message):
+        def __init__(self, runs: list[dict[str, Any]]) -> None:
+            super().__init__()
+            self.runs = runs
+
+    class Stopped(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    class StartRun(Message):
+        def __init__(self, run_id: str | None) -> None:
+            super().__init__()
+            self.run_id = run_id
+
+    def __init__(self, workspace: str | Path, *, inventory: InventoryLike | None = None, live: bool = True,
+                 interval_scale: float = 1.0, run_id: str | None = None, tab: str = "gpus",
+                 run_ids: Callable[[], str] | None = None) -> None:
+        super().__init__()
+        self.workspace = Path(workspace)
+        self.backend = Backend(self.workspace, inventory=inventory, run_ids=run_ids)
+        self.live = live
+        self.interval_scale = interval_scale
+        self.launched: list[str] = []
+        self.panes: dict[str, Pane] = {}
+        self.snapshot: Any = None  # the GPU inventory's latest snapshot
+        self._initial_run = run_id
+        self._initial_tab = tab if tab in PANES else "gpus"
+        self._quitting = False
+        self._tabs: TabbedContent | None = None
+        self.register_theme(DARK)
+        self.register_theme(LIGHT)
+        self.theme = "adaflash"
+        self.sub_title = str(self.workspace)
+
+    def compose(self) -> ComposeResult:
+        yield Header(icon="⚡")
+        with TabbedContent(id="tabs", initial=self._initial_tab):
+            for tab, title, key in TABS:
+                with TabPane(f"{title} {key}", id=tab):
+                    pane = PANES[tab](id=f"{tab}-pane")
+                    # Only the tab shown first is in the first paint; the others mount right after it.
+                    yield pane if tab == self._initial_tab else Lazy(pane)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self._initial_run:
+            self.current_run_id = self._initial_run
+        else:
+            self.run_worker(self._find_initial_run, thread=True, group="init", name="initial run",
+                            exit_on_error=False)
+        self.call_after_refresh(self._focus_pane, self._initial_tab)
+
+    def _find_initial_run(self) -> None:
+        try:
+            run_id = self.backend.initial_run()
+        except Exception:  # noqa: BLE001 - an unreadable log shows in the panes themselves
+            run_id = None
+        self.post_message(self.StartRun(run_id))
+
+    def on_adaflash_app_start_run(self, message: AdaflashApp.StartRun) -> None:
+        if message.run_id and self.current_run_id is None:
+            self.current_run_id = message.run_id
+
+    def on_unmount(self) -> None:
+        self.backend.close()
+
+    # -- state shared by the panes ----------------------------------------------------------------------
+    def pane(self, tab: str) -> Any:
+        """The pane of a tab, or None in the instant before a lazy pane is mounted."""
+        return self.panes.get(tab)
+
+    def register_pane(self, pane: Pane) -> None:
+        """Panes announce themselves once mounted (no DOM query on every lookup)."""
+        self.panes[pane.SCOPE] = pane
+
+    @property
+    def active_tab(self) -> str:
+        if self._tabs is None:
+            found = self.query("#tabs").results(TabbedContent)
+            self._tabs = next(iter(found), None)
+        return self._tabs.active if self._tabs is not None else ""
+
+    def watch_current_run_id(self, run_id: str | None) -> None:
+        self.sub_title = f"{self.workspace} · run {run_id}" if run_id else str(self.workspace)
+        for tab in ("jobs", "monitor"):
+            pane = self.pane(tab)
+            if pane is not None:  # else it takes the run when it mounts
+                pane.set_run(run_id)
+
+    def run_launched(self, run_id: str) -> None:
+        self.launched.append(run_id)
+        self.current_run_id = run_id
+        self.show_tab("jobs")
+        self.notify(f"Launched run {run_id} (detached: it goes on if you quit)")
+
+    def open_run(self, run_id: str) -> None:
+        """Follow a run: Jobs and Monitor show it."""
+        self.current_run_id = run_id
+        self.show_tab("jobs")
+
+    def open_compare(self, run_ids: list[str] | None) -> None:
+        pane = self.pane("compare")
+        if pane is not None:
+            pane.set_runs(run_ids)
+        self.show_tab("compare")
+
+    def use_cpu_workers(self) -> None:
+        pane = self.pane("launch")
+        if pane is not None:
+            pane.set_all_cpu()
+        self.show_tab("launch")
+
+    def on_gpus_pane_snapshot_taken(self, message: GpusPane.SnapshotTaken) -> None:
+        self.snapshot = message.snapshot
+        pane = self.pane("launch")
+        if pane is not None:  # else it reads app.snapshot when it mounts
+            pane.set_snapshot(message.snapshot)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        tab = event.pane.id or ""
+        pane = self.pane(tab) if tab in PANES else None
+        if pane is not None:
+            pane.on_show_pane()
+            pane.refresh_data()
+
+    # -- actions (the registry's app scope) ----------------------------------------------------------------
+    def show_tab(self, tab: str) -> None:
+        if tab not in PANES:
+            return
+        self.query_one("#tabs", TabbedContent).active = tab
+        self.call_after_refresh(self._focus_pane, tab)
+
+    def _focus_pane(self, tab: str) -> None:
+        pane = self.pane(tab)
+        if pane is not None and self.active_tab == tab:
+            pane.focus_primary()
+
+    def action_show_tab(self, tab: str) -> None:
+        self.show_tab(tab)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_refresh_all(self) -> None:
+        for tab in PANES:
+            pane = self.pane(tab)
+            if pane is not None:
+                pane.refresh_data()
+
+    def action_toggle_theme(self) -> None:
+        self.theme = "adaflash-light" if self.theme == "adaflash" else "adaflash"
+
+    async def run_command(self, command_id: str) -> None:
+        """Run a registry command from the palette: a tab's command shows that tab first."""
+        command = BY_ID[command_id]
+        if command.scope == "app":
+            await self.run_action(command.action)
+            return
+        self.show_tab(command.scope)
+        pane = self.pane(command.scope)
+        if pane is not None:
+            await self.run_action(command.action, default_namespace=pane)
+
+    # -- quitting ---------------------------------------------------------------------------------------
+    async def action_quit(self) -> None:
+        self.action_request_quit()
+
+    def action_request_quit(self) -> None:
+        """Quit; when runs started or followed here still run, ask whether to stop them."""
+        if self._quitting or isinstance(self.screen, QuitScreen):
+            return
+        tracked = list(dict.fromkeys([*self.launched, *([self.current_run_id] if self.current_run_id else [])]))
+        if not tracked:
+            self.exit()
+            return
+        self._quitting = True
+        self.run_worker(lambda: self.post_message(self.QuitChecked(self.backend.live_runs(tracked))),
+                        thread=True, group="quit", name="live runs", exit_on_error=False)
+
+    def on_adaflash_app_quit_checked(self, message: AdaflashApp.QuitChecked) -> None:
+        self._quitting = False
+        if not message.runs:
+            self.exit()
+            return
+        self.push_screen(QuitScreen(message.runs), partial(self._quit_answer, [r["id"] for r in message.runs]))
+
+    def _quit_answer(self, run_ids: list[str], answer: str | None) -> None:
+        if answer == "leave":
+            self.exit(message=f"left running: {', '.join(run_ids)} (adaflash runs attach RUN follows one)")
+        elif answer == "stop":
+            self.notify(f"stopping {len(run_ids)} run(s)…", timeout=10)
+            self._quitting = True
+            self.run_worker(partial(self._stop_and_exit, run_ids), thread=True, group="quit", name="stop runs",
+                            exit_on_error=False)
+
+    def _stop_and_exit(self, run_ids: list[str]) -> None:
+        try:
+            done = self.backend.stop_runs(run_ids)
+        except Exception as err:  # noqa: BLE001
+            done = [f"stop failed: {err}"]
+        self.post_message(self.Stopped("stopped: " + ", ".join(done)))
+
+    def on_adaflash_app_stopped(self, message: AdaflashApp.Stopped) -> None:
+        self.exit(message=message.text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`adaflash-tui [--workspace DIR] [--run RUN_ID] [--tab TAB]`."""
+    from adaflash.workspace import DEFAULT_WORKSPACE, WORKSPACE_ENV, workspace_dir
+
+    parser = argparse.ArgumentParser(
+        prog="adaflash-tui", description="The adaflash dashboard: GPUs, launch, jobs, live metrics, comparison, "
+                                         "history. Press F1 inside for every key.")
+    parser.add_argument("--workspace", metavar="DIR", default=None,
+                        help=f"workspace folder holding the run log [env {WORKSPACE_ENV}; "
+                             f"default ./{DEFAULT_WORKSPACE}]")
+    parser.add_argument("--run", metavar="RUN_ID", default=None, help="follow this run first (default: the newest "
+                                                                      "live run, else the newest run)")
+    parser.add_argument("--tab", choices=list(PANES), default="gpus", help="the tab shown first")
+    args = parser.parse_args(argv)
+    workspace = workspace_dir(args.workspace)
+    app = AdaflashApp(workspace, run_id=args.run, tab=args.tab)
+    app.run()
+    if app.return_code:
+        sys.exit(app.return_code)
+
+
+if __name__ == "__main__":
+    main()

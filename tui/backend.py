@@ -1,0 +1,371 @@
+"""The TUI's only door to the world: the run log, `jobs` and the comparison functions.
+
+Every method may block (SQLite, NVML, process signals, files), so only thread workers call
+them; they return plain data that the workers post to the widgets in messages. Nothing here
+decides anything about experiments: it forwards to `jobs.*`, `adaflash.runlog` and
+`adaflash.bench.compare`, and turns their results into small dataclasses the panes render.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from adaflash.bench import compare
+from adaflash.runlog import RunLog
+from jobs import runner
+from jobs.assign import GpuLeases
+from jobs.gpus import Inventory, Snapshot
+from jobs.recipe import RecipeError, shipped_recipes
+from jobs.supervisor import ACTIVE, tail_text
+
+LOG_TAIL_BYTES = 32 * 1024
+METRICS_PAGE = 20_000  # rows per read: bounds one UI-thread fold to ~0.1 s while catching up
+EXPORTS_DIR = "exports"
+RECIPES_DIR = "recipes"
+
+
+class InventoryLike(Protocol):
+    def snapshot(self) -> Snapshot: ...
+
+
+# -- results the workers post --------------------------------------------------------------------
+
+
+@dataclass
+class RunState:
+    """A run, its jobs and the runs its jobs created (e.g. the pipeline run inside a recipe)."""
+
+    run: dict[str, Any] | None
+    jobs: list[dict[str, Any]]
+    children: list[dict[str, Any]]
+    supervisor_alive: bool
+    live: bool
+    time: float = field(default_factory=time.time)
+
+
+@dataclass
+class LogChunk:
+    path: str | None
+    offset: int
+    text: str
+    reset: bool  # the text replaces what is shown (first read, or the file was truncated)
+
+
+@dataclass
+class MetricsBatch:
+    """New metric rows per run id (cursor semantics: every id > the cursor asked for)."""
+
+    run_id: str
+    sources: dict[str, str]  # run id -> label ("" for the run itself, else the job that created it)
+    rows: dict[str, list[dict[str, Any]]]
+    more: bool  # a page was full: read again at once (catching up on a large log)
+
+
+@dataclass
+class LaunchPlan:
+    """What a launch would start: the exact plan text, its roles, and every problem found."""
+
+    plan_text: str | None
+    roles: dict[str, tuple[int, ...] | None]
+    share: bool
+    errors: list[str]
+    warnings: list[str]
+    recipe_path: str | None
+    run_id: str | None
+    overrides: list[str]
+
+
+@dataclass
+class Comparison:
+    rows: list[dict[str, Any]]
+    warnings: list[str]
+    records: list[dict[str, Any]]
+    source: str
+    side_by_side: list[dict[str, Any]]  # runs without benchmark results: their latest metrics
+    run_ids: list[str]
+
+
+class Backend:
+    """Blocking calls over one workspace; one SQLite connection per worker group.
+
+    Workers of one group never overlap (the panes guarantee it), so a group's connection is used
+    by one thread at a time even though successive workers run on different threads.
+    """
+
+    def __init__(self, workspace: str | os.PathLike, inventory: InventoryLike | None = None,
+                 leases: GpuLeases | None = None, run_ids: Callable[[], str] | None = None) -> None:
+        self.workspace = Path(workspace)
+        self._inventory = inventory
+        self._leases = leases
+        self._run_ids = run_ids  # tests fix the ids that plans show
+        self._logs: dict[str, RunLog] = {}
+        self._lock = threading.Lock()
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def log(self, group: str = "default") -> RunLog:
+        with self._lock:
+            log = self._logs.get(group)
+            if log is None:
+                log = self._logs[group] = RunLog.open(self.workspace)
+            return log
+
+    @contextlib.contextmanager
+    def fresh_log(self) -> Iterator[RunLog]:
+        """A connection of its own, for rare actions that may run alongside each other (stops)."""
+        log = RunLog.open(self.workspace)
+        try:
+            yield log
+        finally:
+            log.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for log in self._logs.values():
+                with contextlib.suppress(Exception):
+                    log.close()
+            self._logs.clear()
+        if isinstance(self._inventory, Inventory):
+            self._inventory.close()
+
+    # -- GPUs -----------------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        if self._inventory is None:
+            self._inventory = Inventory(runlog=self.log("gpus"))
+        if isinstance(self._inventory, Inventory):
+            return self._inventory.snapshot(cpu_interval=None)
+        return self._inventory.snapshot()
+
+    def leases(self) -> GpuLeases:
+        if self._leases is None:
+            self._leases = GpuLeases()
+        return self._leases
+
+    # -- runs -----------------------------------------------------------------------------------
+    def initial_run(self) -> str | None:
+        """The run to show first: the newest live run, else the newest run."""
+        log = self.log("default")
+        for status in runner.LIVE_RUN_STATUSES:
+            rows = log.list_runs(status=status, limit=1)
+            if rows and runner.supervisor_pid(rows[0]) is not None:
+                return rows[0]["id"]
+        rows = log.list_runs(limit=1)
+        return rows[0]["id"] if rows else None
+
+    def run_state(self, run_id: str | None, group: str = "jobs") -> RunState:
+        if not run_id:
+            return RunState(None, [], [], False, False)
+        log = self.log(group)
+        try:
+            run = log.get_run(run_id)
+        except KeyError:
+            return RunState(None, [], [], False, False)
+        jobs = log.jobs(run["id"])
+        children = runner.child_runs(log, run, jobs)
+        for child in children:
+            child["jobs"] = log.jobs(child["id"])
+        alive = runner.supervisor_pid(run) is not None
+        return RunState(run, jobs, children, alive, run["status"] in runner.LIVE_RUN_STATUSES and alive)
+
+    def live_runs(self, run_ids: list[str]) -> list[dict[str, Any]]:
+        """Which of these runs still run (recorded live and supervised by a live process)."""
+        log = self.log("quit")
+        out = []
+        for run_id in run_ids:
+            with contextlib.suppress(KeyError):
+                run = log.get_run(run_id)
+                if run["status"] in runner.LIVE_RUN_STATUSES and runner.supervisor_pid(run) is not None:
+                    out.append(run)
+        return out
+
+    def runs(self, *, method: str | None = None, target: str | None = None, dataset: str | None = None,
+             status: str | None = None, kind: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        return self.log("history").list_runs(method=method, target=target, dataset=dataset, status=status,
+                                             kind=kind, limit=limit)
+
+    # -- job control -------------------------------------------------------------------------------
+    def job_action(self, run_id: str, action: str, job: str | None) -> str:
+        """Stop/restart a job or stop the run; returns what was done, for a notification."""
+        with self.fresh_log() as log:
+            return self._job_action(log, run_id, action, job)
+
+    @staticmethod
+    def _job_action(log: RunLog, run_id: str, action: str, job: str | None) -> str:
+        run = log.get_run(run_id)
+        alive = runner.supervisor_pid(run) is not None
+        if action == "stop-run":
+            result = runner.stop_run(log, run["id"], grace=5.0)
+            return f"run {result.run_id} {result.status} ({result.how})"
+        if not alive or not run.get("run_dir"):
+            raise RuntimeError(f"run {run['id']} has no live supervisor to {action} job {job}; "
+                               "stop the run instead (x)")
+        runner.request_job_action(run["run_dir"], action, job)
+        return f"{action} of job {job} requested"
+
+    def stop_runs(self, run_ids: list[str], grace: float = 5.0) -> list[str]:
+        done = []
+        with self.fresh_log() as log:
+            for run_id in run_ids:
+                with contextlib.suppress(KeyError):
+                    result = runner.stop_run(log, run_id, grace=grace)
+                    done.append(f"{result.run_id}: {result.status}")
+        return done
+
+    # -- logs -----------------------------------------------------------------------------------
+    @staticmethod
+    def read_log(path: str | None, offset: int) -> LogChunk:
+        """New bytes of a job log since `offset` (a first read starts at the tail)."""
+        if not path:
+            return LogChunk(path, 0, "", True)
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                reset = offset <= 0 or size < offset
+                start = max(0, size - LOG_TAIL_BYTES) if reset else offset
+                handle.seek(start)
+                data = handle.read(max(0, size - start))
+        except OSError:
+            return LogChunk(path, 0, "", offset <= 0)
+        text = data.decode(errors="replace")
+        if reset and start > 0 and "\n" in text:
+            text = text.split("\n", 1)[1]  # drop the partial first line of a tail
+        return LogChunk(path, start + len(data), text, reset)
+
+    # -- metrics --------------------------------------------------------------------------------
+    def metrics(self, run_id: str, cursors: dict[str, int], page: int = METRICS_PAGE) -> MetricsBatch:
+        """Rows newer than each cursor, for the run and the runs its jobs created."""
+        log = self.log("monitor")
+        run = log.get_run(run_id)
+        sources = {run["id"]: ""}
+        for child in runner.child_runs(log, run, log.jobs(run["id"])):
+            sources[child["id"]] = child["job"]
+        rows, more = {}, False
+        for rid in sources:
+            batch = log.metrics_since(cursors.get(rid, 0), run_id=rid, limit=page)
+            more = more or len(batch) >= page
+            rows[rid] = batch
+        return MetricsBatch(run["id"], sources, rows, more)
+
+    # -- launch ---------------------------------------------------------------------------------
+    def recipes(self) -> list[tuple[str, str]]:
+        """(label, path) of the shipped recipes and of the workspace's recipes/ folder."""
+        out = [(p.stem, str(p)) for p in shipped_recipes()]
+        folder = self.workspace / RECIPES_DIR
+        if folder.is_dir():
+            out += [(f"{p.stem} (workspace)", str(p)) for p in sorted(folder.glob("*.toml"))
+                    if not p.name.startswith("tui-")]
+        return out
+
+    def plan(self, recipe_path: str | os.PathLike, overrides: list[str], snapshot: Snapshot | None,
+             *, recipe_text: str | None = None, run_id: str | None = None,
+             warnings: list[str] | None = None) -> LaunchPlan:
+        """Validate a recipe (written first when `recipe_text` is given) with these overrides."""
+        if recipe_text is not None:
+            write_text(Path(recipe_path), recipe_text)
+        errors: list[str] = []
+        try:
+            prepared = runner.prepare(recipe_path, overrides, workspace=self.workspace,
+                                      run_id=run_id or (self._run_ids() if self._run_ids else None))
+        except RecipeError as err:
+            errors = [p.render(Path(err.path).name) for p in err.problems]
+            return LaunchPlan(None, {}, False, errors, list(warnings or []), str(recipe_path), None, overrides)
+        except (ValueError, OSError) as err:
+            return LaunchPlan(None, {}, False, [str(err)], list(warnings or []), str(recipe_path), None, overrides)
+        recipe = prepared.recipe
+        if snapshot is not None:
+            errors += recipe.gpu_errors(snapshot)
+        warns = list(warnings or [])
+        gpus = sorted(recipe.gpus_in_use())
+        if gpus:
+            with contextlib.suppress(Exception):
+                for lease in self.leases().active():
+                    taken = sorted(set(lease.gpus) & set(gpus))
+                    if taken:
+                        errors.append(f"GPU {', '.join(map(str, taken))} in use by run {lease.run_id} "
+                                      f"(pid {lease.pid})")
+        roles = {name: role.gpus for name, role in recipe.assignment.roles.items()}
+        return LaunchPlan(prepared.plan_text(), roles, recipe.assignment.share, errors, warns, str(recipe_path), prepared.run_id, overrides)
+
+    def launch(self, recipe_path: str | os.PathLike, overrides: list[str], snapshot: Snapshot | None,
+               *, recipe_text: str | None = None, run_id: str | None = None) -> str:
+        """Start the run detached (its supervisor outlives the TUI); returns the run id.
+
+        `run_id`: the one the plan showed, so the started command lines are exactly those shown.
+        """
+        if recipe_text is not None:
+            write_text(Path(recipe_path), recipe_text)
+        prepared = runner.prepare(recipe_path, overrides, workspace=self.workspace, run_id=run_id)
+        with self.fresh_log() as log:
+            return runner.start_detached(prepared, log, inventory=snapshot)
+
+    # -- compare --------------------------------------------------------------------------------
+    def comparison(self, run_ids: list[str] | None) -> Comparison:
+        log = self.log("compare")
+        records, source = compare.select_records(log, run_ids or None)
+        rows, warnings = compare.comparison_rows(records)
+        side = []
+        if run_ids:
+            with_results = {r.get("run_id") for r in records} | {r.get("matrix_run") for r in records}
+            for run_id in run_ids:
+                run = log.get_run(run_id)
+                if run["id"] not in with_results:
+                    side.append({"run": run, "metrics": log.last_metrics(run["id"])})
+        return Comparison(rows, warnings, records, source, side, list(run_ids or []))
+
+    def export(self, rows: list[dict[str, Any]], warnings: list[str], fmt: str) -> Path:
+        """The comparison table as shown (filtered, sorted) into <workspace>/exports/."""
+        folder = self.workspace / EXPORTS_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        if fmt == "markdown":
+            path = unique_path(folder / f"compare-{stamp}.md")
+            write_text(path, compare.markdown_table(rows, warnings))
+        elif fmt == "csv":
+            path = unique_path(folder / f"compare-{stamp}.csv")
+            write_text(path, rows_csv(rows))
+        else:
+            raise ValueError(f"unknown export format {fmt!r}")
+        return path
+
+
+def rows_csv(rows: list[dict[str, Any]]) -> str:
+    """Comparison rows as CSV with the comparison's own column names (raw numbers, not formatted)."""
+    import csv
+    import io
+
+    columns = ["group", "run_id", *compare.columns_for(rows), "fair"]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(row)
+    return buffer.getvalue()
+
+
+def write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def unique_path(path: Path) -> Path:
+    candidate, n = path, 1
+    while candidate.exists():
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+        n += 1
+    return candidate
+
+
+def is_active(job: dict[str, Any]) -> bool:
+    return job.get("status") in (*ACTIVE, "restarting")
+
+
+__all__ = ["Backend", "Comparison", "LaunchPlan", "LogChunk", "MetricsBatch", "RunState", "is_active", "tail_text"]

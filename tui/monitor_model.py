@@ -1,0 +1,201 @@
+"""What the Monitor shows, folded incrementally from metric rows (a display model, no widgets).
+
+Why incremental: the run log may hold millions of rows and keeps growing while workers write;
+each refresh hands only the rows after the last id seen, and this model folds them into
+bounded state (a few running numbers per series, the last points for the charts, and τ per
+drafter version), so a refresh costs what is new, never what is old.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+HISTORY = 600  # points kept per series for the charts
+SPARK = "▁▂▃▄▅▆▇█"
+
+# Chart families: (title, metric names plotted, unit). Names the pipeline, trainers and servers record.
+CHARTS = (
+    ("acceptance length τ", ("tau", "eval_tau", "block_accept_len", "avg_spec_accept_length", "accept_length")),
+    ("throughput tok/s", ("tokens_per_s", "gen_throughput", "output_throughput")),
+    ("training losses", ("loss", "loss_ce", "loss_rkl", "loss_fkl")),
+    ("buffer depth", ("buffer_depth", "queue_depth", "consumed")),
+)
+VERSION_METRICS = ("tau", "tokens_per_s", "samples")
+
+
+@dataclass
+class Series:
+    """One metric of one source: running statistics and the last points."""
+
+    name: str
+    source: str = ""
+    count: int = 0
+    total: float = 0.0
+    low: float = math.inf
+    high: float = -math.inf
+    last: float | None = None
+    last_step: int | None = None
+    points: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # (time, value)
+
+    @property
+    def label(self) -> str:
+        return f"{self.source}:{self.name}" if self.source else self.name
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    def add(self, t: float, value: float, step: int | None) -> None:
+        self.count += 1
+        self.total += value
+        self.low = min(self.low, value)
+        self.high = max(self.high, value)
+        self.last = value
+        self.last_step = step
+        self.points.append((t, value))
+
+
+@dataclass
+class VersionStats:
+    version: int
+    source: str = ""
+    n: int = 0
+    tau_sum: float = 0.0
+    tps_sum: float = 0.0
+    tps_n: int = 0
+    samples: float | None = None
+
+    @property
+    def tau(self) -> float | None:
+        return self.tau_sum / self.n if self.n else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tps_sum / self.tps_n if self.tps_n else None
+
+
+class MonitorModel:
+    """Folds metric rows of one run (and of the runs its jobs created) into chartable state."""
+
+    def __init__(self, run_id: str | None = None) -> None:
+        self.run_id = run_id
+        self.cursors: dict[str, int] = {}
+        self.sources: dict[str, str] = {}
+        self.series: dict[tuple[str, str], Series] = {}
+        self.versions: dict[tuple[str, int], VersionStats] = {}
+        self.start: float | None = None
+        self.rows_seen = 0
+        self.generation = 0  # bumped on every change, so views redraw only when something is new
+
+    def reset(self, run_id: str | None) -> None:
+        self.__init__(run_id)  # type: ignore[misc]
+
+    def ingest(self, run_id: str, sources: dict[str, str], rows: dict[str, list[dict[str, Any]]]) -> int:
+        """Fold new rows; rows at or below a cursor (a late duplicate read) are skipped. Returns rows used."""
+        if run_id != self.run_id:
+            return 0
+        self.sources.update(sources)
+        used = 0
+        for rid, batch in rows.items():
+            cursor = self.cursors.get(rid, 0)
+            fresh = [r for r in batch if r["id"] > cursor]
+            if not fresh:
+                continue
+            source = self.sources.get(rid, "")
+            self._fold(source, fresh)
+            self.cursors[rid] = fresh[-1]["id"]
+            used += len(fresh)
+        if used:
+            self.rows_seen += used
+            self.generation += 1
+        return used
+
+    def _fold(self, source: str, rows: list[dict[str, Any]]) -> None:
+        series = self.series
+        # Rows of one step are written together; pair τ and throughput with that step's drafter version.
+        version_of: dict[tuple[Any, Any], float] = {}
+        for row in rows:
+            if row["name"] == "drafter_version" and row["step"] is not None:
+                version_of[(row["job"], row["step"])] = row["value"]
+        for row in rows:
+            name, value, t = row["name"], row["value"], row["time"]
+            if value is None:
+                continue
+            if self.start is None or (t is not None and t < self.start):
+                self.start = t
+            key = (source, name)
+            item = series.get(key)
+            if item is None:
+                item = series[key] = Series(name, source)
+            item.add(t or 0.0, value, row["step"])
+            if name in VERSION_METRICS:
+                version = version_of.get((row["job"], row["step"]))
+                if version is None:
+                    last = series.get((source, "drafter_version"))
+                    version = last.last if last is not None else None
+                if version is not None:
+                    self._version(source, int(version), name, value)
+
+    def _version(self, source: str, version: int, name: str, value: float) -> None:
+        stats = self.versions.get((source, version))
+        if stats is None:
+            stats = self.versions[(source, version)] = VersionStats(version, source)
+        if name == "tau":
+            stats.n += 1
+            stats.tau_sum += value
+        elif name == "tokens_per_s":
+            stats.tps_n += 1
+            stats.tps_sum += value
+        elif name == "samples":
+            stats.samples = value if stats.samples is None else max(stats.samples, value)
+
+    # -- views ----------------------------------------------------------------------------------
+    def chart(self, names: Iterable[str]) -> list[tuple[str, list[float], list[float]]]:
+        """(label, x seconds since the run's first metric, y) of each series named, in name order."""
+        out = []
+        start = self.start or 0.0
+        for name in names:
+            for (_source, metric), item in sorted(self.series.items()):
+                if metric == name and item.points:
+                    xs = [t - start for t, _ in item.points]
+                    ys = [v for _, v in item.points]
+                    out.append((item.label, xs, ys))
+        return out
+
+    def table(self) -> list[Series]:
+        return sorted(self.series.values(), key=lambda s: (s.source, s.name))
+
+    def version_table(self) -> list[VersionStats]:
+        return sorted(self.versions.values(), key=lambda v: (v.source, v.version))
+
+
+def spark(values: Iterable[float], width: int = 16) -> str:
+    """A one-line sparkline of the last `width` values (flat when they are all equal)."""
+    data = list(values)[-width:]
+    if not data:
+        return ""
+    low, high = min(data), max(data)
+    if high - low < 1e-12:
+        return SPARK[3] * len(data)
+    scale = (len(SPARK) - 1) / (high - low)
+    return "".join(SPARK[int((v - low) * scale)] for v in data)
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    """Numbers for narrow cells: N/A for missing, short for large, never an exception."""
+    if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
+        return "N/A"
+    magnitude = abs(value)
+    if magnitude >= 1e6:
+        return f"{value:.3g}"
+    if float(value).is_integer():
+        return f"{value:.0f}"
+    if magnitude >= 100:
+        return f"{value:.1f}"
+    if magnitude >= 1:
+        return f"{value:.2f}"
+    return f"{value:.{digits}g}"

@@ -1,0 +1,1 @@
+"""The tab panes of adaflash-tui, one module each."""

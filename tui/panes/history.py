@@ -1,0 +1,211 @@
+"""History: past runs from the run log, filtered by method/target/dataset/status (and text); open
+one (Jobs and Monitor follow it) or select several and compare them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import DataTable, Input, Select, Static
+
+from tui.actions import bindings_for
+from tui.panes.base import Pane
+from tui.panes.jobs import status_text
+
+FILTERS = ("method", "target", "dataset", "status")
+COLUMNS = (("mark", " "), ("id", "run"), ("kind", "kind"), ("name", "name"), ("method", "method"),
+           ("target", "target"), ("dataset", "dataset"), ("status", "status"), ("created", "created"),
+           ("duration", "duration"))
+
+
+def when(stamp: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else ""
+
+
+def duration(run: dict[str, Any]) -> str:
+    start, end = run.get("created_at"), run.get("ended_at")
+    if not start or not end:
+        return ""
+    seconds = max(0, int(end - start))
+    return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def short(value: Any, width: int = 24) -> str:
+    text = "" if value is None else str(value)
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+class HistoryPane(Pane):
+    SCOPE = "history"
+    INTERVAL = 3.0
+    VISIBLE_ONLY = True
+    BINDINGS = bindings_for("history")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.filters: dict[str, str | None] = dict.fromkeys(FILTERS)
+        self.text = ""
+        self.runs: list[dict[str, Any]] = []
+        self.shown: list[dict[str, Any]] = []
+        self.selected: list[str] = []
+        self.options: dict[str, tuple[str, ...]] = {}
+        self._signature: tuple | None = None
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="history-filters"):
+            for name in FILTERS:
+                yield Select([], prompt=f"any {name}", id=f"f-{name}", compact=True)
+            yield Input(placeholder="/ text", id="f-text", compact=True)
+        yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="history-detail", classes="pane-status")
+
+    def on_mount(self) -> None:
+        table = self.query_one("#runs-table", DataTable)
+        for key, title in COLUMNS:
+            table.add_column(title, key=key)
+
+    # -- reading ------------------------------------------------------------------------------------
+    def request(self) -> Any:
+        return tuple(sorted(self.filters.items()))
+
+    def read(self, request: Any) -> tuple[list[dict[str, Any]], dict[str, tuple[str, ...]]]:
+        backend = self.adaflash.backend
+        runs = backend.runs(**dict(request))
+        everything = backend.runs() if any(v for _, v in request) else runs
+        options = {name: tuple(sorted({str(r[name]) for r in everything if r.get(name)})) for name in FILTERS}
+        return runs, options
+
+    def apply(self, request: Any, result: tuple[list[dict[str, Any]], dict[str, tuple[str, ...]]]) -> None:
+        if request != tuple(sorted(self.filters.items())):
+            self._again = True
+            return
+        runs, options = result
+        self.runs = runs
+        for name, values in options.items():
+            if values != self.options.get(name):
+                select = self.query_one(f"#f-{name}", Select)
+                current = self.filters[name]
+                with select.prevent(Select.Changed):
+                    select.set_options([(v, v) for v in values])
+                    if current in values:
+                        select.value = current
+        self.options = options
+        self.render_table()
+
+    # -- view -----------------------------------------------------------------------------------------
+    def render_table(self) -> None:
+        text = self.text.lower()
+        shown = [r for r in self.runs if not text or any(text in str(r.get(k) or "").lower() for k in
+                                                          ("id", "name", "kind", "method", "target", "dataset",
+                                                           "status", "note"))]
+        signature = tuple((r["id"], r["status"], r.get("ended_at"), r["id"] in self.selected) for r in shown)
+        if signature == self._signature:
+            return
+        self._signature = signature
+        self.shown = shown
+        table = self.query_one("#runs-table", DataTable)
+        cursor = table.cursor_coordinate
+        table.clear()
+        for run in shown:
+            mark = Text("✓", style="bold green") if run["id"] in self.selected else Text(" ")
+            table.add_row(mark, Text(run["id"], style="bold"), run.get("kind") or "", short(run.get("name"), 20),
+                          run.get("method") or "", short(run.get("target")), short(run.get("dataset")),
+                          status_text(run.get("status")), when(run.get("created_at")), duration(run), key=run["id"])
+        if table.row_count:
+            table.move_cursor(row=min(cursor.row, table.row_count - 1), animate=False)
+        self._detail()
+
+    def _detail(self) -> None:
+        detail = self.query_one("#history-detail", Static)
+        run = self._current()
+        total = f"{len(self.shown)} of {len(self.runs)} runs" if len(self.shown) != len(self.runs) else \
+            f"{len(self.runs)} runs"
+        picked = f" · {len(self.selected)} selected (c compares them)" if self.selected else ""
+        if run is None:
+            detail.update(f"{total}{picked}" if self.runs else "No runs in this workspace yet.")
+            return
+        note = (run.get("note") or "").splitlines()[0][:100] if run.get("note") else ""
+        detail.update(Text.assemble((run["id"], "bold"), f" · {run.get('kind')} · {run.get('status')}",
+                                    (f" · {note}" if note else "", "dim"), f"\n{total}{picked}"))
+
+    def _current(self) -> dict[str, Any] | None:
+        table = self.query_one("#runs-table", DataTable)
+        if not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return next((r for r in self.shown if r["id"] == key), None)
+
+    # -- events and actions -----------------------------------------------------------------------------
+    def on_select_changed(self, event: Select.Changed) -> None:
+        name = (event.select.id or "").removeprefix("f-")
+        if name in self.filters:
+            self.filters[name] = None if event.value is Select.NULL else str(event.value)
+            self.refresh_data()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "f-text":
+            self.text = event.value
+            self.render_table()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "f-text":
+            self.query_one("#runs-table").focus()
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "runs-table":
+            self._detail()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "runs-table":
+            self.action_open_run()
+
+    def action_open_run(self) -> None:
+        run = self._current()
+        if run is None:
+            return
+        self.adaflash.open_run(run["id"])
+        self.app.notify(f"Following run {run['id']}", timeout=2)
+
+    def action_toggle_select(self) -> None:
+        run = self._current()
+        if run is None:
+            return
+        if run["id"] in self.selected:
+            self.selected.remove(run["id"])
+        else:
+            self.selected.append(run["id"])
+        self.render_table()
+        table = self.query_one("#runs-table", DataTable)
+        if table.cursor_coordinate.row < table.row_count - 1:
+            table.move_cursor(row=table.cursor_coordinate.row + 1)
+
+    def action_compare_selected(self) -> None:
+        ids = list(self.selected)
+        if not ids:
+            run = self._current()
+            ids = [run["id"]] if run else []
+        if not ids:
+            self.app.notify("No run to compare.", severity="warning")
+            return
+        self.adaflash.open_compare(ids)
+
+    def action_focus_filter(self) -> None:
+        self.query_one("#f-text").focus()
+
+    def action_clear_filters(self) -> None:
+        for name in FILTERS:
+            select = self.query_one(f"#f-{name}", Select)
+            with select.prevent(Select.Changed):
+                select.clear()
+            self.filters[name] = None
+        self.query_one("#f-text", Input).value = ""
+        self.text = ""
+        self.selected.clear()
+        self._signature = None
+        self.refresh_data()
+
+    def focus_primary(self) -> None:
+        self.query_one("#runs-table").focus()

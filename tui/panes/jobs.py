@@ -1,0 +1,260 @@
+"""Jobs: every job of the current run (and of the runs its jobs created) with status, GPUs,
+uptime and restarts; the selected job's log tail, live; stop/restart with a confirmation."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Label, Log, Static
+
+from tui.actions import bindings_for
+from tui.backend import LogChunk, RunState, is_active
+from tui.modals import ConfirmScreen
+from tui.panes.base import Pane
+
+STATUS_STYLE = {
+    "pending": "dim", "starting": "yellow", "running": "cyan", "ready": "bold green", "finished": "green",
+    "failed": "bold red", "stopped": "magenta", "restarting": "yellow", "detached": "cyan",
+}
+COLUMNS = (("job", "job"), ("role", "role"), ("status", "status"), ("gpus", "GPUs"), ("pid", "pid"),
+           ("uptime", "uptime"), ("restarts", "restarts"), ("exit", "exit"), ("note", "note"))
+
+
+def uptime(job: dict[str, Any], now: float | None = None) -> str:
+    start = job.get("started_at")
+    if not start:
+        return ""
+    seconds = max(0, int((job.get("ended_at") or now or time.time()) - start))
+    return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def status_text(status: str | None) -> Text:
+    return Text(status or "", style=STATUS_STYLE.get(status or "", ""))
+
+
+@dataclass(frozen=True)
+class JobRow:
+    key: str
+    run_id: str
+    name: str  # as the supervisor knows it (control requests use it)
+    label: str  # as shown: child-run jobs are prefixed by the job that created their run
+    controllable: bool
+    job: dict[str, Any]
+
+
+class JobsPane(Pane):
+    SCOPE = "jobs"
+    INTERVAL = 1.0
+    BINDINGS = bindings_for("jobs")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_id: str | None = None
+        self.state: RunState | None = None
+        self.rows: dict[str, JobRow] = {}
+        self.selected: str | None = None
+        self.log_path: str | None = None
+        self.log_offset = 0
+
+    def compose(self) -> ComposeResult:
+        yield Static("No run yet: launch one (2) or open one from History (6).", id="run-header",
+                     classes="pane-status")
+        table = DataTable(id="jobs-table", cursor_type="row", zebra_stripes=True)
+        for key, title in COLUMNS:
+            table.add_column(title, key=key)
+        yield table
+        with Vertical(id="log-box"):
+            yield Label("log", id="log-title")
+            yield Log(id="job-log", max_lines=2000, highlight=False)
+
+    def on_mount(self) -> None:
+        self.run_id = self.adaflash.current_run_id
+
+    # -- run selection ----------------------------------------------------------------------------
+    def set_run(self, run_id: str | None) -> None:
+        if run_id == self.run_id:
+            return
+        self.run_id = run_id
+        self.state = None
+        self.rows.clear()
+        self.selected = None
+        self._select_log(None)
+        self.query_one("#jobs-table", DataTable).clear()
+        self.refresh_data()
+
+    def _select_log(self, key: str | None) -> None:
+        row = self.rows.get(key) if key else None
+        path = row.job.get("log_path") if row else None
+        self.selected = key
+        if path != self.log_path:
+            self.log_path, self.log_offset = path, 0
+            self.query_one("#job-log", Log).clear()
+            self.query_one("#log-title", Label).update(f"log · {row.label} · {path}" if row and path else "log")
+
+    # -- reading ------------------------------------------------------------------------------------
+    def request(self) -> Any:
+        return (self.run_id, self.log_path, self.log_offset)
+
+    def read(self, request: Any) -> tuple[RunState, LogChunk | None]:
+        run_id, path, offset = request
+        state = self.adaflash.backend.run_state(run_id)
+        chunk = self.adaflash.backend.read_log(path, offset) if path else None
+        return state, chunk
+
+    def apply(self, request: Any, result: tuple[RunState, LogChunk | None]) -> None:
+        run_id, path, offset = request
+        if run_id != self.run_id:
+            return  # the run changed while reading
+        state, chunk = result
+        self.state = state
+        self._header(state)
+        self._table(state)
+        if chunk is not None and path == self.log_path and offset == self.log_offset:
+            log = self.query_one("#job-log", Log)
+            if chunk.reset:
+                log.clear()
+            if chunk.text:
+                log.write(chunk.text)
+            self.log_offset = chunk.offset
+        if self.log_path is None and self.rows:
+            table = self.query_one("#jobs-table", DataTable)
+            if table.row_count:
+                key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+                if key in self.rows and self.rows[key].job.get("log_path"):
+                    self._select_log(key)
+                    self._again = True
+
+    def _header(self, state: RunState) -> None:
+        header = self.query_one("#run-header", Static)
+        run = state.run
+        if run is None:
+            header.update("No run yet: launch one (2) or open one from History (6)." if not self.run_id
+                          else f"[red]run {self.run_id} is not in the run log[/red]")
+            return
+        text = Text.assemble(("run ", "dim"), (run["id"], "bold"), f"  {run.get('name') or run.get('kind')}  ",
+                             status_text(run["status"]))
+        if run["status"] in ("pending", "running", "detached"):
+            text.append("  supervisor " + (f"pid {run.get('pid')} alive" if state.supervisor_alive else "gone"),
+                        style="green" if state.supervisor_alive else "bold red")
+        if run.get("note"):
+            text.append(f"  {run['note'].splitlines()[0][:80]}", style="dim")
+        header.update(text)
+
+    def _table(self, state: RunState) -> None:
+        table = self.query_one("#jobs-table", DataTable)
+        rows: dict[str, JobRow] = {}
+        if state.run is not None:
+            for job in state.jobs:
+                key = f"{state.run['id']}:{job['id']}"
+                rows[key] = JobRow(key, state.run["id"], job["name"], job["name"], True, job)
+            for child in state.children:
+                for job in child.get("jobs", []):
+                    key = f"{child['id']}:{job['id']}"
+                    rows[key] = JobRow(key, child["id"], job["name"], f"{child['job']} › {job['name']}", False, job)
+        now = time.time()
+        for key in [k for k in self.rows if k not in rows]:
+            table.remove_row(key)
+        for key, row in rows.items():
+            job = row.job
+            note = (job.get("message") or "").splitlines()[0][:60] if job.get("message") else ""
+            cells = {
+                "job": Text(row.label, style="bold" if row.controllable else ""), "role": job.get("role") or "",
+                "status": status_text(job.get("status")), "gpus": job.get("gpus") or "cpu",
+                "pid": str(job.get("pid") or ""), "uptime": uptime(job, now), "restarts": str(job.get("restarts") or 0),
+                "exit": "" if job.get("exit_code") is None else str(job["exit_code"]), "note": note,
+            }
+            if key in self.rows:
+                for column, value in cells.items():
+                    table.update_cell(key, column, value, update_width=True)
+            else:
+                table.add_row(*(cells[c] for c, _ in COLUMNS), key=key)
+        self.rows = rows
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id != "jobs-table" or event.row_key is None:
+            return
+        key = event.row_key.value
+        if key != self.selected and key in self.rows:
+            self._select_log(key)
+            self.refresh_data()
+
+    # -- actions ------------------------------------------------------------------------------------
+    def _current(self) -> JobRow | None:
+        table = self.query_one("#jobs-table", DataTable)
+        if not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return self.rows.get(key)
+
+    def action_stop_job(self) -> None:
+        self._job_action("stop")
+
+    def action_restart_job(self) -> None:
+        self._job_action("restart")
+
+    def _job_action(self, action: str) -> None:
+        row = self._current()
+        if row is None:
+            self.app.notify("No job selected.", severity="warning")
+            return
+        if not row.controllable:
+            self.app.notify(f"{row.label} belongs to a run its job {row.label.split(' › ')[0]} created: "
+                            "stop or restart that job instead.", severity="warning")
+            return
+        if action == "stop" and not is_active(row.job):
+            self.app.notify(f"Job {row.name} is {row.job.get('status')}: nothing to stop.", severity="warning")
+            return
+        verb = "Stop" if action == "stop" else "Restart"
+        message = (f"{verb} job {row.name} of run {row.run_id}?\n"
+                   f"(pid {row.job.get('pid') or '-'}, status {row.job.get('status')}; its process group gets "
+                   f"SIGTERM, then SIGKILL after its grace period)")
+        self.app.push_screen(ConfirmScreen(f"{verb} job {row.name}", message, verb),
+                             lambda ok: ok and self._control(row.run_id, action, row.name))
+
+    def action_stop_run(self) -> None:
+        run = self.state.run if self.state else None
+        if run is None:
+            self.app.notify("No run to stop.", severity="warning")
+            return
+        if run["status"] not in ("pending", "running", "detached"):
+            self.app.notify(f"Run {run['id']} is {run['status']}: nothing to stop.", severity="warning")
+            return
+        live = [j["name"] for j in (self.state.jobs if self.state else []) if is_active(j)]
+        self.app.push_screen(
+            ConfirmScreen("Stop the run", f"Stop run {run['id']} and its jobs ({', '.join(live) or 'none live'})?",
+                          "Stop run"),
+            lambda ok: ok and self._control(run["id"], "stop-run", None))
+
+    def _control(self, run_id: str, action: str, job: str | None) -> None:
+        self.app.notify(f"{action} {job or run_id}…", timeout=2)
+        self.run_worker(lambda: self._control_work(run_id, action, job), thread=True, group="jobs-control",
+                        name=f"{action} {job or run_id}", exit_on_error=False)
+
+    def _control_work(self, run_id: str, action: str, job: str | None) -> None:
+        try:
+            done = self.adaflash.backend.job_action(run_id, action, job)
+        except Exception as err:  # noqa: BLE001 - shown, never a crash
+            self.post_message(self.Controlled(self, f"{action} failed: {err}", error=True))
+        else:
+            self.post_message(self.Controlled(self, done))
+
+    class Controlled(Message):
+        """A stop/restart request came back (done, or why not)."""
+
+        def __init__(self, pane: Pane, text: str, error: bool = False) -> None:
+            super().__init__()
+            self.pane, self.text, self.error = pane, text, error
+
+    def on_jobs_pane_controlled(self, message: JobsPane.Controlled) -> None:
+        message.stop()
+        self.app.notify(message.text, severity="error" if message.error else "information")
+        self.refresh_data()
+
+    def focus_primary(self) -> None:
+        self.query_one("#jobs-table").focus()

@@ -1,0 +1,151 @@
+"""Monitor: τ and throughput over time, τ per drafter version, training losses and buffer depth,
+read incrementally (rows after the last id seen) while other processes write the run log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.widgets import DataTable, Static
+from textual_plotext import PlotextPlot
+
+from tui.actions import bindings_for
+from tui.backend import MetricsBatch
+from tui.monitor_model import CHARTS, MonitorModel, fmt, spark
+from tui.panes.base import Pane
+
+MAX_LINES = 4  # series per chart
+# Fixed line colours (the theme's blue, amber, green, red): the same chart always looks the same.
+LINE_COLORS = ((95, 168, 211), (242, 184, 75), (123, 198, 123), (229, 98, 94))
+
+
+class MonitorPane(Pane):
+    SCOPE = "monitor"
+    INTERVAL = 1.0
+    BINDINGS = bindings_for("monitor")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.model = MonitorModel()
+        self.drawn = -1  # the model generation on screen
+
+    def compose(self) -> ComposeResult:
+        yield Static("No run yet: launch one (2) or open one from History (6).", id="monitor-header",
+                     classes="pane-status")
+        with VerticalScroll(id="monitor-body"):
+            with Grid(id="charts"):
+                for i in range(len(CHARTS)):
+                    yield PlotextPlot(id=f"chart-{i}", classes="chart")
+            yield from self._tables()
+
+    def _tables(self) -> ComposeResult:
+        with Horizontal(id="monitor-tables"):
+            versions = DataTable(id="versions", cursor_type="row", zebra_stripes=True)
+            versions.border_title = "τ per drafter version"
+            versions.add_columns("version", "n", "τ", "tok/s", "samples")
+            yield versions
+            metrics = DataTable(id="metrics", cursor_type="row", zebra_stripes=True)
+            metrics.border_title = "latest metrics"
+            metrics.add_columns("metric", "last", "mean", "min", "max", "n", "trend")
+            yield metrics
+
+    def on_mount(self) -> None:
+        self.model.reset(self.adaflash.current_run_id)
+
+    # -- run selection ------------------------------------------------------------------------------
+    def set_run(self, run_id: str | None) -> None:
+        if run_id == self.model.run_id:
+            return
+        self.model.reset(run_id)
+        self.drawn = -1
+        self.redraw()
+        self.refresh_data()
+
+    def action_reload(self) -> None:
+        self.model.reset(self.model.run_id)
+        self.drawn = -1
+        self.redraw()
+        self.refresh_data()
+
+    # -- reading --------------------------------------------------------------------------------------
+    def request(self) -> Any:
+        if not self.model.run_id:
+            return None
+        return self.model.run_id, dict(self.model.cursors)
+
+    def read(self, request: Any) -> MetricsBatch:
+        run_id, cursors = request
+        return self.adaflash.backend.metrics(run_id, cursors)
+
+    def apply(self, request: Any, batch: MetricsBatch) -> None:
+        if request[0] != self.model.run_id:
+            return
+        self.model.ingest(request[0], batch.sources, batch.rows)
+        if batch.more:
+            self._again = True  # catching up on a large log: read the next page at once,
+            self._header()  # and draw the charts once caught up
+        elif self.is_visible_pane():
+            self.redraw()
+        else:
+            self._header()
+
+    def failed(self, request: Any, error: BaseException) -> None:
+        self.query_one("#monitor-header", Static).update(f"[red]cannot read the metrics: {error}[/red]")
+
+    # -- drawing ------------------------------------------------------------------------------------
+    def is_visible_pane(self) -> bool:
+        return self.adaflash.active_tab == self.SCOPE
+
+    def on_show_pane(self) -> None:
+        self.redraw()
+
+    def _header(self) -> None:
+        model = self.model
+        header = self.query_one("#monitor-header", Static)
+        if not model.run_id:
+            header.update("No run yet: launch one (2) or open one from History (6).")
+            return
+        text = Text.assemble(("run ", "dim"), (model.run_id, "bold"), f"  {model.rows_seen:,} metric rows",
+                             (f"  {len(model.series)} series · x: seconds since the first metric", "dim"))
+        children = [label for label in model.sources.values() if label]
+        if children:
+            text.append(f"  (with runs of {', '.join(sorted(set(children)))})", style="dim")
+        if not model.rows_seen:
+            text.append("  waiting for metrics…", style="yellow")
+        elif self._again:
+            text.append("  catching up…", style="yellow")
+        header.update(text)
+
+    def redraw(self) -> None:
+        """Charts and tables from the model, only when it changed since the last draw."""
+        self._header()
+        model = self.model
+        if model.generation == self.drawn:
+            return
+        self.drawn = model.generation
+        for i, (title, names) in enumerate(CHARTS):
+            plot = self.query_one(f"#chart-{i}", PlotextPlot)
+            plt = plot.plt
+            plt.clear_data()
+            plt.title(title)
+            lines = model.chart(names)[:MAX_LINES]
+            for (label, xs, ys), color in zip(lines, LINE_COLORS):
+                plt.plot(xs, ys, label=label, marker="braille", color=color)
+            if not lines:
+                plt.title(f"{title}: no data yet")
+            plot.refresh()
+        versions = self.query_one("#versions", DataTable)
+        versions.clear()
+        for v in model.version_table():
+            versions.add_row(f"{v.source + ':' if v.source else ''}v{v.version}", str(v.n), fmt(v.tau),
+                             fmt(v.tokens_per_s), fmt(v.samples))
+        metrics = self.query_one("#metrics", DataTable)
+        metrics.clear()
+        for s in model.table():
+            metrics.add_row(s.label, fmt(s.last), fmt(s.mean), fmt(s.low), fmt(s.high), str(s.count),
+                            Text(spark(v for _, v in s.points), style="cyan"))
+
+    def focus_primary(self) -> None:
+        self.query_one("#monitor-body").focus()
