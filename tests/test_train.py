@@ -162,3 +162,24 @@ def test_train_cli_records_run_and_checkpoint(tmp_path, learnable, regen):
     result = CliRunner().invoke(cli, ["--workspace", str(ws), "train", "draft", "--method", "dflash", "--target",
                                       str(tiny_llama), "--data", str(bad), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "bad.jsonl:1" in result.output
+
+
+def test_torchrun_data_parallel_on_cpu(tmp_path, learnable, regen):
+    """The same command under torchrun (2 processes, gloo) trains and writes one checkpoint."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "ddp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "adaflash.cli.main", "--workspace", str(tmp_path / "ws"), "train", "draft", "--method", "dflash",
+               "--target", str(learnable.folder), "--data", str(regen), "--out", str(out), "--steps", "2",
+               "--block-size", "8", "--blocks-per-seq", "2", "--batch-tokens", "300", "--eval-prompts", "0",
+               "--device", "cpu"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    state = torch.load(out / "trainer_state.pt", weights_only=False)
+    assert state["state"]["step"] == 2 and state["config"]["steps"] == 2
+    from adaflash.runlog import RunLog
+
+    runs = RunLog.open(tmp_path / "ws").list_runs(kind="train")
+    assert len(runs) == 1 and runs[0]["config"]["world_size"] == 2  # only rank 0 records

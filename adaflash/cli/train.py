@@ -9,11 +9,11 @@ import click
 from adaflash.cli.common import emit_rows, fail, runlog_of
 
 
-def _progress(description: str):
+def _progress(description: str, enabled: bool = True):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+                    TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False, disable=not enabled)
 
 
 def _eval_prompts(eval_data: str | None, data: str, target, count: int) -> list[str]:
@@ -120,7 +120,7 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
     if log and before:
         log.log_metrics(run_id, {"eval_tau_init": before["eval_tau"]}, step=0)
     try:
-        with _progress("train") as progress:
+        with _progress("train", enabled=rank == 0) as progress:
             task = progress.add_task(f"train {method}", total=None, info="")
 
             def on_step(step: int, total: int, stats: dict[str, float]) -> None:
