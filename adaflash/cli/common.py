@@ -6,7 +6,8 @@ import csv
 import io
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -81,3 +82,21 @@ def fail(message: str, code: int = 2) -> None:
     """Print a clear error (no traceback) and exit."""
     click.secho(f"error: {message}", fg="red", err=True)
     sys.exit(code)
+
+
+@contextmanager
+def run_guard(log: RunLog, run_id: str, expected: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """Close a run log entry on the way out of a failing command.
+
+    An expected error marks the run failed and becomes a clean CLI error; anything else (Ctrl-C
+    included) marks it stopped or failed and propagates.
+    """
+    try:
+        yield
+    except expected as err:
+        log.finish_run(run_id, "failed", note=str(err))
+        fail(str(err))
+    except BaseException as err:
+        log.finish_run(run_id, "stopped" if isinstance(err, KeyboardInterrupt) else "failed",
+                       note=f"{type(err).__name__}: {err}")
+        raise

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, runlog_of, workspace_of
+from adaflash.cli.common import emit_rows, fail, run_guard, runlog_of, workspace_of
 from adaflash.data import datasets as ds
 from adaflash.engine.params import METHODS
 
@@ -69,15 +69,8 @@ def prepare(ctx: click.Context, dataset: str, source: str | None, out_dir: str |
         "command": "prepare", "source": src.location, "kind": src.kind, "split_seed": split_seed,
         "test_fraction": test_fraction, "limit": limit, "column_map": mapping, "hub_config": hub_config,
     })
-    try:
+    with run_guard(log, run_id, (ds.DatasetError, OSError)):
         summary = ds.prepare_dataset(src, out, split_seed=split_seed, test_fraction=test_fraction, limit=limit)
-    except (ds.DatasetError, OSError) as err:
-        log.finish_run(run_id, "failed", note=str(err))
-        fail(str(err))
-    except BaseException as err:
-        log.finish_run(run_id, "stopped" if isinstance(err, KeyboardInterrupt) else "failed",
-                       note=f"{type(err).__name__}: {err}")
-        raise
     summary["run_id"] = run_id
     log.log_metrics(run_id, {"rows_train": summary["rows"]["train"], "rows_test": summary["rows"]["test"],
                              "skipped": summary["skipped"]})
@@ -165,7 +158,7 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
                                     "chat": chat, "seed": seed, "batch_size": batch_size, "max_len": engine.max_len,
                                     "device": str(engine.device)})
     console = Console(stderr=True)
-    try:
+    with run_guard(log, run_id, (ValueError, RuntimeError, OSError)):
         with Progress(TextColumn("[bold]regenerate"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[tokens]} tok"), TimeElapsedColumn(), console=console,
                       disable=as_json) as progress:
@@ -178,13 +171,6 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
 
             result = run_regenerate(engine, prompts, params, chat=chat, on_done=on_done)
         path = write_jsonl_atomic(out_file, result.rows)
-    except (ValueError, RuntimeError, OSError) as err:
-        log.finish_run(run_id, "failed", note=str(err))
-        fail(str(err))
-    except BaseException as err:
-        log.finish_run(run_id, "stopped" if isinstance(err, KeyboardInterrupt) else "failed",
-                       note=f"{type(err).__name__}: {err}")
-        raise
     summary = {
         "run_id": run_id, "out": str(path), "rows": len(result.rows), "skipped": len(result.skipped),
         "skipped_reasons": result.skipped, "completion_tokens": result.completion_tokens,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, runlog_of
+from adaflash.cli.common import emit_rows, fail, run_guard, runlog_of
 
 
 def _parse_methods(specs: tuple[str, ...]) -> list[tuple[str, str | None]]:
@@ -66,11 +66,8 @@ def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_si
         except (DrafterError, ValueError) as err:
             log.finish_run(run_id, "failed", note=str(err))
             fail(str(err))
-        try:
+        with run_guard(log, run_id, (ValueError, RuntimeError)):
             metrics, _ = measure(engine, prompts, max_new_tokens=max_new_tokens, temperature=temperature)
-        except KeyboardInterrupt:
-            log.finish_run(run_id, "stopped")
-            raise
         record = {**metrics, "method": method, "draft": draft, "target": target, "dataset": path.stem,
                   "label": label, "hardware": str(engine.device), "backend": "embedded-offline"}
         log.add_bench_result(run_id, record)

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from adaflash.cli.common import fail, runlog_of
+from adaflash.cli.common import fail, run_guard, runlog_of
 from adaflash.engine.params import METHODS
 
 
@@ -83,11 +83,8 @@ def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_
             printed[0] = len(text)
 
     started = time.perf_counter()
-    try:
+    with run_guard(log, run_id, (ValueError, RuntimeError)):
         outputs = engine.generate(requests, on_event=on_event)
-    except (ValueError, RuntimeError) as err:
-        log.finish_run(run_id, "failed", note=str(err))
-        fail(str(err))
     elapsed = time.perf_counter() - started
     tokens = sum(o.meta_info["completion_tokens"] for o in outputs)
     verify = sum(o.meta_info["spec_verify_ct"] for o in outputs)
