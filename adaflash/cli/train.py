@@ -162,10 +162,12 @@ def _sigterm_interrupts() -> None:
 
 
 def _device(device: str, rank: int, world: int) -> str:
+    import os
+
     import torch
 
     if device == "auto":
-        return f"cuda:{int(__import__('os').environ.get('LOCAL_RANK', rank))}" if torch.cuda.is_available() else "cpu"
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if torch.cuda.is_available() else "cpu"
     return device
 
 
