@@ -47,11 +47,12 @@ class OracleDrafter(Drafter):
     def extend(self, *args, **kw):
         pass
 
-    def draft(self, cache, rows, pending, lens, target, steps=None):
+    def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None):
         out = []
         for row, length in zip(rows.tolist(), lens.tolist()):
             seq = self.engine.tokens[row, : length + 1].tolist()
-            ref = next(r for r in self.refs if r[: length + 1] == seq)
+            # padding rows (the scratch slot of a padded batch) match no reference: propose zeros
+            ref = next((r for r in self.refs if r[: length + 1] == seq), [0] * (length + self.block_size + 1))
             proposal = (ref[length + 1: length + self.block_size] + [0] * self.block_size)[: self.block_size - 1]
             for i in range(len(proposal)):
                 if torch.rand(1, generator=self.gen).item() < self.error_rate:
@@ -191,7 +192,7 @@ def test_sampling_matches_the_target_distribution(tiny_target):
     class LikelyDrafter(OracleDrafter):
         """Always proposes the most likely second token: accepted sometimes, rejected sometimes."""
 
-        def draft(self, cache, rows, pending, lens, target, steps=None):
+        def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None):
             return torch.tensor([[best[1], 0, 0]] * len(rows)), None
 
     drafter = LikelyDrafter(model.cfg, [], block_size=4)

@@ -9,7 +9,8 @@ class KVCache:
     """Keys and values laid out [layer, slot, position, kv_head, head_dim].
 
     Writes go to explicit per-row positions; nothing past `lens[slot]` is ever read as context,
-    so rejecting drafted tokens only means setting the length back.
+    so rejecting drafted tokens only means setting the length back. Callers `reserve` the
+    positions they will touch with a host-side int, so a step never waits on the device.
     """
 
     def __init__(
@@ -22,10 +23,11 @@ class KVCache:
         *,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        static: bool = False,
     ) -> None:
-        # Capacity grows on demand (doubling) up to max_len, so a large max_len costs nothing
-        # until sequences actually get long.
-        capacity = min(max_len, 256)
+        # A growable cache doubles on demand, so a large max_len costs nothing until sequences
+        # get long. A static one is allocated whole: CUDA graphs keep pointers to its storage.
+        capacity = max_len if static else min(max_len, 256)
         shape = (num_layers, slots, capacity, kv_heads, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -36,25 +38,23 @@ class KVCache:
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    def _grow(self, needed: int) -> None:
-        capacity = min(self.max_len, max(needed, 2 * self.capacity))
-        extra = capacity - self.capacity
-        pad = (*self.k.shape[:2], extra, *self.k.shape[3:])
-        self.k = torch.cat([self.k, self.k.new_zeros(pad)], dim=2)
-        self.v = torch.cat([self.v, self.v.new_zeros(pad)], dim=2)
-
     @property
     def slots(self) -> int:
         return self.k.shape[1]
 
+    def reserve(self, length: int) -> None:
+        """Make positions [0, length) writable."""
+        if length > self.max_len:
+            raise ValueError(f"sequence exceeds the KV cache ({self.max_len} positions)")
+        if length > self.capacity:
+            capacity = min(self.max_len, max(length, 2 * self.capacity))
+            pad = (*self.k.shape[:2], capacity - self.capacity, *self.k.shape[3:])
+            self.k = torch.cat([self.k, self.k.new_zeros(pad)], dim=2)
+            self.v = torch.cat([self.v, self.v.new_zeros(pad)], dim=2)
+
     def write(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
-        """k, v: [b, q, kv, d] written at positions [b, q] of slots `rows` [b]."""
-        top = int(positions.max())
-        if top >= self.max_len:
-            raise ValueError(f"sequence exceeds the KV cache ({self.max_len} positions)")
-        if top >= self.capacity:
-            self._grow(top + 1)
+        """k, v: [b, q, kv, d] written at positions [b, q] (already reserved) of slots `rows` [b]."""
         self.k[layer, rows[:, None], positions] = k.to(self.k.dtype)
         self.v[layer, rows[:, None], positions] = v.to(self.v.dtype)
 

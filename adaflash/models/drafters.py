@@ -39,21 +39,27 @@ class Drafter(nn.Module):
     def max_draft(self) -> int:
         return self.block_size - 1
 
-    def new_cache(self, slots: int, max_len: int) -> KVCache:
+    def new_cache(self, slots: int, max_len: int, *, static: bool = False) -> KVCache:
         p = next(self.parameters())
         return KVCache(self.num_cache_layers, slots, max_len, self.cfg.num_key_value_heads, self.cfg.head_dim,
-                       device=p.device, dtype=p.dtype)
+                       device=p.device, dtype=p.dtype, static=static)
 
     @property
     def num_cache_layers(self) -> int:
         raise NotImplementedError
 
     def extend(self, cache: KVCache, rows: torch.Tensor, positions: torch.Tensor, feats: torch.Tensor,
-               next_tokens: torch.Tensor, count: torch.Tensor, target: TargetModel) -> None:
+               next_tokens: torch.Tensor, count: torch.Tensor, target: TargetModel, kv_len: int) -> None:
+        """Add context positions [b, w] (their target features and next tokens); kv_len > positions."""
         raise NotImplementedError
 
     def draft(self, cache: KVCache, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor,
-              target: TargetModel, steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+              target: TargetModel, ctx_len: int, steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft `steps` (default max_draft) tokens after `pending`; ctx_len >= every row's length.
+
+        Returns (drafts [b, steps], predicted acceptance ratio [b] or None). Sizes come from the
+        host so the call never waits on the device and can be replayed as a CUDA graph.
+        """
         raise NotImplementedError
 
 
@@ -104,24 +110,34 @@ class DFlashDrafter(Drafter):
             h = layer.mlp_block(h)
         return self.norm(h)
 
-    def extend(self, cache, rows, positions, feats, next_tokens, count, target) -> None:
+    def extend(self, cache, rows, positions, feats, next_tokens, count, target, kv_len) -> None:
+        cache.reserve(kv_len)
         ctx = self.context(feats.to(self.fc.weight.dtype))
         for index, (k, v) in enumerate(self.context_kv(ctx, positions)):
             cache.write(index, rows, positions, k, v)
 
-    def draft(self, cache, rows, pending, lens, target, steps=None):
+    def block_hidden(self, cache: KVCache, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor,
+                     target: TargetModel, ctx_len: int) -> torch.Tensor:
+        """The normed hidden states of `[pending, MASK x (B-1)]` after each row's context."""
         b, size = pending.shape[0], self.block_size
         h = torch.cat([target.embed(pending)[:, None], self.mask_embeds(target, (b, size - 1))], dim=1)
         positions = lens[:, None] + torch.arange(size, device=lens.device)
-        ctx_len = int(lens.max())
         ctx_visible = torch.arange(ctx_len, device=lens.device)[None, None, :] < lens[:, None, None]
         mask = torch.cat([ctx_visible.expand(b, size, ctx_len),
                           torch.ones(b, size, size, dtype=torch.bool, device=lens.device)], dim=-1)
         ctx_kv = [cache.read(i, rows, ctx_len) for i in range(len(self.layers))]
-        hidden = self.run_block(h, positions, ctx_kv, mask)
-        drafts = target.lm_head(hidden[:, 1:]).argmax(-1)
-        length = self.length_head(hidden) if self.length_head is not None else None
-        return drafts, length
+        return self.run_block(h, positions, ctx_kv, mask)
+
+    def predict_length(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        return self.length_head(hidden) if self.length_head is not None else None
+
+    def tokens(self, hidden: torch.Tensor, count: int, target: TargetModel) -> torch.Tensor:
+        """Greedy draft tokens of the first `count` masked positions: lm_head only where needed."""
+        return target.lm_head(hidden[:, 1 : 1 + count]).argmax(-1)
+
+    def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None):
+        hidden = self.block_hidden(cache, rows, pending, lens, target, ctx_len)
+        return self.tokens(hidden, steps or self.max_draft, target), self.predict_length(hidden)
 
 
 class ChainDrafter(Drafter):
@@ -151,8 +167,8 @@ class ChainDrafter(Drafter):
     def num_cache_layers(self) -> int:
         return 1
 
-    def new_cache(self, slots: int, max_len: int) -> KVCache:
-        cache = super().new_cache(slots, max_len)
+    def new_cache(self, slots: int, max_len: int, *, static: bool = False) -> KVCache:
+        cache = super().new_cache(slots, max_len, static=static)
         p = next(self.parameters())
         cache.last_hidden = torch.zeros(slots, self.cfg.hidden_size, device=p.device, dtype=p.dtype)  # type: ignore[attr-defined]
         return cache
@@ -179,29 +195,30 @@ class ChainDrafter(Drafter):
         return self.midlayer.mlp_block(h)
 
     def layer(self, u: torch.Tensor, resid: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-              rows: torch.Tensor) -> torch.Tensor:
+              rows: torch.Tensor, kv_len: int) -> torch.Tensor:
         """One cached pass: these positions' keys join the cache, queries see it causally."""
         q, k, v = self.qkv(u, positions)
         cache.write(0, rows, positions, k, v)
-        kv_len = int(positions.max()) + 1
         keys, values = cache.read(0, rows, kv_len)
         return self.attend_mlp(q, keys, values, resid, causal_mask(positions, kv_len))
 
-    def extend(self, cache, rows, positions, feats, next_tokens, count, target) -> None:
+    def extend(self, cache, rows, positions, feats, next_tokens, count, target, kv_len) -> None:
+        cache.reserve(kv_len)
         u, resid = self.fuse(target.embed(next_tokens), feats.to(self.norm.weight.dtype), from_target=True)
-        h = self.layer(u, resid, positions, cache, rows)
+        h = self.layer(u, resid, positions, cache, rows, kv_len)
         last = h[torch.arange(h.shape[0], device=h.device), count - 1]
         cache.last_hidden[rows] = last
 
-    def draft(self, cache, rows, pending, lens, target, steps=None):
+    def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None):
         steps = steps or self.max_draft
+        cache.reserve(ctx_len + steps)
         h = cache.last_hidden[rows]
         token = target.lm_head(self.norm(h)).argmax(-1)
         drafts = [token]
         for t in range(1, steps):
             positions = (lens + t - 1)[:, None]
             u, resid = self.fuse(target.embed(token)[:, None], h[:, None], from_target=False)
-            h = self.layer(u, resid, positions, cache, rows)[:, 0]
+            h = self.layer(u, resid, positions, cache, rows, ctx_len + t)[:, 0]
             token = target.lm_head(self.norm(h)).argmax(-1)
             drafts.append(token)
         return torch.stack(drafts, dim=1), None

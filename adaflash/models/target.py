@@ -53,10 +53,10 @@ class TargetModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def new_cache(self, slots: int, max_len: int) -> KVCache:
+    def new_cache(self, slots: int, max_len: int, *, static: bool = False) -> KVCache:
         c = self.cfg
         return KVCache(c.num_hidden_layers, slots, max_len, c.num_key_value_heads, c.head_dim,
-                       device=self.device, dtype=self.dtype)
+                       device=self.device, dtype=self.dtype, static=static)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids)
@@ -75,6 +75,7 @@ class TargetModel(nn.Module):
         *,
         capture: Sequence[int] = (),
         logits_index: torch.Tensor | None = None,
+        kv_len: int | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run `input_ids` [b, q] at `positions` [b, q] for cache slots `rows` [b].
 
@@ -84,7 +85,8 @@ class TargetModel(nn.Module):
         """
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, h.dtype)
-        kv_len = int(positions.max()) + 1
+        kv_len = int(positions.max()) + 1 if kv_len is None else kv_len
+        cache.reserve(kv_len)
         mask = causal_mask(positions, kv_len)
         wanted = {layer: i for i, layer in enumerate(capture)}
         captured: list[torch.Tensor | None] = [None] * len(capture)

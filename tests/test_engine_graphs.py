@@ -1,0 +1,65 @@
+"""The GPU path: shapes padded to buckets (checked on CPU too) and CUDA-graph replay (on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaflash.engine.engine import Engine
+from adaflash.engine.graphs import GraphRunner, bucket
+from adaflash.models.loading import load_target
+from tests.test_engine_lossless import drafter_for, make_requests, oracle_engine, vanilla
+
+
+def test_bucket_is_the_next_power_of_two_within_bounds():
+    assert [bucket(n, 64) for n in (1, 2, 3, 5, 33, 64, 100)] == [1, 2, 4, 8, 64, 64, 64]
+    assert bucket(3, 4096, floor=128) == 128
+    assert bucket(129, 200, floor=128) == 200
+
+
+def test_graph_runner_disabled_calls_through():
+    runner = GraphRunner(False)
+    assert runner.run("k", lambda x: x * 2, [torch.ones(2)]).tolist() == [2.0, 2.0]
+    assert len(runner) == 0
+
+
+@pytest.mark.parametrize("method", ["vanilla", "dflash", "adaflash", "eagle3", "mtp"])
+def test_padded_shapes_stay_lossless(tiny_target, method):
+    """Padding rows to the scratch slot, widths and kv lengths to buckets changes no output."""
+    requests = make_requests(tiny_target, n=3, max_new_tokens=24, ignore_eos=True)
+    reference = vanilla(tiny_target, requests)
+    drafter = None if method == "vanilla" else drafter_for(method, tiny_target)
+    engine = Engine(tiny_target, method, drafter, max_batch=5, max_len=512, pad_shapes=True)
+    outputs = engine.generate(make_requests(tiny_target, n=3, max_new_tokens=24, ignore_eos=True))
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+
+
+def test_padded_oracle_accepts_and_stays_identical(tiny_target):
+    reference = vanilla(tiny_target, make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))
+    engine = oracle_engine(tiny_target, make_requests(tiny_target), reference, "adaflash")
+    engine.padded = True
+    outputs = engine.generate(make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+    assert all(o.meta_info["spec_accept_length"] > 1.3 for o in outputs)
+
+
+def test_cuda_graphs_need_a_gpu(tiny_target):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="CUDA device"):
+        Engine(tiny_target, "vanilla", cuda_graphs=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("method", ["vanilla", "dflash", "adaflash", "eagle3", "mtp"])
+def test_cuda_graph_replay_is_lossless(tiny_llama, method):
+    """fp32 on the GPU: graph replay gives the eager CPU engine's greedy tokens, batch sizes mixed."""
+    cpu = load_target(str(tiny_llama), device="cpu")
+    gpu = load_target(str(tiny_llama), device="cuda", dtype="float32")
+    reference = vanilla(cpu, make_requests(cpu, max_new_tokens=32, ignore_eos=True))
+    drafter = None if method == "vanilla" else drafter_for(method, gpu)
+    engine = Engine(gpu, method, drafter, max_batch=3, max_len=512)
+    assert engine.graphs.enabled
+    outputs = engine.generate(make_requests(gpu, max_new_tokens=32, ignore_eos=True))
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+    assert len(engine.graphs) > 0
