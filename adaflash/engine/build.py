@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from adaflash.engine.engine import Engine
@@ -35,4 +36,10 @@ def build_engine(
         if method == "adaflash" and (not isinstance(drafter, DFlashDrafter) or drafter.length_head is None):
             raise ValueError(f"--method adaflash needs a DFlash drafter with a length head; {draft} has none "
                              "(create one with `adaflash draft new --length-head` or `adaflash train length-head`)")
+    graphs = os.environ.get("ADAFLASH_CUDA_GRAPHS", "").strip().lower()
+    if graphs and "cuda_graphs" not in engine_kw:
+        if graphs not in ("0", "1", "false", "true", "off", "on"):
+            raise ValueError(f"ADAFLASH_CUDA_GRAPHS={graphs!r}: expected 0 or 1")
+        # The escape hatch for a GPU path problem: eager kernels, same outputs.
+        engine_kw["cuda_graphs"] = graphs in ("1", "true", "on") and loaded.device.type == "cuda"
     return Engine(loaded, method, drafter, **engine_kw)
