@@ -63,3 +63,23 @@ def test_cuda_graph_replay_is_lossless(tiny_llama, method):
     outputs = engine.generate(make_requests(gpu, max_new_tokens=32, ignore_eos=True))
     assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
     assert len(engine.graphs) > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graphs_survive_a_swap_to_another_shape(tiny_llama):
+    """A swap to a drafter of another shape drops the graphs; capturing again must work."""
+    gpu = load_target(str(tiny_llama), device="cuda", dtype="float32")
+    cpu = load_target(str(tiny_llama), device="cpu")
+    reference = vanilla(cpu, make_requests(cpu, max_new_tokens=24, ignore_eos=True))
+    engine = Engine(gpu, "dflash", drafter_for("dflash", gpu), max_batch=4, max_len=512)
+    for request in make_requests(gpu, max_new_tokens=24, ignore_eos=True):
+        engine.add(request)
+    done, steps = {}, 0
+    while engine.has_work():
+        for event in engine.step():
+            if event.output:
+                done[event.rid] = event.output
+        steps += 1
+        if steps == 3:
+            engine.swap_drafter(drafter_for("adaflash", gpu), version=2)  # gains a length head
+    assert [done[f"r{i}"].output_ids for i in range(4)] == [o.output_ids for o in reference]

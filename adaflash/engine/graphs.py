@@ -75,8 +75,13 @@ class GraphRunner:
         return _Graph(graph, static, outputs)
 
     def clear(self) -> None:
-        """Forget every graph (a drafter of another shape was installed)."""
+        """Forget every graph (a drafter of another shape was installed).
+
+        The pool dies with its last graph, so later captures need a fresh pool handle.
+        """
         self.graphs.clear()
+        if self.enabled:
+            self.pool = torch.cuda.graph_pool_handle()
 
     def __len__(self) -> int:
         return len(self.graphs)

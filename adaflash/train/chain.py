@@ -12,7 +12,7 @@ import torch
 
 from adaflash.models.drafters import ChainDrafter
 from adaflash.models.target import TargetModel
-from adaflash.train.features import target_features, teacher_logits
+from adaflash.train.features import FeatureSource, direct_features, teacher_logits
 from adaflash.train.losses import LossConfig, distill_loss
 
 
@@ -35,6 +35,7 @@ def chain_loss(
     ttt_length: int,
     loss_cfg: LossConfig,
     step_weight: float = 0.8,
+    features: FeatureSource | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     b, width = ids.shape
     device = ids.device
@@ -42,7 +43,7 @@ def chain_loss(
     if span <= 0:
         raise ValueError("sequences are too short for chain training (need 3 tokens)")
     need_teacher = loss_cfg.kind != "ce"
-    feats, final = target_features(target, ids, drafter.target_layer_ids, with_last=need_teacher)
+    feats, final = (features or direct_features(target, drafter.target_layer_ids))(ids, lens, need_teacher)
     dtype = drafter.norm.weight.dtype
     emb = target.embed(ids[:, 1: span + 1]).to(dtype)
     positions = torch.arange(span, device=device).expand(b, span)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from adaflash.models.drafters import DFlashDrafter
 from adaflash.models.target import TargetModel
-from adaflash.train.features import target_features, teacher_logits
+from adaflash.train.features import FeatureSource, direct_features, teacher_logits
 from adaflash.train.losses import LossConfig, distill_loss, position_decay
 
 
@@ -64,13 +64,14 @@ def dflash_loss(
     loss_cfg: LossConfig,
     gen: torch.Generator,
     train_head: bool = False,
+    features: FeatureSource | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of the drafter (plus the length head's MSE when asked) on one batch of sequences."""
     size = drafter.block_size
     b, width = ids.shape
     device = ids.device
     need_teacher = loss_cfg.kind != "ce" or train_head
-    feats, final = target_features(target, ids, drafter.target_layer_ids, with_last=need_teacher)
+    feats, final = (features or direct_features(target, drafter.target_layer_ids))(ids, lens, need_teacher)
     blocks = sample_anchors(lens, starts, blocks_per_seq, gen)
     n = blocks.anchors.shape[1]
     k = torch.arange(size, device=device)

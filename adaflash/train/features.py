@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from adaflash.models.target import TargetModel
+
+# (ids [b, S], lens [b], with_last) -> (features [b, S, n·H], last layer [b, S, H] or None)
+FeatureSource = Callable[[torch.Tensor, torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def direct_features(target: TargetModel, layer_ids: list[int]) -> FeatureSource:
+    """Features computed from scratch for each batch (on-policy rows are seen once)."""
+    return lambda ids, lens, with_last: target_features(target, ids, layer_ids, with_last=with_last)
 
 
 @torch.no_grad()
@@ -30,3 +40,45 @@ def teacher_logits(target: TargetModel, final_hidden: torch.Tensor, rows: torch.
                    positions: torch.Tensor) -> torch.Tensor:
     """The target's logits at (rows, positions): its prediction for the token after each position."""
     return target.logits(final_hidden[rows, positions])
+
+
+class FeatureMemo:
+    """Target features per training sequence, computed once and reused by every later epoch.
+
+    Offline training revisits the same sequences many times and the target pass is most of a
+    CPU step. Features of a position depend only on the tokens up to it (causal attention), so
+    a sequence's features do not depend on the batch it was padded into. Past `budget_bytes`
+    the memo stops storing and features are computed per batch as before.
+    """
+
+    def __init__(self, target: TargetModel, layer_ids: list[int], budget_bytes: float = 4e9) -> None:
+        self.target = target
+        self.layer_ids = list(layer_ids)
+        self.budget = budget_bytes
+        self.used = 0
+        self.store: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+    def features(self, keys: list[int], ids: torch.Tensor, lens: torch.Tensor,
+                 with_last: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Features of the padded batch `ids` whose rows are the sequences `keys`."""
+        missing = [i for i, k in enumerate(keys) if k not in self.store or (with_last and self.store[k][1] is None)]
+        if missing:
+            width = int(lens[missing].max())
+            feats, final = target_features(self.target, ids[missing, :width], self.layer_ids, with_last=with_last)
+            if self.used > self.budget:
+                return target_features(self.target, ids, self.layer_ids, with_last=with_last)
+            for j, i in enumerate(missing):
+                n = int(lens[i])
+                entry = (feats[j, :n].clone(), final[j, :n].clone() if final is not None else None)
+                self.store[keys[i]] = entry
+                self.used += sum(t.numel() * t.element_size() for t in entry if t is not None)
+        b, width = ids.shape
+        first = self.store[keys[0]][0]
+        out = first.new_zeros(b, width, first.shape[-1])
+        last = first.new_zeros(b, width, self.target.cfg.hidden_size) if with_last else None
+        for i, k in enumerate(keys):
+            f, h = self.store[k]
+            out[i, : f.shape[0]] = f
+            if last is not None and h is not None:
+                last[i, : h.shape[0]] = h
+        return out, last

@@ -26,6 +26,7 @@ from adaflash.train.chain import chain_loss
 from adaflash.train.data import Sequence, batches, epoch_order, pad
 from adaflash.train.dflash import dflash_loss
 from adaflash.train.evaluate import eval_tau
+from adaflash.train.features import FeatureMemo, FeatureSource
 from adaflash.train.losses import LossConfig
 
 STATE_FILE = "trainer_state.pt"
@@ -98,13 +99,15 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
 
 
 def objective(drafter: Drafter, target: Target, ids, lens, starts, cfg: TrainConfig, gen: torch.Generator,
-              loss_cfg: LossConfig | None = None):
+              loss_cfg: LossConfig | None = None, features: FeatureSource | None = None):
     loss_cfg = loss_cfg or cfg.loss
     if isinstance(drafter, DFlashDrafter):
         return dflash_loss(drafter, target.model, ids, lens, starts, blocks_per_seq=cfg.blocks_per_seq,
-                           loss_cfg=loss_cfg, gen=gen, train_head=drafter.length_head is not None and cfg.length_head)
+                           loss_cfg=loss_cfg, gen=gen, train_head=drafter.length_head is not None and cfg.length_head,
+                           features=features)
     assert isinstance(drafter, ChainDrafter)
-    return chain_loss(drafter, target.model, ids, lens, starts, ttt_length=cfg.ttt_length, loss_cfg=loss_cfg)
+    return chain_loss(drafter, target.model, ids, lens, starts, ttt_length=cfg.ttt_length, loss_cfg=loss_cfg,
+                      features=features)
 
 
 class Trainer:
@@ -124,6 +127,7 @@ class Trainer:
         self.head_opt = torch.optim.AdamW(head, lr=1e-3) if head else None
         self.state = TrainState()
         self.gen = torch.Generator().manual_seed(cfg.seed + 7919 * rank_world()[0])
+        self.memo: FeatureMemo | None = None  # offline runs reuse target features across epochs
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_blob(self) -> dict[str, Any]:
@@ -163,12 +167,16 @@ class Trainer:
     # -- one optimisation step ---------------------------------------------------------------------
     def step_on(self, sequences: list[Sequence], lr: float, loss_cfg: LossConfig | None = None) -> dict[str, float]:
         ids, lens, starts = pad(sequences, self.device)
+        features = None
+        if self.memo is not None:
+            memo, keys = self.memo, [id(s) for s in sequences]
+            features = lambda ids, lens, with_last: memo.features(keys, ids, lens, with_last)  # noqa: E731
         for group in self.opt.param_groups:
             group["lr"] = lr
         self.opt.zero_grad(set_to_none=True)
         if self.head_opt:
             self.head_opt.zero_grad(set_to_none=True)
-        loss, stats = objective(self.drafter, self.target, ids, lens, starts, self.cfg, self.gen, loss_cfg)
+        loss, stats = objective(self.drafter, self.target, ids, lens, starts, self.cfg, self.gen, loss_cfg, features)
         loss.backward()
         _, world = rank_world()
         if world > 1:
@@ -193,6 +201,7 @@ class Trainer:
         rank, world = rank_world()
         if cfg.resume:
             self.restore(cfg.out)
+        self.memo = FeatureMemo(self.target.model, self.drafter.target_layer_ids)
         per_epoch = [b for i, b in enumerate(batches(epoch_order(len(sequences), cfg.seed, 0), sequences,
                                                      cfg.batch_tokens)) if i % world == rank]
         total = cfg.steps or cfg.epochs * len(per_epoch)
