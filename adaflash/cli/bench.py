@@ -121,7 +121,8 @@ def bench(ctx: click.Context, base_url: str | None, dataset: str | None, num_pro
           api_key: str | None, stream: bool, ignore_eos: bool, as_json: bool) -> None:
     """Benchmark a running server with SGLang bench_serving's metrics; the result goes to the run log.
 
-    `adaflash bench matrix ...` instead serves every method in turn and measures each one.
+    `adaflash bench matrix ...` instead serves every method in turn and measures each one;
+    `adaflash bench engine ...` measures them in this process through the embedded engine.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -304,3 +305,91 @@ def _supervised_launcher(log, workspace: str, spec):
             return self.sup.jobs[self.name].exit_code
 
     return Supervised
+
+
+@bench.command("engine")
+@click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF model folder or hub id.")
+@click.option("--methods", default="vanilla", show_default=True,
+              help=f"Comma-separated, from {', '.join(METHODS)}; Vanilla is every row's reference.")
+@click.option("--draft-dir", default=None, type=click.Path(file_okay=False),
+              help="A folder with one drafter per method: DIR/dflash, DIR/adaflash (or adaflash-online, adaflash-init), "
+                   "DIR/eagle3, DIR/mtp.")
+@click.option("--draft", "drafts", multiple=True, help="METHOD=DIR: the drafter of a method (repeatable; beats --draft-dir).")
+@click.option("--prompts", "dataset", default="gsm8k", show_default=True,
+              help="gsm8k, humaneval, mt-bench, sharegpt (prepared in the workspace) or FILE.jsonl.")
+@click.option("--num-prompts", type=click.IntRange(1), default=32, show_default=True)
+@click.option("--batch-sizes", default="1", show_default=True, help="Comma-separated engine batch sizes, e.g. 1,8,32.")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--dtype", default="auto", show_default=True, help="float32, bfloat16, float16 or auto (bf16 on GPU).")
+@click.option("--compare-hf", is_flag=True,
+              help="Also time transformers' generate() on the same model folder: greedy, and prompt lookup at batch 1.")
+@click.option("--prompt-lookup-tokens", type=click.IntRange(1), default=10, show_default=True,
+              help="prompt_lookup_num_tokens of the hf-prompt-lookup row.")
+@click.option("--warmup", type=click.Choice(["auto", "short", "full", "none"]), default="auto", show_default=True,
+              help="Unmeasured pass per engine: short (a few tokens per slot), full (the measured requests once, "
+                   "so every CUDA graph is captured before timing); auto = full on CUDA, short elsewhere.")
+@click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the target's chat template.")
+@click.option("--seed", type=int, default=None, help="Sample the prompts with this seed (default: the first N).")
+@click.option("--label", default=None, help="A name for this run (shown in comparisons).")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "csv", "json"]), default="table",
+              show_default=True, help="How to print the results at the end.")
+@click.pass_context
+def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None, drafts: tuple[str, ...], dataset: str,
+           num_prompts: int, batch_sizes: str, max_new_tokens: int, device: str, dtype: str, compare_hf: bool,
+           prompt_lookup_tokens: int, warmup: str, chat: bool, seed: int | None, label: str | None, fmt: str) -> None:
+    """Measure every method through the embedded engine side by side, greedy, on the same prompts.
+
+    Per batch size: output tok/s, τ and whether greedy output is identical to our Vanilla's; with
+    --compare-hf also transformers' own generate() (plain, and prompt-lookup assisted at batch 1).
+    Every row lands in the run log: `adaflash runs compare RUN` shows the speed-ups again.
+    """
+    from adaflash.bench.engine_bench import (
+        TABLE_COLUMNS,
+        EngineBenchError,
+        EngineBenchEvents,
+        EngineBenchSpec,
+        parse_batch_sizes,
+        parse_methods,
+        resolve_drafts,
+        run_engine_bench,
+        table_rows,
+    )
+
+    explicit: dict[str, str] = {}
+    for item in drafts:
+        key, sep, value = item.partition("=")
+        if not sep or key not in METHODS or key == "vanilla" or not value:
+            fail(f"--draft takes METHOD=DIR with METHOD one of {', '.join(m for m in METHODS if m != 'vanilla')}, "
+                 f"got {item!r}")
+        explicit[key] = value
+    try:
+        method_list = parse_methods(methods)
+        sizes = parse_batch_sizes(batch_sizes)
+        draft_map = resolve_drafts(method_list, draft_dir, explicit)
+    except EngineBenchError as err:
+        fail(str(err))
+    if "vanilla" not in method_list:
+        click.secho("note: no vanilla in --methods: no speed-up column and no lossless check", fg="yellow", err=True)
+    name, prompts = _prompts(ctx, dataset, num_prompts, seed, chat, target)
+    spec = EngineBenchSpec(target=target, methods=method_list, batch_sizes=sizes, drafts=draft_map, dataset=name,
+                           max_new_tokens=max_new_tokens, device=device, dtype=dtype, compare_hf=compare_hf,
+                           prompt_lookup_tokens=prompt_lookup_tokens, label=label, warmup=warmup)
+    log = runlog_of(ctx)
+    events = EngineBenchEvents(message=lambda m: click.echo(m, err=True))
+    try:
+        run_id, records = run_engine_bench(spec, prompts, log, events)
+    except EngineBenchError as err:
+        fail(str(err))
+    from adaflash.cli.common import emit_rows
+
+    rows = table_rows(records)
+    if fmt == "json":
+        click.echo(json.dumps({"run_id": run_id, "rows": rows, "records": records}, indent=2, default=str))
+    else:
+        emit_rows(rows, TABLE_COLUMNS, fmt, title=f"bench engine · {spec.target} · {name} · {len(prompts)} prompts · "
+                  f"{max_new_tokens} max tokens · {records[0]['hardware'] if records else ''} [{run_id}]")
+    bad = [f"{r['method']}@b{r['concurrency']}" for r in records if r.get("mismatches")]
+    if bad:
+        click.secho(f"greedy output differs from Vanilla for {', '.join(bad)} (see `identical`)", fg="yellow", err=True)
+    click.secho(f"recorded in the run log: adaflash runs compare {run_id}", err=True)

@@ -1,0 +1,465 @@
+"""`adaflash bench engine`: every method through the embedded engine, side by side, in one process.
+
+Why one process: the same loaded target, the same token ids and the same hardware for every row,
+so the speed-up column divides like by like. Each (batch size, method) cell builds an engine with
+`max_batch` = the batch size, runs an unmeasured warm-up generate, then submits every prompt at
+once: output tok/s = completion tokens / wall time, τ = completion tokens / verify steps (the
+engine's `spec_verify_ct`). The warm-up is where lazy allocation and CUDA-graph capture happen:
+"short" fills every slot for a few tokens; "full" (the default on a GPU) runs the measured
+requests once, and since greedy decoding repeats itself exactly, every graph the timed run needs
+(per batch, block and context bucket) is captured before the clock starts.
+
+Greedy only, so every row can be checked token for token against our Vanilla row of the same batch
+size (`identical`, `mismatches`); the Vanilla rows themselves are checked against Vanilla at the
+smallest batch size (batching must not change greedy output either). With `compare_hf`, transformers'
+own `generate()` runs on the same model folder and token ids: plain greedy at every batch size
+(static batches, left padding) and prompt-lookup assisted generation at batch 1 (HF allows no more).
+
+All rows go to one run of kind "bench-matrix" (each record carries `matrix_run`), so
+`adaflash runs compare RUN` (or plain `runs compare` right after) shows them with speed-ups.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adaflash.bench.prompts import BenchPrompt
+from adaflash.engine.params import METHODS
+
+HF_GENERATE = "hf-generate"
+HF_PROMPT_LOOKUP = "hf-prompt-lookup"
+BENCH_METHODS = METHODS
+# Sub-folders of --draft-dir tried for each method, in order. The smollm2-cpu recipe writes {drafters}/dflash,
+# .../adaflash-init (offline length head) and .../adaflash-online (the pipeline's newest version, preferred).
+DRAFT_SUBDIRS = {"dflash": ("dflash",), "adaflash": ("adaflash", "adaflash-online", "adaflash-init"), "osd": ("osd",),
+                 "eagle3": ("eagle3",), "mtp": ("mtp",)}
+WARMUP_TOKENS = 8  # at most; never more than half of max_new_tokens (prefill + a few decode/verify steps)
+# Room for the drafted block beyond prompt + max_new_tokens (block sizes and chain steps stay ≤ 64).
+DRAFT_MARGIN = 72
+
+
+class EngineBenchError(ValueError):
+    """A bad setting or drafter, said in the words of the CLI option it came from."""
+
+
+@dataclass
+class EngineBenchSpec:
+    target: str
+    methods: list[str]
+    batch_sizes: list[int]
+    drafts: dict[str, str] = field(default_factory=dict)
+    dataset: str = "prompts"
+    max_new_tokens: int = 256
+    device: str | None = None
+    dtype: str | None = None
+    compare_hf: bool = False
+    prompt_lookup_tokens: int = 10
+    label: str | None = None
+    warmup: str = "auto"  # auto (full on CUDA, short elsewhere), short, full or none
+
+    def config(self) -> dict[str, Any]:
+        return {"bench": "engine", **{k: getattr(self, k) for k in self.__dataclass_fields__}}
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """'1,8,32' → [1, 8, 32] (order kept, duplicates dropped)."""
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if not items:
+        raise EngineBenchError("--batch-sizes is empty; give e.g. 1,8,32")
+    try:
+        sizes = [int(part) for part in items]
+    except ValueError:
+        raise EngineBenchError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
+    if any(size < 1 for size in sizes):
+        raise EngineBenchError(f"--batch-sizes values must be ≥ 1, got {text!r}")
+    return list(dict.fromkeys(sizes))
+
+
+def parse_methods(text: str) -> list[str]:
+    """'vanilla,dflash' → methods in the order given, Vanilla first (it is every row's reference)."""
+    items = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not items:
+        raise EngineBenchError("--methods is empty; give e.g. vanilla,dflash,adaflash")
+    unknown = [m for m in items if m not in BENCH_METHODS]
+    if unknown:
+        raise EngineBenchError(f"--methods: unknown method(s) {', '.join(unknown)}; choose from {', '.join(BENCH_METHODS)}")
+    return sorted(items, key=lambda m: m != "vanilla")
+
+
+def resolve_drafts(methods: list[str], draft_dir: str | None, explicit: dict[str, str]) -> dict[str, str]:
+    """The drafter folder of every method that needs one: --draft METHOD=DIR first, then --draft-dir."""
+    drafts: dict[str, str] = {}
+    missing = []
+    for method in methods:
+        if method == "vanilla":
+            continue
+        if method in explicit:
+            drafts[method] = explicit[method]
+            continue
+        found = None
+        if draft_dir:
+            for sub in DRAFT_SUBDIRS.get(method, (method,)):
+                candidate = Path(draft_dir).expanduser() / sub
+                if (candidate / "config.json").is_file():
+                    found = str(candidate)
+                    break
+        if found is None:
+            missing.append(method)
+        else:
+            drafts[method] = found
+    if missing:
+        where = (f"--draft-dir {draft_dir} holds no " + " or ".join(
+            f"{m}/ ({', '.join(DRAFT_SUBDIRS.get(m, (m,)))})" for m in missing) + "; "
+                 if draft_dir else "")
+        raise EngineBenchError(f"no drafter for {', '.join(missing)}: {where}give --draft METHOD=DIR for each "
+                               "or --draft-dir DIR holding one sub-folder per method")
+    for method, folder in drafts.items():
+        if not (Path(folder).expanduser() / "config.json").is_file():
+            raise EngineBenchError(f"--draft {method}={folder}: no drafter there (no config.json); "
+                                   "create one with `adaflash draft new` or `adaflash train draft`")
+    return drafts
+
+
+@dataclass
+class EngineBenchEvents:
+    """Callbacks for progress display; all optional."""
+
+    message: Callable[[str], None] | None = None
+    row: Callable[[dict[str, Any]], None] | None = None
+
+
+def _warmup_tokens(max_new_tokens: int) -> int:
+    return min(WARMUP_TOKENS, max(2, max_new_tokens // 2))
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _free(device: Any) -> None:
+    gc.collect()
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def hardware_of(device: Any) -> str:
+    import torch
+
+    text = str(device)
+    if text.startswith("cuda") and torch.cuda.is_available():
+        return f"{text} ({torch.cuda.get_device_name(torch.device(text))})"
+    return text
+
+
+def _mismatches(outputs: list[list[int]], reference: list[list[int]] | None, ids: list[str]) -> tuple[int | None, list[str]]:
+    if reference is None:
+        return None, []
+    bad = [pid for pid, mine, ref in zip(ids, outputs, reference) if mine != ref]
+    return len(bad), bad
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def _summary(completion: list[int], prompt_tokens: list[int], duration: float, steps: int | None) -> dict[str, Any]:
+    out_tokens, in_tokens = sum(completion), sum(prompt_tokens)
+    return {
+        "completed": len(completion), "duration": duration, "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens, "request_throughput": len(completion) / duration,
+        "output_throughput": out_tokens / duration, "total_throughput": (in_tokens + out_tokens) / duration,
+        "accept_length": out_tokens / steps if steps else None, "verify_steps": steps,
+    }
+
+
+class EngineBench:
+    """One run of the engine benchmark: load the target once, then measure every cell."""
+
+    def __init__(self, spec: EngineBenchSpec, prompts: list[BenchPrompt], log: Any,
+                 events: EngineBenchEvents | None = None) -> None:
+        if not prompts:
+            raise EngineBenchError("no prompts to measure")
+        self.spec = spec
+        self.prompts = prompts
+        self.log = log
+        self.events = events or EngineBenchEvents()
+        self.records: list[dict[str, Any]] = []
+        self.run_id: str | None = None
+        self._hf_model: Any = None
+
+    def say(self, message: str) -> None:
+        if self.events.message:
+            self.events.message(message)
+        if self.run_id:
+            self.log.log_event(self.run_id, message)
+
+    # -- setup ---------------------------------------------------------------------------------
+    def load(self) -> None:
+        from adaflash.engine.build import build_engine
+        from adaflash.models.drafter_io import DrafterError
+        from adaflash.models.loading import load_target
+
+        spec = self.spec
+        try:
+            self.target = load_target(spec.target, device=spec.device, dtype=spec.dtype)
+        except (OSError, ValueError, RuntimeError, AssertionError) as err:  # no CUDA build → AssertionError
+            raise EngineBenchError(f"--target {spec.target} on --device {spec.device or 'auto'}: cannot load it "
+                                   f"({err})") from None
+        self.ids = [self.target.encode(p.text) for p in self.prompts]
+        if any(not ids for ids in self.ids):
+            raise EngineBenchError("a prompt renders to no tokens; check the prompt file")
+        self.max_len = max(len(ids) for ids in self.ids) + spec.max_new_tokens + DRAFT_MARGIN
+        self.hardware = hardware_of(self.target.device)
+        self.warmup = spec.warmup
+        if self.warmup == "auto":
+            self.warmup = "full" if str(self.target.device).startswith("cuda") else "short"
+        if self.warmup not in ("short", "full", "none"):
+            raise EngineBenchError(f"--warmup must be auto, short, full or none, got {spec.warmup!r}")
+        # Build every speculative engine once at batch 1 before measuring anything, so a drafter
+        # that does not fit the target (or the method) fails in seconds, not after the first rows.
+        for method in spec.methods:
+            if method == "vanilla":
+                continue
+            try:
+                build_engine(self.target, method, spec.drafts[method], max_batch=1, max_len=self.max_len)
+            except (DrafterError, ValueError) as err:
+                raise EngineBenchError(f"--draft {method}={spec.drafts[method]}: {err}") from None
+        _free(self.target.device)
+
+    # -- the run -------------------------------------------------------------------------------
+    def run(self) -> str:
+        """Measure everything; returns the run id (rows are recorded as they come)."""
+        spec = self.spec
+        self.load()
+        self.run_id = self.log.create_run(
+            "bench-matrix", name=spec.label or f"bench-engine-{spec.dataset}", target=spec.target,
+            dataset=spec.dataset, config={**spec.config(), "num_prompts": len(self.prompts),
+                                          "hardware": self.hardware, "max_len": self.max_len,
+                                          "warmup": self.warmup})
+        expected = len(spec.methods) * len(spec.batch_sizes)
+        if spec.compare_hf:
+            expected += len(spec.batch_sizes) + (1 if 1 in spec.batch_sizes else 0)
+        import torch
+
+        try:
+            self._run_cells()
+        except torch.OutOfMemoryError as err:
+            self.log.finish_run(self.run_id, "failed", note=f"out of memory after {len(self.records)} results")
+            raise EngineBenchError(f"out of memory after {len(self.records)} result(s) ({str(err).splitlines()[0]}); "
+                                   "lower --batch-sizes or --max-new-tokens") from None
+        except BaseException as err:
+            self.log.finish_run(self.run_id, "stopped" if isinstance(err, KeyboardInterrupt) else "failed",
+                                note=f"{type(err).__name__}: {err}")
+            raise
+        finally:
+            self._hf_model = None
+            _free(self.target.device)
+        lossy = [f"{r['method']}@b{r['concurrency']}" for r in self.records if r.get("mismatches")]
+        note = f"{len(self.records)}/{expected} results" + (f"; greedy mismatches: {', '.join(lossy)}" if lossy else "")
+        self.log.finish_run(self.run_id, "finished", note=note)
+        return self.run_id
+
+    def _run_cells(self) -> None:
+        spec = self.spec
+        first_vanilla: list[list[int]] | None = None
+        for batch in spec.batch_sizes:
+            if batch > len(self.prompts):
+                self.say(f"note: batch {batch} with {len(self.prompts)} prompts: at most {len(self.prompts)} "
+                         "run at once")
+            vanilla: list[list[int]] | None = None
+            for method in spec.methods:
+                outputs = self._engine_cell(method, batch,
+                                            reference=first_vanilla if method == "vanilla" else vanilla,
+                                            reference_name=f"vanilla@b{spec.batch_sizes[0]}" if method == "vanilla"
+                                            else f"vanilla@b{batch}")
+                if method == "vanilla":
+                    vanilla = outputs
+                    if first_vanilla is None:
+                        first_vanilla = outputs
+            if spec.compare_hf:
+                self._hf_cell(HF_GENERATE, batch, vanilla)
+                if batch == 1:
+                    self._hf_cell(HF_PROMPT_LOOKUP, 1, vanilla)
+        if spec.compare_hf and 1 not in spec.batch_sizes:
+            self.say(f"note: {HF_PROMPT_LOOKUP} runs at batch 1 only (transformers' assisted generation allows "
+                     "no more); add 1 to --batch-sizes to measure it")
+
+    def _record(self, method: str, batch: int, metrics: dict[str, Any], outputs: list[list[int]],
+                reference: list[list[int]] | None, reference_name: str | None, backend: str) -> dict[str, Any]:
+        spec = self.spec
+        ids = [p.id for p in self.prompts]
+        count, bad = _mismatches(outputs, reference, ids)
+        record = {
+            **metrics, "method": method, "target": spec.target, "draft": spec.drafts.get(method),
+            "dataset": spec.dataset, "label": spec.label, "concurrency": batch, "max_concurrency": batch,
+            "batch_size": batch, "num_prompts": len(self.prompts), "max_new_tokens": spec.max_new_tokens,
+            "temperature": 0.0, "top_p": 1.0, "hardware": self.hardware, "backend": backend,
+            "dtype": str(self.target.model.dtype).removeprefix("torch."), "matrix_run": self.run_id,
+            "identical": None if count is None else count == 0, "mismatches": count, "mismatched_ids": bad[:10],
+            "identical_reference": reference_name if reference is not None else None, "warmup": self.warmup,
+        }
+        self.log.add_bench_result(self.run_id, record)
+        self.records.append(record)
+        tau = record.get("accept_length")
+        self.say(f"{method} @ batch {batch}: {record['output_throughput']:.1f} tok/s"
+                 + (f", τ {tau:.2f}" if tau else "")
+                 + ("" if count is None else f", identical to {reference_name}: "
+                    + ("yes" if count == 0 else f"no ({count}/{len(outputs)} prompts differ)")))
+        if self.events.row:
+            self.events.row(record)
+        return record
+
+    def _engine_cell(self, method: str, batch: int, *, reference: list[list[int]] | None,
+                     reference_name: str) -> list[list[int]]:
+        from adaflash.engine.build import build_engine
+        from adaflash.engine.params import Request, SamplingParams
+
+        spec = self.spec
+        engine = build_engine(self.target, method, spec.drafts.get(method), max_batch=batch, max_len=self.max_len)
+        def requests() -> list[Request]:
+            return [Request(list(ids), SamplingParams(max_new_tokens=spec.max_new_tokens, temperature=0.0),
+                            prompt_text=p.text) for p, ids in zip(self.prompts, self.ids)]
+
+        if self.warmup == "full":
+            engine.generate(requests())
+        elif self.warmup == "short":
+            warm_params = SamplingParams(max_new_tokens=_warmup_tokens(spec.max_new_tokens))
+            engine.generate([Request(list(self.ids[i % len(self.ids)]), warm_params) for i in range(batch)])
+        _sync(self.target.device)
+        started = time.perf_counter()
+        outputs = engine.generate(requests())
+        _sync(self.target.device)
+        duration = time.perf_counter() - started
+        metas = [o.meta_info for o in outputs]
+        steps = sum(int(m["spec_verify_ct"]) for m in metas)
+        metrics = _summary([int(m["completion_tokens"]) for m in metas], [int(m["prompt_tokens"]) for m in metas],
+                           duration, steps)
+        proposed = sum(int(m.get("spec_num_proposed_drafts") or 0) for m in metas)
+        correct = sum(int(m.get("spec_num_correct_drafts") or 0) for m in metas)
+        metrics["accept_rate"] = correct / proposed if proposed else None
+        # Every prompt is queued at once, so TTFT includes waiting for a free slot (as in bench_serving).
+        for name, values in (("e2e_latency", [float(m["e2e_latency"]) * 1000 for m in metas]),
+                             ("ttft", [float(m["ttft"]) * 1000 for m in metas]),
+                             ("tpot", [(float(m["e2e_latency"]) - float(m["ttft"])) * 1000
+                                       / max(int(m["completion_tokens"]) - 1, 1) for m in metas])):
+            metrics[f"median_{name}_ms"] = statistics.median(values)
+            metrics[f"p99_{name}_ms"] = _pct(values, 0.99)
+        ids = [list(o.output_ids) for o in outputs]
+        del engine
+        _free(self.target.device)
+        self._record(method, batch, metrics, ids, reference, reference_name, "embedded")
+        return ids
+
+    # -- transformers ----------------------------------------------------------------------------
+    def _hf(self) -> Any:
+        if self._hf_model is None:
+            from transformers import AutoModelForCausalLM
+
+            self.say(f"loading {self.target.folder} with transformers for --compare-hf")
+            model = AutoModelForCausalLM.from_pretrained(str(self.target.folder), dtype=self.target.model.dtype)
+            self._hf_model = model.to(self.target.device).eval()
+        return self._hf_model
+
+    def _hf_generate(self, model: Any, chunk: list[list[int]], max_new_tokens: int, lookup: int | None,
+                     calls: list[int]) -> list[list[int]]:
+        """Greedy `generate()` on a static batch (left padding); each row cut after its first eos."""
+        import torch
+        from transformers import GenerationConfig
+
+        eos = list(self.target.eos_ids)
+        pad = self.target.tokenizer.pad_token_id
+        pad = eos[0] if pad is None and eos else (pad or 0)
+        width = max(len(ids) for ids in chunk)
+        input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, ids in enumerate(chunk):
+            input_ids[row, width - len(ids):] = torch.tensor(ids)
+            mask[row, width - len(ids):] = 1
+        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                                  eos_token_id=eos or None, pad_token_id=pad)
+        if lookup:
+            config.prompt_lookup_num_tokens = lookup
+        hook = model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        try:
+            with torch.inference_mode():
+                out = model.generate(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device),
+                                     generation_config=config)
+        finally:
+            hook.remove()
+        rows = []
+        for seq in out[:, width:].tolist():
+            cut = next((i + 1 for i, t in enumerate(seq) if t in eos), len(seq))
+            rows.append(seq[:cut])
+        return rows
+
+    def _hf_cell(self, method: str, batch: int, reference: list[list[int]] | None) -> None:
+        spec = self.spec
+        model = self._hf()
+        lookup = spec.prompt_lookup_tokens if method == HF_PROMPT_LOOKUP else None
+        if self.warmup != "none":  # transformers captures nothing: a short pass initializes kernels
+            warm = [self.ids[i % len(self.ids)] for i in range(min(batch, len(self.ids)))]
+            self._hf_generate(model, warm, _warmup_tokens(spec.max_new_tokens), lookup, [0])
+        outputs: list[list[int]] = []
+        steps = 0
+        _sync(self.target.device)
+        started = time.perf_counter()
+        for at in range(0, len(self.ids), batch):
+            calls = [0]
+            outputs += self._hf_generate(model, self.ids[at: at + batch], spec.max_new_tokens, lookup, calls)
+            steps += calls[0]
+        _sync(self.target.device)
+        duration = time.perf_counter() - started
+        completion = [len(o) for o in outputs]
+        # τ = tokens per target forward: exact at batch 1 (prompt lookup runs there only); plain greedy is 1.
+        tau_steps = steps if lookup else sum(completion)
+        metrics = _summary(completion, [len(ids) for ids in self.ids], duration, tau_steps)
+        metrics["accept_rate"] = None
+        if lookup:
+            metrics["prompt_lookup_num_tokens"] = lookup
+        self._record(method, batch, metrics, outputs, reference, f"vanilla@b{batch}" if reference else None,
+                     "transformers")
+
+
+def run_engine_bench(spec: EngineBenchSpec, prompts: list[BenchPrompt], log: Any,
+                     events: EngineBenchEvents | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """(run id, records): every method × batch size (and transformers' rows with compare_hf)."""
+    bench = EngineBench(spec, prompts, log, events)
+    run_id = bench.run()
+    return run_id, bench.records
+
+
+def table_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows for the printed table: speed-up vs our Vanilla row of the same batch size, τ, lossless check."""
+    base = {r["concurrency"]: r["output_throughput"] for r in records if r["method"] == "vanilla"}
+    order = {m: i for i, m in enumerate((*METHODS, HF_GENERATE, HF_PROMPT_LOOKUP))}
+    rows = []
+    for r in sorted(records, key=lambda r: (r["concurrency"], order.get(r["method"], len(order)))):
+        vanilla = base.get(r["concurrency"])
+        mismatches = r.get("mismatches")
+        rows.append({
+            "method": r["method"], "batch": r["concurrency"], "backend": r["backend"],
+            "out tok/s": f"{r['output_throughput']:.1f}",
+            "speed-up": f"{r['output_throughput'] / vanilla:.2f}x" if vanilla else None,
+            "τ": None if r.get("accept_length") is None else f"{r['accept_length']:.2f}",
+            "accept rate": None if r.get("accept_rate") is None else f"{100 * r['accept_rate']:.1f}%",
+            "identical": (("ref" if r["method"] == "vanilla" else None) if mismatches is None
+                          else "yes" if mismatches == 0 else f"no ({mismatches}/{r['completed']})"),
+            "tokens": r["total_output_tokens"], "wall s": f"{r['duration']:.2f}", "n": r["completed"],
+        })
+    return rows
+
+
+# `backend` stays in the rows (json/csv) but not in the table: the hf-* names already say it.
+TABLE_COLUMNS = ["method", "batch", "out tok/s", "speed-up", "τ", "accept rate", "identical", "tokens", "wall s", "n"]

@@ -1,0 +1,139 @@
+"""`adaflash bench engine`: every method and transformers' generate() side by side on a tiny target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+METHODS = ("vanilla", "dflash", "adaflash", "eagle3", "mtp")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """A tiny model gains nothing from intra-op threads, and on a shared 2-core box they spin-wait badly."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny_llama, tmp_path_factory):
+    """Untrained drafters through `adaflash draft new`, one sub-folder per method (the --draft-dir layout)."""
+    from adaflash.cli.main import cli
+
+    root = tmp_path_factory.mktemp("drafts")
+    made = {"dflash": ["--method", "dflash"], "adaflash": ["--method", "dflash", "--length-head"],
+            "eagle3": ["--method", "eagle3", "--steps", "3"], "mtp": ["--method", "mtp", "--steps", "3"]}
+    for name, args in made.items():
+        result = CliRunner().invoke(cli, ["draft", "new", *args, "--target", str(tiny_llama), "--block-size", "4",
+                                          "--out", str(root / name)])
+        assert result.exit_code == 0, result.output
+    return root
+
+
+@pytest.fixture()
+def prompt_file(tmp_path):
+    rows = [{"id": "q0", "prompt": "What is 2 + 3?"}, {"id": "q1", "prompt": "Name three primes."},
+            {"id": "q2", "prompt": "unused"}]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _invoke(*args: str):
+    from adaflash.cli.main import cli
+
+    return CliRunner().invoke(cli, ["bench", "engine", *args])
+
+
+def test_every_method_and_hf_side_by_side_recorded_and_lossless(workspace, tiny_llama, drafts, prompt_file):
+    from adaflash.runlog import RunLog
+
+    result = _invoke("--target", str(tiny_llama), "--methods", ",".join(reversed(METHODS)), "--draft-dir", str(drafts),
+                     "--prompts", str(prompt_file), "--num-prompts", "2", "--batch-sizes", "1,2",
+                     "--max-new-tokens", "6", "--device", "cpu", "--compare-hf", "--label", "tiny", "--warmup", "full",
+                     "--format", "json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    run_id, records = out["run_id"], out["records"]
+    cells = {(r["method"], r["concurrency"]): r for r in records}
+    expected = {(m, b) for m in METHODS for b in (1, 2)} | {("hf-generate", 1), ("hf-generate", 2),
+                                                           ("hf-prompt-lookup", 1)}
+    assert set(cells) == expected
+    for record in records:
+        assert record["completed"] == 2 and record["num_prompts"] == 2 and record["batch_size"] == record["concurrency"]
+        assert record["output_throughput"] > 0 and 0 < record["total_output_tokens"] <= 12
+        assert record["accept_length"] >= 1.0 and record["matrix_run"] == run_id
+        assert record["max_new_tokens"] == 6 and record["temperature"] == 0.0 and record["label"] == "tiny"
+        assert record["hardware"] == "cpu" and record["warmup"] == "full"
+    assert cells[("dflash", 1)]["draft"].endswith("dflash") and cells[("adaflash", 2)]["draft"].endswith("adaflash")
+    assert {r["backend"] for r in records} == {"embedded", "transformers"}
+    # Lossless: every method (and transformers on the same folder) matches our greedy Vanilla token for token.
+    assert cells[("vanilla", 1)]["mismatches"] is None  # the reference itself
+    for key, record in cells.items():
+        if key != ("vanilla", 1):
+            assert record["mismatches"] == 0 and record["identical"] is True, key
+    assert cells[("vanilla", 2)]["identical_reference"] == "vanilla@b1"
+    assert cells[("mtp", 2)]["identical_reference"] == "vanilla@b2"
+    assert cells[("hf-generate", 1)]["accept_length"] == 1.0
+    # Vanilla heads every batch size in the printed rows, transformers' rows close it.
+    shown = [(r["method"], r["batch"]) for r in out["rows"]]
+    assert shown[0] == ("vanilla", 1) and shown[5:7] == [("hf-generate", 1), ("hf-prompt-lookup", 1)]
+    assert all(r["identical"] in ("yes", "ref") for r in out["rows"])
+
+    log = RunLog.open(workspace)
+    run = log.get_run(run_id)
+    assert run["kind"] == "bench-matrix" and run["status"] == "finished" and run["note"].startswith("13/13")
+    assert run["config"]["methods"][0] == "vanilla" and run["config"]["batch_sizes"] == [1, 2]
+    stored = log.bench_results([run_id])
+    assert len(stored) == 13 and all(r["output_throughput"] > 0 for r in stored)
+    assert {r["concurrency"] for r in stored} == {1, 2}
+
+    from adaflash.cli.main import cli
+
+    compared = CliRunner().invoke(cli, ["runs", "compare", run_id, "--format", "json"])
+    assert compared.exit_code == 0, compared.output
+    rows = {(r["method"], r["concurrency"]): r for r in json.loads(compared.stdout)["rows"]}
+    assert set(rows) == expected
+    assert rows[("vanilla", 2)]["speedup"] == 1.0
+    assert rows[("hf-generate", 2)]["speedup"] > 0 and rows[("hf-prompt-lookup", 1)]["speedup"] > 0
+    assert all(r["fair"] for r in rows.values())
+    table = CliRunner().invoke(cli, ["runs", "compare"])  # the latest run is the default
+    assert table.exit_code == 0 and run_id in table.stdout and "hf-generate" in table.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "vanilla,medusa"], "--methods: unknown method(s) medusa"),
+    (["--methods", ","], "--methods is empty"),
+    (["--methods", "vanilla,dflash"], "no drafter for dflash"),
+    (["--methods", "vanilla", "--batch-sizes", "1,x"], "--batch-sizes must be comma-separated integers"),
+    (["--methods", "vanilla", "--batch-sizes", "0,8"], "--batch-sizes values must be ≥ 1"),
+    (["--methods", "dflash", "--draft", "dflash"], "--draft takes METHOD=DIR"),
+    (["--methods", "dflash", "--draft", "dflash=/nonexistent/d"], "--draft dflash=/nonexistent/d: no drafter there"),
+    (["--methods", "vanilla", "--device", "nodevice"], "on --device nodevice: cannot load it"),
+])
+def test_bad_inputs_name_the_option(workspace, tiny_llama, prompt_file, args, message):
+    result = _invoke("--target", str(tiny_llama), "--prompts", str(prompt_file), *args)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_draft_dir_layout_and_mismatched_drafter(workspace, tiny_llama, drafts, prompt_file, tmp_path):
+    from adaflash.bench.engine_bench import EngineBenchError, resolve_drafts
+
+    (tmp_path / "d" / "adaflash-init").mkdir(parents=True)
+    (tmp_path / "d" / "adaflash-init" / "config.json").write_text("{}")
+    assert resolve_drafts(["vanilla", "adaflash"], str(tmp_path / "d"), {}) == {
+        "adaflash": str(tmp_path / "d" / "adaflash-init")}
+    with pytest.raises(EngineBenchError, match="--draft-dir .* holds no eagle3/"):
+        resolve_drafts(["eagle3"], str(tmp_path / "d"), {})
+    # A DFlash drafter without a length head cannot run AdaFlash: caught before anything is measured.
+    result = _invoke("--target", str(tiny_llama), "--prompts", str(prompt_file), "--methods", "vanilla,adaflash",
+                     "--draft", f"adaflash={drafts / 'dflash'}", "--device", "cpu")
+    assert result.exit_code == 2
+    assert f"--draft adaflash={drafts / 'dflash'}" in result.output and "length head" in result.output
