@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, runlog_of, workspace_of
+from adaflash.cli.common import emit_rows, fail, fmt_cell, output_format_option, runlog_of, workspace_of
 
 PRESETS = {
     "adaflash": {"loss": "rkl-mix", "length_head": True},
@@ -22,6 +24,8 @@ PRESETS = {
 @click.option("--data", type=click.Path(dir_okay=False), help="Prompts (normalized rows or {\"prompt\"} rows).")
 @click.option("--infer-gpus", default="cpu", show_default=True, help="'cpu' or GPU indices for the inference worker.")
 @click.option("--train-gpus", default="cpu", show_default=True, help="'cpu' or GPU indices (several = torchrun).")
+@click.option("--train-procs", type=click.IntRange(1), default=None,
+              help="Training processes on CPU (torchrun, gloo) [default: 1]; on GPUs it is one per training GPU.")
 @click.option("--preset", type=click.Choice(sorted(PRESETS)), default=None,
               help="adaflash = reverse-KL mixture + length head; osd = forward KL, no head.")
 @click.option("--loss", type=click.Choice(["rkl-mix", "fkl", "ce"]), default=None, help="Overrides the preset's loss.")
@@ -32,8 +36,13 @@ PRESETS = {
 @click.option("--lr", type=float, default=1e-4, show_default=True)
 @click.option("--swap-dir", type=click.Path(file_okay=False), default=None, help="Buffer + weights [default: RUN_DIR/swap].")
 @click.option("--max-samples", type=click.IntRange(1), default=None, help="Stop after this many trajectories.")
-@click.option("--loop/--no-loop", default=False, show_default=True, help="Cycle over the data until stopped.")
-@click.option("--duration", type=click.FloatRange(0, min_open=True), default=None, help="Stop after this many seconds.")
+@click.option("--loop/--no-loop", default=None,
+              help="Cycle over the data until stopped [default: on with --max-minutes, else off].")
+@click.option("--max-minutes", type=click.FloatRange(0, min_open=True), default=None,
+              help="Time budget of the whole run: at the deadline inference stops taking prompts (finishing those "
+                   "in flight) and the trainers stop consuming, publish a final version and exit.")
+@click.option("--duration", type=click.FloatRange(0, min_open=True), default=None,
+              help="Inference stops taking prompts this many seconds after it starts; the trainers then drain the buffer.")
 @click.option("--min-buffer", type=click.IntRange(1), default=8, show_default=True)
 @click.option("--batch-size", type=click.IntRange(1), default=16, show_default=True, help="Inference batch.")
 @click.option("--train-batch", type=click.IntRange(1), default=8, show_default=True, help="Trajectories per training step.")
@@ -43,9 +52,9 @@ PRESETS = {
 @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print the worker command lines and exit.")
 @click.pass_context
-def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, preset, loss, length_head, alpha,
-             kl_temperature, clip, lr, swap_dir, max_samples, loop, duration, min_buffer, batch_size, train_batch,
-             publish_every, keep, max_new_tokens, temperature, dry_run) -> None:
+def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, train_procs, preset, loss, length_head, alpha,
+             kl_temperature, clip, lr, swap_dir, max_samples, loop, max_minutes, duration, min_buffer, batch_size,
+             train_batch, publish_every, keep, max_new_tokens, temperature, dry_run) -> None:
     """Run the async on-policy pipeline: inference worker → swap buffer → training worker(s) → hot swap."""
     if ctx.invoked_subcommand is not None:
         return
@@ -69,6 +78,11 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, pr
         infer_list, train_list = parse_gpus(infer_gpus, "--infer-gpus"), parse_gpus(train_gpus, "--train-gpus")
     except ValueError as err:
         fail(str(err))
+    if train_procs and train_list and train_procs != len(train_list):
+        fail(f"--train-procs {train_procs}: on GPUs the trainers run one process per GPU ({len(train_list)} in "
+             f"--train-gpus {train_gpus})")
+    if loop is None:
+        loop = max_minutes is not None
     workspace = workspace_of(ctx)
     log = runlog_of(ctx)
     method = preset or ("adaflash" if chosen["length_head"] else "osd")
@@ -76,24 +90,33 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, pr
     run_dir = runs_dir(workspace) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     swap = str(Path(swap_dir).resolve() if swap_dir else run_dir / "swap")
+    deadline = time.time() + max_minutes * 60 if max_minutes else None
     device = lambda gpus: "cuda" if gpus else "cpu"  # noqa: E731  (CUDA_VISIBLE_DEVICES narrows it)
     infer = InferenceConfig(target=target, draft=str(Path(draft).resolve()), data=str(Path(data).resolve()), swap_dir=swap,
                             run_id=run_id, workspace=workspace, method="adaflash" if chosen["length_head"] else "dflash",
                             batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                            max_samples=max_samples, loop=loop, duration=duration, device=device(infer_list))
+                            max_samples=max_samples, loop=loop, duration=duration, device=device(infer_list),
+                            deadline=deadline)
     train = TrainingConfig(target=target, draft=str(Path(draft).resolve()), swap_dir=swap, run_id=run_id, workspace=workspace,
                            loss=chosen["loss"], alpha=alpha, kl_temperature=kl_temperature, clip=clip,
                            length_head=chosen["length_head"], lr=lr, min_buffer=min_buffer, train_batch=train_batch,
-                           publish_every=publish_every, keep=keep, device=device(train_list))
-    runner = Pipeline(log, run_id, run_dir, infer, train, infer_list, train_list)
+                           publish_every=publish_every, keep=keep, device=device(train_list), deadline=deadline)
+    runner = Pipeline(log, run_id, run_dir, infer, train, infer_list, train_list, deadline=deadline,
+                      train_procs=train_procs)
     log.update_run(run_id, run_dir=str(run_dir), config={"preset": method, **chosen, "swap_dir": swap,
                                                          "infer_gpus": infer_gpus, "train_gpus": train_gpus,
-                                                         "max_samples": max_samples, "loop": loop, "duration": duration})
+                                                         "train_procs": train_procs or len(train_list) or 1,
+                                                         "max_samples": max_samples, "loop": loop, "duration": duration,
+                                                         "max_minutes": max_minutes, "deadline": deadline})
     if dry_run:
+        import os
         import shlex
 
+        visible = runner.visible()
         for role, command in runner.commands().items():
-            click.echo(f"{role}: {shlex.join(command)}")
+            env = {"CUDA_VISIBLE_DEVICES": visible[role],
+                   **{k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}}
+            click.echo(f"{role}: {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} {shlex.join(command)}")
         log.finish_run(run_id, "finished", note="dry run")
         return
     log.update_run(run_id, status="running")
@@ -107,26 +130,18 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, pr
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     log.finish_run(run_id, status)
-    rows = tau_by_version(log, run_id)
-    if rows:
-        emit_rows(rows, ["drafter_version", "tau", "tokens_per_s", "samples"], "table", title=f"τ per drafter version ({run_id})")
+    from adaflash.pipeline.report import pipeline_report
+
+    report = pipeline_report(log, log.get_run(run_id))
+    if report["versions"]:
+        emit_rows(report["versions"], VERSION_COLUMNS, "table", title=f"τ per drafter version ({run_id})")
     click.echo(f"pipeline {run_id} {status}")
     if status == "failed":
         raise SystemExit(1)
 
 
-def tau_by_version(log, run_id: str) -> list[dict]:
-    """Mean τ and throughput of the inference worker per drafter version, from the run log."""
-    by_step: dict[int, dict[str, float]] = {}
-    for row in log.metrics_since(0, run_id=run_id, names=["tau", "tokens_per_s", "drafter_version", "samples"]):
-        by_step.setdefault(row["step"], {})[row["name"]] = row["value"]
-    grouped: dict[int, list[dict[str, float]]] = {}
-    for values in by_step.values():
-        if "drafter_version" in values and "tau" in values:
-            grouped.setdefault(int(values["drafter_version"]), []).append(values)
-    return [{"drafter_version": v, "tau": sum(x["tau"] for x in xs) / len(xs),
-             "tokens_per_s": sum(x["tokens_per_s"] for x in xs) / len(xs), "samples": int(max(x["samples"] for x in xs))}
-            for v, xs in sorted(grouped.items())]
+VERSION_COLUMNS = ["drafter_version", "requests", "tau", "tau_tokens", "published_s", "swapped_s",
+                   "publish_to_swap_s", "swap"]
 
 
 @pipeline.command("stop")
@@ -149,20 +164,77 @@ def stop(ctx: click.Context, run_id: str) -> None:
 
 
 @pipeline.command("status")
-@click.argument("run_id")
-@click.option("--json", "as_json", is_flag=True)
+@click.argument("run_id", required=False)
+@click.option("--swap-dir", type=click.Path(file_okay=False), default=None,
+              help="The newest pipeline run that used this swap dir (recipes know it, not the run id).")
+@output_format_option()
 @click.pass_context
-def status(ctx: click.Context, run_id: str, as_json: bool) -> None:
-    """τ per drafter version, buffer depth and the newest version of a pipeline run."""
+def status(ctx: click.Context, run_id: str | None, swap_dir: str | None, fmt: str) -> None:
+    """Report of a pipeline run [default: the newest]: τ per drafter version, inference tokens/s beside
+    training, training tokens/s per rank, publish → hot-swap times, and that no sample was lost or
+    repeated between buffer and trainers."""
+    from adaflash.pipeline.report import pipeline_report
+
     log = runlog_of(ctx)
-    try:
-        run = log.get_run(run_id)
-    except KeyError as err:
-        fail(err.args[0])
-    rows = tau_by_version(log, run["id"])
-    latest = log.last_metrics(run["id"])
-    if as_json:
-        click.echo(json.dumps({"run": run["id"], "status": run["status"], "versions": rows, "latest": latest}))
+    run = _find_run(log, run_id, swap_dir)
+    report = pipeline_report(log, run)
+    if fmt == "json":
+        click.echo(json.dumps(report, indent=2, default=str))
         return
-    emit_rows(rows, ["drafter_version", "tau", "tokens_per_s", "samples"], "table", title=f"{run['id']} ({run['status']})")
-    click.echo(f"buffer depth {latest.get('buffer_depth', 'N/A')}, published version {latest.get('published_version', 'N/A')}")
+    if fmt == "csv":
+        emit_rows(report["versions"], VERSION_COLUMNS, "csv")
+        return
+    _print_report(report)
+
+
+def _find_run(log, run_id: str | None, swap_dir: str | None) -> dict[str, Any]:
+    if run_id:
+        try:
+            run = log.get_run(run_id)
+        except KeyError as err:
+            fail(err.args[0])
+        if run["kind"] != "pipeline":
+            fail(f"run {run['id']} is a {run['kind']} run, not a pipeline run")
+        return run
+    runs = log.list_runs(kind="pipeline")
+    if swap_dir:
+        wanted = Path(swap_dir).resolve()
+        runs = [r for r in runs if (r.get("config") or {}).get("swap_dir")
+                and Path(r["config"]["swap_dir"]).resolve() == wanted]
+    runs = [r for r in runs if (r.get("note") or "") != "dry run"]
+    if not runs:
+        fail(f"no pipeline run{f' with swap dir {swap_dir}' if swap_dir else ''} in {log.path}")
+    return runs[0]
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    head = f"{report['run']} ({report['status']}, {report['method']}; inference on {report['infer_gpus']}, " \
+           f"training on {report['train_gpus']})"
+    emit_rows(report["versions"], VERSION_COLUMNS, "table", title=f"τ per drafter version: {head}")
+    inf, tr, ok = report["inference"], report["training"], report["integrity"]
+    click.echo(f"inference output tokens/s: {fmt_cell(inf['tokens_per_s_beside_training'])} beside training "
+               f"({inf['seconds_beside_training']:.1f}s), {fmt_cell(inf['tokens_per_s_without_training'])} without "
+               f"({inf['seconds_without_training']:.1f}s); {inf['output_tokens']} tokens in all")
+    if tr["ranks"]:
+        emit_rows(tr["ranks"], ["rank", "samples", "tokens", "seconds", "tokens_per_s"], "table",
+                  title="training tokens/s per rank (one GPU each)")
+    click.echo(f"training: {tr['steps']} steps, {tr['samples']} samples, world size {fmt_cell(tr['world_size'])}, "
+               f"{fmt_cell(tr['tokens_per_s'])} tokens/s in all")
+    lags = [v["publish_to_swap_s"] for v in report["versions"] if v.get("publish_to_swap_s") is not None]
+    if lags:
+        click.echo(f"publish → hot swap: mean {sum(lags) / len(lags):.2f}s, max {max(lags):.2f}s over {len(lags)} "
+                   f"version(s)")
+    if ok.get("checked"):
+        verdict = "OK" if ok["ok"] else "PROBLEM"
+        click.echo(f"integrity {verdict}: buffer {ok['buffer_rows']} rows, consumed up to offset "
+                   f"{ok['final_consumed_offset']} (published {ok['published_consumed']}) in {ok['steps']} steps; "
+                   f"missing {ok['missing']}, duplicated {ok['duplicated']}, not in buffer {ok['not_in_buffer']}, "
+                   f"repeated ids {ok['duplicate_ids_in_buffer']}, unusable {ok['unusable']}, "
+                   f"not yet consumed {ok['unconsumed']}")
+    else:
+        click.echo(f"integrity not checked: {ok.get('reason')}")
+    latest = report["latest"]
+    version = latest["published_version"]
+    click.echo(f"newest published version {'N/A' if version is None else int(version)}"
+               + (f", buffer depth {int(latest['buffer_depth'])} at the last inference flush"
+                  if report["status"] == "running" and latest["buffer_depth"] is not None else ""))

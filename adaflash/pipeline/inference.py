@@ -3,6 +3,13 @@
 It keeps the engine full (continuous batching), appends finished trajectories to the swap
 buffer, checks the weights pointer between engine steps and hot-swaps the drafter without
 dropping in-flight requests. A torn or invalid version is refused, logged, and not retried.
+
+What it records per flush (every `flush_every` finished requests, never per token): τ and
+tokens/s of the window (with its raw tokens and seconds, so reports can re-aggregate over any
+time span), buffer depth and drafter version; and per drafter version served in the window, the
+requests, their τ sum, tokens and verify steps (`served_*`, step = the version). Each hot swap
+records `swapped_version` (its time is the swap time) with the load time and the lag since the
+trainer published it. A request is credited to the version that finished it.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ class InferenceConfig:
     temperature: float = 0.0
     max_samples: int | None = None
     loop: bool = False
-    duration: float | None = None
+    duration: float | None = None  # seconds after this worker starts: stop taking prompts
+    deadline: float | None = None  # wall clock (time.time()): stop taking prompts (the run's time budget)
     flush_every: int = 8
     chat: bool = True
     device: str | None = None
@@ -70,6 +78,13 @@ def run_inference(cfg: InferenceConfig) -> int:
 
     def flush() -> None:
         nonlocal produced, window_tokens, window_verify, window_start
+        served: dict[int, list[float]] = {}
+        for row in pending_rows:
+            acc = served.setdefault(int(row["drafter_version"] or 0), [0, 0.0, 0, 0])
+            acc[0] += 1
+            acc[1] += row["tau"]
+            acc[2] += row["completion_tokens"]
+            acc[3] += row["spec_verify_ct"]
         if pending_rows:
             produced = buffer.append(pending_rows)
             pending_rows.clear()
@@ -78,14 +93,21 @@ def run_inference(cfg: InferenceConfig) -> int:
         log.log_metrics(cfg.run_id, {
             "tau": window_tokens / window_verify if window_verify else None,
             "tokens_per_s": window_tokens / elapsed,
+            "window_tokens": window_tokens,
+            "window_seconds": elapsed,
             "buffer_depth": produced - int(pointer.get("consumed", 0)),
             "samples": produced,
             "drafter_version": engine.drafter_version or 0,
         }, step=produced, job="inference")
+        for version, (n, tau_sum, tokens, verify) in sorted(served.items()):
+            log.log_metrics(cfg.run_id, {"served_requests": n, "served_tau_sum": tau_sum, "served_tokens": tokens,
+                                         "served_verify": verify}, step=version, job="inference")
         window_tokens, window_verify, window_start = 0, 0, time.perf_counter()
 
     def out_of_time() -> bool:
-        return cfg.duration is not None and time.time() - started >= cfg.duration
+        now = time.time()
+        return ((cfg.duration is not None and now - started >= cfg.duration)
+                or (cfg.deadline is not None and now >= cfg.deadline))
 
     while True:
         stopping = buffer.stop_requested() or out_of_time()
@@ -106,16 +128,24 @@ def run_inference(cfg: InferenceConfig) -> int:
                 "id": event.rid, "prompt_text": event.output.prompt_text, "response": event.output.text,
                 "output_ids": event.output.output_ids, "finish_reason": meta["finish_reason"],
                 "drafter_version": meta["drafter_version"], "tau": meta["spec_accept_length"],
-                "completion_tokens": meta["completion_tokens"],
+                "completion_tokens": meta["completion_tokens"], "spec_verify_ct": meta["spec_verify_ct"],
             })
         if len(pending_rows) >= cfg.flush_every:
             flush()
         latest = store.latest_version()
         if latest > (engine.drafter_version or 0) and latest not in refused:
             try:
+                asked = time.time()
+                pointer = store.pointer() or {}
                 loaded = store.load(target.model.cfg, newer_than=engine.drafter_version or 0)
                 if loaded:
                     engine.swap_drafter(loaded[1], loaded[0])
+                    swapped = time.time()
+                    published = pointer.get("published_at") if pointer.get("version") == loaded[0] else None
+                    log.log_metrics(cfg.run_id, {
+                        "swapped_version": loaded[0], "swap_load_seconds": swapped - asked,
+                        "swap_lag_seconds": swapped - float(published) if published else None,
+                    }, step=produced, job="inference")
                     log.log_event(cfg.run_id, f"hot-swapped drafter v{loaded[0]} "
                                   f"({len(engine.active)} requests in flight)", job="inference")
             except (DrafterError, ValueError) as err:

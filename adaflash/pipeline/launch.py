@@ -3,7 +3,9 @@
 Each worker gets its own process group, its log file in the run folder and CUDA_VISIBLE_DEVICES
 from its role's GPUs (`cpu` hides every GPU); several training GPUs mean a torchrun job. A stop
 request (signal or `adaflash pipeline stop`) is a STOP file both workers watch; a worker that
-does not exit within the grace period is killed with its group.
+does not exit within the grace period is killed with its group. With a time budget the workers
+stop on their own at the deadline (the trainers publish a final version); the launcher only
+steps in, as for a stop request, when one of them is still running a grace period later.
 """
 
 from __future__ import annotations
@@ -46,26 +48,36 @@ def infer_command(cfg: InferenceConfig) -> list[str]:
     return [sys.executable, "-m", "adaflash.pipeline.worker", "infer", json.dumps(asdict(cfg))]
 
 
-def train_command(cfg: TrainingConfig, gpus: list[str]) -> list[str]:
+def train_command(cfg: TrainingConfig, gpus: list[str], procs: int | None = None) -> list[str]:
+    """One process per training GPU (torchrun when several); `procs` CPU processes (gloo) on CPU."""
     payload = json.dumps(asdict(cfg))
-    if len(gpus) > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={len(gpus)}",
+    nproc = len(gpus) if gpus else (procs or 1)
+    if nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                 "-m", "adaflash.pipeline.worker", "train", payload]
     return [sys.executable, "-m", "adaflash.pipeline.worker", "train", payload]
 
 
 class Pipeline:
     def __init__(self, log: RunLog, run_id: str, run_dir: Path, infer: InferenceConfig, train: TrainingConfig,
-                 infer_gpus: list[str], train_gpus: list[str], grace: float = 60.0) -> None:
+                 infer_gpus: list[str], train_gpus: list[str], grace: float = 60.0,
+                 deadline: float | None = None, train_procs: int | None = None) -> None:
         self.log, self.run_id, self.run_dir = log, run_id, run_dir
         self.infer, self.train = infer, train
         self.infer_gpus, self.train_gpus = infer_gpus, train_gpus
         self.grace = grace
+        self.deadline = deadline
+        self.budget_grace = max(grace, 300.0)  # requests in flight at the deadline are finished first
+        self.train_procs = train_procs
         self.procs: dict[str, subprocess.Popen] = {}
         self.job_ids: dict[str, int] = {}
 
     def commands(self) -> dict[str, list[str]]:
-        return {"inference": infer_command(self.infer), "training": train_command(self.train, self.train_gpus)}
+        return {"inference": infer_command(self.infer), "training": train_command(self.train, self.train_gpus, self.train_procs)}
+
+    def visible(self) -> dict[str, str]:
+        """CUDA_VISIBLE_DEVICES of each worker ("" hides every GPU)."""
+        return {"inference": ",".join(self.infer_gpus), "training": ",".join(self.train_gpus)}
 
     def start(self) -> None:
         SwapBuffer(self.infer.swap_dir).clear_stop()
@@ -87,7 +99,13 @@ class Pipeline:
         """Until both workers exit; a failed worker stops the other. Returns the run status."""
         status = "finished"
         stop_sent_at: float | None = None
+        budget_stop = False
         while any(p.poll() is None for p in self.procs.values()):
+            if self.deadline is not None and not budget_stop and time.time() > self.deadline + self.budget_grace:
+                budget_stop = True
+                self.log.log_event(self.run_id, f"time budget passed {self.budget_grace:g}s ago and a worker is "
+                                   "still running: asking both to stop", level="warning")
+                self.request_stop()
             for role, proc in self.procs.items():
                 code = proc.poll()
                 if code is not None and code != 0 and status != "failed":
@@ -98,7 +116,7 @@ class Pipeline:
                     self.request_stop()
             if SwapBuffer(self.infer.swap_dir).stop_requested() and stop_sent_at is None:
                 stop_sent_at = time.time()
-                status = "stopped" if status == "finished" else status
+                status = "stopped" if status == "finished" and not budget_stop else status
             if stop_sent_at is not None and time.time() - stop_sent_at > self.grace:
                 self.kill()
             time.sleep(poll)

@@ -1,13 +1,19 @@
 """The training worker(s): consume the swap buffer in order, distil, publish versions.
 
 Rank 0 decides how many rows the next step takes and broadcasts it, so every rank of a
-torchrun job trains on the same rows (each on its slice). The consumed offset is saved inside
-each published version, which makes a restart resume right after the last published sample:
-nothing is lost and nothing is learned twice.
+torchrun job trains on the same rows (each on its slice, `rows[rank::world]`). One step is one
+optimizer update over the whole slice set: each rank weights its mean loss by its share of the
+batch and the gradients are summed over ranks, so every row counts exactly once however
+unevenly the batch splits; a rank left without rows joins the all-reduce with zero gradients.
+The consumed offset is saved inside each published version, which makes a restart resume right
+after the last published sample: nothing is lost and nothing is learned twice. What each rank
+took is written to the consumption ledger (ledger.py) for the run's integrity check.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -19,10 +25,11 @@ from adaflash.models.drafters import DFlashDrafter
 from adaflash.models.length_head import LengthHead
 from adaflash.models.loading import load_target
 from adaflash.pipeline.buffer import SwapBuffer
+from adaflash.pipeline.ledger import ConsumeLedger
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
-from adaflash.train.data import row_to_sequence
-from adaflash.train.loop import STATE_FILE, TrainConfig, Trainer, rank_world, setup_distributed
+from adaflash.train.data import Sequence, pad, row_to_sequence
+from adaflash.train.loop import STATE_FILE, TrainConfig, Trainer, objective, rank_world, setup_distributed
 from adaflash.train.losses import LossConfig
 
 
@@ -48,6 +55,17 @@ class TrainingConfig:
     poll_seconds: float = 0.5
     device: str | None = None
     seed: int = 0
+    deadline: float | None = None  # wall clock (time.time()) at which to stop consuming and publish a final version
+
+
+def _rank_device(device: str | None) -> str | None:
+    """Each torchrun rank on its own GPU (LOCAL_RANK of the visible ones); CPU ranks share the CPU."""
+    _, world = rank_world()
+    if world > 1 and device is not None and device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return f"cuda:{local}"
+    return device
 
 
 def _initial_trainer(cfg: TrainingConfig, target, store: WeightStore) -> Trainer:
@@ -80,16 +98,78 @@ def _agree(values: list[int], device: torch.device) -> list[int]:
     return tensor.tolist()
 
 
+def _gather(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's list of floats (all lists the same length), on every rank."""
+    _, world = rank_world()
+    if world == 1:
+        return [list(values)]
+    local = torch.tensor(values, dtype=torch.float64, device=device)
+    parts = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(parts, local)
+    return [p.tolist() for p in parts]
+
+
+def data_parallel_step(trainer: Trainer, sequences: list[Sequence], lr: float, loss_cfg) -> dict[str, float] | None:
+    """One optimizer step over the rows of every rank, each row counted once.
+
+    Rank r's loss is the mean over its n_r rows; scaled by n_r / N and summed over ranks (all-reduce
+    of the gradients) it is the mean over all N rows of the step. A rank with n_r = 0 runs no
+    forward pass and contributes zero gradients (weight 0), so it still takes part in every
+    collective. Returns this rank's loss stats ({} without rows), or None when no rank had a
+    usable row (all ranks skip the update alike).
+    """
+    _, world = rank_world()
+    counts = [int(c[0]) for c in _gather([float(len(sequences))], trainer.device)]
+    total = sum(counts)
+    if total == 0:
+        return None
+    for group in trainer.opt.param_groups:
+        group["lr"] = lr
+    trainer.opt.zero_grad(set_to_none=True)
+    if trainer.head_opt:
+        trainer.head_opt.zero_grad(set_to_none=True)
+    stats: dict[str, float] = {}
+    tokens = 0
+    if sequences:
+        ids, lens, starts = pad(sequences, trainer.device)
+        loss, stats = objective(trainer.drafter, trainer.target, ids, lens, starts, trainer.cfg, trainer.gen, loss_cfg)
+        (loss * (len(sequences) / total)).backward()
+        tokens = int(lens.sum())
+    if world > 1:
+        for p in trainer.drafter.parameters():
+            if not p.requires_grad:
+                continue
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)  # SUM of the weighted shares = the mean over every row of the step
+    stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
+        [p for g in trainer.opt.param_groups for p in g["params"]], trainer.cfg.grad_clip))
+    trainer.opt.step()
+    if trainer.head_opt:
+        trainer.head_opt.step()
+    trainer.state.step += 1
+    trainer.state.tokens += tokens
+    stats["lr"] = lr
+    return stats
+
+
 def run_training(cfg: TrainingConfig) -> int:
     rank, world = rank_world()
-    target = load_target(cfg.target, device=cfg.device, dtype="float32")
+    target = load_target(cfg.target, device=_rank_device(cfg.device), dtype="float32")
     setup_distributed(target.device)
     log = RunLog.open(cfg.workspace) if rank == 0 else None
     buffer, store = SwapBuffer(cfg.swap_dir), WeightStore(cfg.swap_dir)
+    ledger = ConsumeLedger(cfg.swap_dir)
     trainer = _initial_trainer(cfg, target, store)
     loss_cfg = trainer.cfg.loss
     unpublished = 0
     last_step_at = time.perf_counter()
+    if log:
+        dropped = ledger.rewind(trainer.state.consumed)
+        if dropped:
+            log.log_event(cfg.run_id, f"resumed at sample {trainer.state.consumed} (last published version); "
+                          f"{dropped} unpublished step(s) will be learned again", job="training")
+        log.log_metrics(cfg.run_id, {"world_size": world}, step=trainer.state.step, job="training")
 
     def publish() -> int:
         nonlocal unpublished
@@ -100,10 +180,12 @@ def run_training(cfg: TrainingConfig) -> int:
             version = store.publish(trainer.drafter, meta, keep=cfg.keep,
                                     extra_files={STATE_FILE: lambda p: torch.save(trainer.state_blob(), p)},
                                     pointer_extra={"consumed": trainer.state.consumed})
+            published_at = float((store.pointer() or {}).get("published_at") or time.time())
             log.log_metrics(cfg.run_id, {"published_version": version, "consumed": trainer.state.consumed},
                             step=trainer.state.step, job="training")
             log.add_checkpoint(cfg.run_id, str(store.folder(version)), kind="drafter", version=version,
-                               step=trainer.state.step)
+                               step=trainer.state.step,
+                               metrics={"published_at": published_at, "consumed": trainer.state.consumed})
         unpublished = 0
         return version
 
@@ -112,7 +194,8 @@ def run_training(cfg: TrainingConfig) -> int:
         available = buffer.count() - trainer.state.consumed
         done = buffer.producer_done() is not None
         started = started or available >= cfg.min_buffer or (done and available > 0)
-        finish = buffer.stop_requested() or (done and available == 0)
+        out_of_time = cfg.deadline is not None and time.time() >= cfg.deadline
+        finish = buffer.stop_requested() or (done and available == 0) or out_of_time
         take = min(available, cfg.train_batch) if started and (available >= cfg.train_batch or done) else 0
         take, finish = _agree([take, int(finish)], target.device)
         if finish:
@@ -120,25 +203,54 @@ def run_training(cfg: TrainingConfig) -> int:
         if take == 0:
             time.sleep(cfg.poll_seconds)
             continue
-        rows = buffer.read(trainer.state.consumed, take)
-        mine = rows[rank::world] or rows[:1]
-        sequences = [s for i, r in enumerate(mine)
-                     if (s := row_to_sequence(r, target, cfg.max_len, f"buffer seq {r['seq']}")) is not None]
-        if sequences:
-            stats = trainer.step_on(sequences, cfg.lr, loss_cfg)
-            if log:
-                now = time.perf_counter()
-                stats["step_seconds"] = now - last_step_at
-                last_step_at = now
-                log.log_metrics(cfg.run_id, stats, step=trainer.state.step, job="training")
+        began = time.perf_counter()
+        start = trainer.state.consumed
+        mine = buffer.read(start, take)[rank::world]
+        sequences: list[Sequence] = []
+        usable: list[bool] = []
+        for row in mine:
+            seq = row_to_sequence(row, target, cfg.max_len, f"buffer seq {row['seq']}")
+            usable.append(seq is not None)
+            if seq is not None:
+                sequences.append(seq)
+        stats = data_parallel_step(trainer, sequences, cfg.lr, loss_cfg)
+        seconds = time.perf_counter() - began
+        # what every rank took and spent: [rows trained, tokens, seconds, loss·rows, then its seqs (-1 pad)]
+        width = math.ceil(take / world)
+        seqs = [float(r["seq"]) if ok else -2.0 - r["seq"] for r, ok in zip(mine, usable)]
+        tokens = sum(len(s.ids) for s in sequences)
+        loss_sum = (stats or {}).get("loss", 0.0) * len(sequences)
+        shares = _gather([float(len(sequences)), float(tokens), seconds, loss_sum, *seqs,
+                          *[-1.0] * (width - len(seqs))], target.device)
         trainer.state.consumed += take
+        if log:
+            now = time.perf_counter()
+            metrics: dict[str, float] = dict(stats or {})
+            trained = sum(sh[0] for sh in shares)
+            if world > 1 and trained:
+                metrics["loss"] = sum(sh[3] for sh in shares) / trained
+            slowest = max(sh[2] for sh in shares)
+            metrics.update({"step_seconds": now - last_step_at, "step_compute_seconds": slowest,
+                            "train_samples": trained, "train_tokens": sum(sh[1] for sh in shares),
+                            "train_tokens_per_s": sum(sh[1] for sh in shares) / max(slowest, 1e-9),
+                            "consumed": trainer.state.consumed})
+            for r, sh in enumerate(shares):
+                metrics.update({f"rank{r}_samples": sh[0], f"rank{r}_tokens": sh[1], f"rank{r}_seconds": sh[2]})
+            last_step_at = now
+            log.log_metrics(cfg.run_id, metrics, step=trainer.state.step, job="training")
+            # seq s was sent as s (trained) or -2 - s (unusable row, e.g. an empty answer); -1 pads
+            ranks = [[int(v) if v >= 0 else int(-2 - v) for v in sh[4:] if v != -1.0] for sh in shares]
+            unusable = sorted(int(-2 - v) for sh in shares for v in sh[4:] if v <= -2)
+            ledger.append({"step": trainer.state.step, "from": start, "to": start + take, "ranks": ranks,
+                           "unusable": unusable, "time": time.time()})
         unpublished += 1
         if unpublished >= cfg.publish_every:
             publish()
     if unpublished or store.latest_version() == 0:
         publish()
     if log:
-        log.log_event(cfg.run_id, f"training done: {trainer.state.consumed} samples, {trainer.state.step} steps, "
+        why = " (time budget reached)" if cfg.deadline is not None and time.time() >= cfg.deadline else ""
+        log.log_event(cfg.run_id, f"training done{why}: {trainer.state.consumed} samples, {trainer.state.step} steps, "
                       f"version {store.latest_version()}", job="training")
     if world > 1 and dist.is_initialized():
         dist.destroy_process_group()

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ class WeightStore:
         folder = self.root / f"v{version}"
         save_drafter(drafter, folder, {**meta, "version": version}, extra_files=extra_files)
         pointer = {"version": version, "path": folder.name, "sha256": sha256(folder / "model.safetensors"),
-                   **(pointer_extra or {})}
+                   **(pointer_extra or {}), "published_at": time.time()}  # the moment readers may see it
         tmp = self.root / (POINTER + ".tmp")
         with tmp.open("w") as handle:
             handle.write(json.dumps(pointer))
