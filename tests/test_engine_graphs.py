@@ -83,3 +83,31 @@ def test_cuda_graphs_survive_a_swap_to_another_shape(tiny_llama):
         if steps == 3:
             engine.swap_drafter(drafter_for("adaflash", gpu), version=2)  # gains a length head
     assert [done[f"r{i}"].output_ids for i in range(4)] == [o.output_ids for o in reference]
+
+
+class _RecordingRunner(GraphRunner):
+    """Runs passes eagerly but records the shape keys a GPU would capture graphs for."""
+
+    def __init__(self) -> None:
+        super().__init__(False)
+        self.enabled = True
+        self.keys: set = set()
+
+    def run(self, key, fn, inputs):
+        self.keys.add(key)
+        return fn(*inputs)
+
+
+@pytest.mark.parametrize("method", ["adaflash", "eagle3"])
+def test_capture_graphs_covers_every_shape_decoding_meets(tiny_target, method):
+    """A server captures up front; decoding mixed batches must then meet no shape left uncaptured."""
+    drafter = None if method == "vanilla" else drafter_for(method, tiny_target)
+    engine = Engine(tiny_target, method, drafter, max_batch=3, max_len=256, pad_shapes=True)
+    engine.graphs = _RecordingRunner()
+    engine.capture_graphs()
+    captured = set(engine.graphs.keys)
+    engine.graphs.keys.clear()
+    for n in (1, 3, 2):
+        engine.generate(make_requests(tiny_target, n=n, max_new_tokens=40, ignore_eos=True))
+    assert engine.graphs.keys, "decoding went through the runner"
+    assert engine.graphs.keys <= captured, engine.graphs.keys - captured

@@ -102,6 +102,12 @@ def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed:
                               num_steps=config["steps"], seed=seed)
     except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))
+    if engine.graphs.enabled:
+        import time
+
+        started = time.perf_counter()
+        count = engine.capture_graphs()
+        click.echo(f"captured {count} CUDA graphs in {time.perf_counter() - started:.1f} s", err=True)
     log = runlog_of(ctx)
     hardware = hardware_name(engine.device)
     config.update(device=str(engine.device), hardware=hardware, context_length=engine.max_len)

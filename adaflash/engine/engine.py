@@ -293,6 +293,39 @@ class Engine:
         """start + 0..width-1 per row; padding rows count from 0 in the scratch slot."""
         return self._pad(start, b)[:, None] + torch.arange(width, device=self.device)
 
+    @torch.no_grad()
+    def capture_graphs(self, max_context: int | None = None) -> int:
+        """Capture every decode graph a server can meet, so no request pays for a capture.
+
+        Covers each batch bucket × kv-length bucket (up to `max_context`) × block width. Inputs
+        point at the scratch slot, so no sequence is touched. Returns the number of graphs.
+        """
+        if not self.graphs.enabled:
+            return 0
+        cap = self.cache.max_len
+        top = bucket(min(max_context or cap, cap), cap, floor=128)
+        kvs, kv = [], 128
+        while kv < top:
+            kvs.append(kv)
+            kv *= 2
+        kvs.append(top)
+        widest = (self.drafter.max_draft if self.drafter is not None else 0) + 1
+        widths = sorted({bucket(w, widest) for w in range(1, widest + 1)})
+        batches = sorted({bucket(b, self.max_batch) for b in range(1, self.max_batch + 1)})
+        zeros = lambda b, w=None: torch.zeros((b,) if w is None else (b, w), dtype=torch.long, device=self.device)  # noqa: E731
+        for b in batches:
+            rows = torch.full((b,), self.scratch, dtype=torch.long, device=self.device)
+            for kv in kvs:
+                for w in widths:
+                    if kv - w < 0:
+                        continue
+                    self._verify(rows, zeros(b, w), zeros(b) + kv - w, kv - w)
+                    if self.drafter is not None:
+                        self._extend_drafter(rows, zeros(b) + kv - w, zeros(b) + 1, kv - w, w)
+                if self.drafter is not None:
+                    self._draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest)
+        return len(self.graphs)
+
     # -- the passes ------------------------------------------------------------------------------
     def _extend_drafter(self, rows: torch.Tensor, start: torch.Tensor, count: torch.Tensor, base: int,
                         width: int, *, graph: bool = True) -> None:
