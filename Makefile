@@ -20,13 +20,16 @@ $(VENV)/.installed: pyproject.toml
 model: setup
 	$(BIN)/adaflash models prepare smollm2-135m
 
-run: model
-	$(BIN)/adaflash generate --target smollm2-135m --max-new-tokens 64 \
-	  --prompt "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
-	$(BIN)/adaflash runs list
+# The main job: the local default recipe end to end (data -> drafters -> pipeline -> bench matrix -> comparison).
+# A second `make run` reuses the cached steps; after a failure it resumes at the failed step.
+# Extra flags: make run RUN_ARGS="--set vars.train_steps=200"  (or --no-cache, --rerun JOB, --dry-run).
+RECIPE ?= smollm2-cpu
+RUN_ARGS ?=
 
-recipe: model
-	$(BIN)/adaflash run smollm2-cpu
+run: model
+	$(BIN)/adaflash run $(RECIPE) $(RUN_ARGS)
+
+recipe: run
 
 lint: setup
 	$(BIN)/ruff check .

@@ -7,6 +7,8 @@ Modules (import what you need; nothing here prints, progress is read back from t
 - jobs.supervisor: Supervisor: start/poll/stop/restart job processes in their own groups, readiness, restarts.
 - jobs.runner:     prepare -> PreparedRun (plan), Runner (foreground), start_detached / launch_detached,
                    run_view / follow_run (read a run), stop_run, request_job_action (per-job control).
+- jobs.cache:      JobCache: a finished task with declared outputs is reused by a later run with the same key.
+- jobs.progress:   run_progress: step k of n, each step's own progress and timing, for `adaflash run` displays.
 - jobs.slurm:      render_script / SlurmRun: the same recipe as an sbatch script, tracked via squeue/sacct.
 - jobs.procs:      pid + create-time identity and verified process-group stops.
 """

@@ -10,7 +10,16 @@ expected type, and a recipe with many mistakes should list them all at once.
 
 Placeholders in commands, env values, readiness checks and cwd: `{vars.NAME}`,
 `{gpus.ROLE}` ("0,1" or "cpu"), `{nproc.ROLE}`, `{run_id}`, `{run_dir}`, `{workspace}`,
-`{recipe_dir}`, `{python}`. Other braces are left alone.
+`{cache_dir}`, `{recipe_dir}`, `{python}`. Other braces are left alone.
+
+Caching (see jobs/cache.py for the exact rule): a task that declares `outputs = [paths]` is
+reused by a later run whose command, code version and inputs are the same, so its outputs
+must live somewhere stable, `{cache_dir}` (default `<workspace>/cache/<run.name>`, or
+`run.cache_dir`), never in `{run_dir}`. `run.code` lists the Python packages whose source counts
+as the code version in that key (default ["adaflash"]). `inputs = [paths]` adds files it reads that no
+earlier job makes; `cache = false` always runs it. `progress = {total = N, metric = "name"}`
+tells the progress display how far the job is (the newest step of that metric in the runs
+the job records; with `count = true`, how many times it was recorded); `summary = true` prints the job's output again when the run ends.
 """
 
 from __future__ import annotations
@@ -47,11 +56,14 @@ ADAFLASH_MODULE = "adaflash.cli.main"
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "configs" / "recipes"
 
 _TOP_KEYS = {"run", "vars", "gpus", "slurm", "jobs", "job"}
-_RUN_KEYS = {"name": str, "description": str, "workspace": str}
+_RUN_KEYS = {"name": str, "description": str, "workspace": str, "cache_dir": str, "code": list}
+DEFAULT_CODE = ["adaflash"]
 _JOB_KEYS = {
     "name", "description", "command", "kind", "role", "gpus", "after", "ready", "restart", "max_restarts",
     "backoff", "backoff_max", "env", "torchrun", "cwd", "stop_grace", "node", "nodes",
+    "outputs", "inputs", "cache", "progress", "summary",
 }
+_PROGRESS_KEYS = {"total", "metric", "count"}
 _READY_KEYS = {"http", "log", "timeout", "interval"}
 _TORCHRUN_KEYS = {"nproc", "args"}
 _SLURM_KEYS = {
@@ -59,7 +71,7 @@ _SLURM_KEYS = {
     "cpus_per_task": int, "mem": str, "job_name": str, "rdzv_port": int, "python": str,
     "sbatch": list, "setup": list,
 }
-_PLACEHOLDER = re.compile(r"\{(vars|gpus|nproc)\.([A-Za-z0-9_\-]+)\}|\{(run_id|run_dir|workspace|recipe_dir|python)\}")
+_PLACEHOLDER = re.compile(r"\{(vars|gpus|nproc)\.([A-Za-z0-9_\-]+)\}|\{(run_id|run_dir|workspace|cache_dir|recipe_dir|python)\}")
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -282,6 +294,18 @@ class JobSpec:
     node: int = 0
     nodes: int | None = None
     description: str | None = None
+    outputs: list[str] = field(default_factory=list)  # what a cached task leaves behind (files or folders)
+    inputs: list[str] = field(default_factory=list)  # files it reads that no earlier job produces
+    cache: bool = True
+    progress_total: float | None = None
+    progress_metric: str | None = None
+    progress_count: bool = False  # progress = how many times the metric was reported (e.g. one per benchmark cell)
+    summary: bool = False  # print its output again at the end of the run
+
+    @property
+    def cacheable(self) -> bool:
+        """A task with declared outputs: a later run with the same key reuses them instead of running it."""
+        return self.kind == "task" and bool(self.outputs) and self.cache
 
     @property
     def gpus(self) -> tuple[int, ...] | None:
@@ -356,6 +380,8 @@ class Recipe:
     slurm: SlurmSpec | None = None
     overrides: list[str] = field(default_factory=list)
     context: dict[str, str] = field(default_factory=dict)
+    cache_dir: str | None = None  # `run.cache_dir` as written; the folder in use is context["cache_dir"]
+    code: list[str] = field(default_factory=lambda: list(DEFAULT_CODE))  # packages in the cache key
 
     def order(self) -> list[str]:
         """Jobs in a start order that respects `after` (recipe order among equals)."""
@@ -403,7 +429,8 @@ class Recipe:
                      "share": self.assignment.share, "exclusive": sorted(self.assignment.exclusive)},
             "jobs": {n: j.to_dict() for n, j in self.jobs.items()},
             "slurm": self.slurm.to_dict() if self.slurm else None,
-            "overrides": list(self.overrides), "context": dict(self.context),
+            "overrides": list(self.overrides), "context": dict(self.context), "cache_dir": self.cache_dir,
+            "code": list(self.code),
         }
 
     @classmethod
@@ -416,6 +443,7 @@ class Recipe:
             jobs={n: JobSpec.from_dict(j) for n, j in (data.get("jobs") or {}).items()},
             slurm=SlurmSpec(**data["slurm"]) if data.get("slurm") else None,
             overrides=list(data.get("overrides") or []), context=dict(data.get("context") or {}),
+            cache_dir=data.get("cache_dir"), code=list(data.get("code", DEFAULT_CODE)),
         )
 
 
@@ -648,7 +676,7 @@ def _resolve_vars(raw: dict[str, str], chk: _Checker, builtins: dict[str, str],
 
 def _check_job(
     chk: _Checker, name: str, table: dict[str, Any], key: str, assignment: Assignment | None,
-    sub: _Substituter,
+    sub: _Substituter, builtins: Mapping[str, str],
 ) -> JobSpec | None:
     chk.unknown_keys(table, _JOB_KEYS, key)
     n_problems = len(chk.problems)
@@ -785,6 +813,8 @@ def _check_job(
     node = chk.typed(table, "node", key, (int,), "a node index (integer >= 0)")
     nodes = chk.typed(table, "nodes", key, (int,), "a number of nodes (integer >= 1)")
     description = chk.typed(table, "description", key, (str,), "a string")
+    outputs, inputs, cache, total, metric, count, summary = _check_cache_keys(chk, table, key, kind, command, sub,
+                                                                              builtins)
     if len(chk.problems) > n_problems:
         return None
     return JobSpec(
@@ -792,8 +822,63 @@ def _check_job(
         gpu_roles=gpu_roles, launcher=launcher, after=list(after), ready=ready, restart=policy, env=env,
         torchrun_nproc=nproc, torchrun_args=list(tr_args), cwd=sub(cwd, f"{key}.cwd") if cwd else None,
         stop_grace=float(10.0 if stop_grace is None else stop_grace), node=node or 0, nodes=nodes,
-        description=description,
+        description=description, outputs=outputs, inputs=inputs, cache=cache, progress_total=total,
+        progress_metric=metric, progress_count=count, summary=summary,
     )
+
+
+def _paths(chk: _Checker, table: dict[str, Any], name: str, key: str, sub: _Substituter) -> list[str]:
+    value = chk.typed(table, name, key, (list,), "a list of file or folder paths") or []
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            chk.add(f"{key}.{name}", f"item {i}: expected a path string, got {item!r} ({_type_name(item)})")
+        else:
+            out.append(sub(item, f"{key}.{name}"))
+    return out
+
+
+def _check_cache_keys(
+    chk: _Checker, table: dict[str, Any], key: str, kind: str, command: list[Any] | None, sub: _Substituter,
+    builtins: Mapping[str, str],
+) -> tuple[list[str], list[str], bool, float | None, str | None, bool, bool]:
+    """outputs / inputs / cache / progress / summary of one job."""
+    outputs = _paths(chk, table, "outputs", key, sub)
+    inputs = _paths(chk, table, "inputs", key, sub)
+    cache = chk.typed(table, "cache", key, (bool,), "true or false")
+    summary = chk.typed(table, "summary", key, (bool,), "true or false")
+    if outputs and kind != "task":
+        chk.add(f"{key}.outputs", "only a task (kind = \"task\") can have outputs: a service never finishes, "
+                                  "so it is never reused")
+    if outputs and cache is not False and command:
+        # A reused job must mean the same thing in every run: run-specific paths change its key each time.
+        per_run = [v for v in (builtins.get("run_id"), builtins.get("run_dir")) if v]
+        texts = [c for c in command if isinstance(c, str)] + outputs  # command: already substituted
+        if any(marker in text for text in texts for marker in per_run):
+            chk.add(f"{key}.outputs", "a job with outputs is reused across runs, so neither its command nor its "
+                                      "outputs may use {run_dir} or {run_id} (put them under {cache_dir}), "
+                                      "or set cache = false")
+    total, metric = None, None
+    progress = chk.typed(table, "progress", key, (dict,), "a table like {total = 60, metric = \"loss\"}")
+    if progress is not None:
+        pkey = f"{key}.progress"
+        chk.unknown_keys(progress, _PROGRESS_KEYS, pkey)
+        raw_total = progress.get("total")
+        if raw_total is not None:
+            text = sub(raw_total, f"{pkey}.total") if isinstance(raw_total, str) else raw_total
+            try:
+                total = float(text)
+                if isinstance(text, bool) or total <= 0:
+                    raise ValueError
+            except (TypeError, ValueError):
+                chk.add(f"{pkey}.total", f"expected a positive number (or a {{vars.NAME}} that is one), got {text!r}")
+                total = None
+        metric = chk.typed(progress, "metric", pkey, (str,), "a metric name (string)")
+        count = chk.typed(progress, "count", pkey, (bool,), "true or false")
+        if count and not metric:
+            chk.add(f"{pkey}.count", "count = true counts the reports of a metric: give `metric` too")
+    return outputs, inputs, cache is not False, total, metric, bool(progress and progress.get("count") is True), \
+        bool(summary)
 
 
 def _check_slurm(chk: _Checker, table: dict[str, Any]) -> SlurmSpec | None:
@@ -880,6 +965,10 @@ def parse_recipe(
         chk.add("run.name", f"expected letters, digits, '.', '_' or '-', got {name!r}")
     description = chk.typed(run, "description", "run", (str,), "a string")
     workspace = chk.typed(run, "workspace", "run", (str,), "a folder path string")
+    cache_dir = chk.typed(run, "cache_dir", "run", (str,), "a folder path string (relative: inside the workspace)")
+    code = chk.typed(run, "code", "run", (list,), "a list of Python package names")
+    if code is not None and not all(isinstance(c, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_.]*$", c) for c in code):
+        chk.add("run.code", f"expected a list of Python package names, got {code!r}")
 
     raw_vars: dict[str, str] = {}
     for vname, vvalue in chk.table(data, "vars").items():
@@ -915,7 +1004,8 @@ def parse_recipe(
     recipe_dir = str(Path(path).resolve().parent) if not path.startswith("<") else os.getcwd()
     builtins = {
         "run_id": ctx.get("run_id", "<run_id>"), "run_dir": ctx.get("run_dir", "<run_dir>"),
-        "workspace": ctx.get("workspace", "<workspace>"), "recipe_dir": recipe_dir, "python": sys.executable,
+        "workspace": ctx.get("workspace", "<workspace>"), "cache_dir": ctx.get("cache_dir", "<cache_dir>"),
+        "recipe_dir": recipe_dir, "python": sys.executable,
     }
     gpu_values = {
         "gpus": {r: format_gpus(g.gpus) for r, g in (assignment.roles.items() if assignment else [])},
@@ -935,7 +1025,7 @@ def parse_recipe(
         if not isinstance(jtable, dict):
             chk.add(key, f"expected a table, got {_type_name(jtable)}")
             continue
-        spec = _check_job(chk, jname, jtable, key, assignment, sub)
+        spec = _check_job(chk, jname, jtable, key, assignment, sub, builtins)
         if spec is not None:
             jobs[jname] = spec
     # The dependency graph (from the raw tables, so it is checked even when a job has other mistakes).
@@ -958,7 +1048,8 @@ def parse_recipe(
         raise RecipeError(path, chk.problems or [Problem("", "invalid recipe")])
     recipe = Recipe(
         path=path, name=name, description=description, workspace=workspace, vars=variables,
-        assignment=assignment, jobs=jobs, slurm=slurm, overrides=overrides, context=ctx,
+        assignment=assignment, jobs=jobs, slurm=slurm, overrides=overrides, context=ctx, cache_dir=cache_dir,
+        code=list(DEFAULT_CODE if code is None else code),
     )
     # Conflicts need the whole graph (jobs that never overlap may share a GPU).
     conflicts = check_conflicts(recipe.claims(), assignment.can_share, recipe.may_overlap,

@@ -4,6 +4,11 @@ Library API for `adaflash run`, `adaflash runs attach|stop` and the TUI; nothing
 Progress is read back from the run log (`run_view`, `follow_run`), which works the same for a
 run supervised in this process and for one detached into the background.
 
+Caching (jobs.cache): a task with declared `outputs` whose key (command, code version, the
+outputs of the jobs it comes after, its `inputs`) matches a record of an earlier successful run,
+and whose outputs are still there unchanged, is marked `cached` instead of being started; a
+rerun after a failure therefore resumes at the first job that did not finish.
+
 Run life: the run row is created with kind "recipe", the resolved recipe as config, and
 status running (pending while a detached supervisor starts); it ends finished, failed (a job
 failed for good: every other job is then stopped) or stopped (a stop request). The process
@@ -32,8 +37,10 @@ from adaflash.runlog import RunLog, new_run_id
 from adaflash.workspace import DEFAULT_WORKSPACE, WORKSPACE_ENV, workspace_dir
 from jobs import procs
 from jobs.assign import AssignmentError, GpuLeases
+from jobs.cache import JobCache
+from jobs.progress import format_seconds
 from jobs.recipe import Recipe, load_recipe
-from jobs.supervisor import ACTIVE, JobState, Supervisor
+from jobs.supervisor import ACTIVE, DONE, JobState, Supervisor, exit_description
 
 SUPERVISOR_FILE = "supervisor.json"
 CONTROL_DIR = "control"
@@ -60,6 +67,8 @@ class PlanRow:
     argv: list[str]
     env: dict[str, str]
     log_path: str
+    outputs: list[str] = field(default_factory=list)
+    cache: str | None = None  # what a run started now would do with the job's cache record
 
     @property
     def command_line(self) -> str:
@@ -78,8 +87,52 @@ class PreparedRun:
     run_dir: Path
     workspace: Path
 
-    def plan(self, python: str | None = None) -> list[PlanRow]:
+    @property
+    def cache_dir(self) -> Path | None:
+        raw = self.recipe.context.get("cache_dir")
+        return Path(raw) if raw else None
+
+    def job_cache(self) -> JobCache | None:
+        if self.cache_dir is None:
+            return None
+        return JobCache(self.cache_dir, safe_roots=[self.workspace], packages=self.recipe.code,
+                        protected=[self.workspace / "runs", self.workspace / "runlog.sqlite"])
+
+    def cache_preview(self, rerun: Iterable[str] = ()) -> dict[str, str]:
+        """For each cacheable job, what a run started now would do: reuse it (and from which run) or run it.
+
+        A job can only be foreseen as reused when every job it comes after is too.
+        """
+        cache = self.job_cache()
+        if cache is None:
+            return {}
+        rerun = set(rerun)
+        digests: dict[str, str] = {}
+        out: dict[str, str] = {}
+        for name in self.recipe.order():
+            spec = self.recipe.jobs[name]
+            if not spec.cacheable:
+                continue
+            if any(d not in digests for d in spec.after) or name in rerun:
+                out[name] = "runs (asked)" if name in rerun else "runs (an earlier job runs)"
+                continue
+            record = cache.lookup(spec, cache.key(spec, {d: digests[d] for d in spec.after}))
+            if record:
+                digests[name] = record["outputs_digest"]
+                out[name] = f"reused (outputs of run {record.get('run_id')})"
+            else:
+                out[name] = "runs (no record with this key)" if cache.record(name) is None else \
+                    "runs (command, code or inputs changed, or outputs missing)"
+        return out
+
+    def plan(self, python: str | None = None, *, preview: bool = False, use_cache: bool = True,
+             rerun: Iterable[str] = ()) -> list[PlanRow]:
+        """The jobs in start order; `preview` also says what the cache would do (see cache_preview)."""
         rows = []
+        cached = {}
+        if preview:
+            cached = self.cache_preview(rerun) if use_cache else {
+                n: "runs (--no-cache)" for n, j in self.recipe.jobs.items() if j.cacheable}
         for name in self.recipe.order():
             spec = self.recipe.jobs[name]
             restart = "never" if spec.restart.mode == "never" else (
@@ -89,18 +142,21 @@ class PreparedRun:
                 cuda_visible_devices=spec.cuda_visible_devices, after=list(spec.after),
                 ready=(f"{spec.ready.describe()} within {spec.ready.timeout:g}s" if spec.ready else None),
                 restart=restart, argv=spec.argv(python), env=dict(spec.env),
-                log_path=str(self.run_dir / f"{name}.log"),
+                log_path=str(self.run_dir / f"{name}.log"), outputs=list(spec.outputs) if spec.cacheable else [],
+                cache=cached.get(name),
             ))
         return rows
 
-    def plan_text(self, python: str | None = None) -> str:
+    def plan_text(self, python: str | None = None, *, use_cache: bool = True, rerun: Iterable[str] = ()) -> str:
         """The plan as plain text: what `adaflash run --dry-run` prints."""
         lines = [f"run {self.run_id}: recipe {self.recipe.name} ({self.recipe.path})",
                  f"workspace {self.workspace}", f"run folder {self.run_dir}"]
+        if self.cache_dir and any(j.cacheable for j in self.recipe.jobs.values()):
+            lines.append(f"cache folder {self.cache_dir}")
         if self.recipe.assignment.roles:
             roles = ", ".join(f"{r}={g.cuda_visible_devices or 'cpu'}" for r, g in self.recipe.assignment.roles.items())
             lines.append(f"gpus {roles} (share={'yes' if self.recipe.assignment.share else 'no'})")
-        for i, row in enumerate(self.plan(python), start=1):
+        for i, row in enumerate(self.plan(python, preview=True, use_cache=use_cache, rerun=rerun), start=1):
             visible = ("(unset: places its own workers)" if row.cuda_visible_devices is None
                        else repr(row.cuda_visible_devices))
             lines.append(f"\n{i}. {row.name} [{row.kind}{', role ' + row.role if row.role else ''}] "
@@ -115,6 +171,8 @@ class PreparedRun:
                 lines.append(f"   env: {key}={value}")
             lines.append(f"   $ {row.command_line}")
             lines.append(f"   log: {row.log_path}")
+            if row.outputs:
+                lines.append(f"   outputs (cached): {', '.join(row.outputs)}" + (f" -> {row.cache}" if row.cache else ""))
         return "\n".join(lines)
 
 
@@ -137,7 +195,8 @@ def prepare(
     ws = workspace_path(workspace or first.workspace)
     run_id = run_id or new_run_id("recipe")
     run_dir = ws / "runs" / run_id
-    context = {"run_id": run_id, "run_dir": str(run_dir), "workspace": str(ws)}
+    cache_dir = ws / Path(first.cache_dir).expanduser() if first.cache_dir else ws / "cache" / first.name
+    context = {"run_id": run_id, "run_dir": str(run_dir), "workspace": str(ws), "cache_dir": str(cache_dir)}
     recipe = load_recipe(recipe_path, overrides, context=context)
     return PreparedRun(recipe=recipe, run_id=run_id, run_dir=run_dir, workspace=ws)
 
@@ -195,6 +254,11 @@ def request_job_action(run_dir: str | os.PathLike, action: str, job: str | None 
 # -- the runner ------------------------------------------------------------------------------------
 
 
+def run_config(recipe: Recipe, use_cache: bool = True, rerun: Iterable[str] = ()) -> dict[str, Any]:
+    """What the run log keeps as a recipe run's config: the resolved recipe and how to treat the cache."""
+    return {**recipe.to_dict(), "run_options": {"use_cache": use_cache, "rerun": sorted(rerun)}}
+
+
 def check_recipe_gpus(recipe: Recipe, inventory: Any = None) -> None:
     """Check the recipe's GPUs against `inventory` (a Snapshot or indices; default a real snapshot)."""
     if not recipe.gpus_in_use():
@@ -215,6 +279,8 @@ class RunResult:
     status: str  # finished | failed | stopped
     failed: list[str] = field(default_factory=list)
     message: str | None = None
+    failed_logs: dict[str, str] = field(default_factory=dict)  # failed job -> its log file
+    cached: list[str] = field(default_factory=list)  # jobs reused from earlier runs
 
     @property
     def exit_code(self) -> int:
@@ -229,6 +295,8 @@ class Runner:
 
     `inventory`: a gpus.Snapshot or a list of GPU indices to check the recipe against (default:
     a real snapshot, taken only when the recipe uses GPUs). `leases`: the GPU lease registry.
+    `use_cache=False` runs every job (their records are refreshed); `rerun` names jobs to run even
+    when a record matches.
     """
 
     def __init__(
@@ -242,6 +310,8 @@ class Runner:
         python: str | None = None,
         on_change: Callable[[JobState, str], None] | None = None,
         existing_run: bool = False,
+        use_cache: bool = True,
+        rerun: Iterable[str] = (),
     ) -> None:
         self.prepared = prepared
         self.recipe = prepared.recipe
@@ -259,6 +329,15 @@ class Runner:
         self._started = False
         self._finishing = False
         self._order = self.recipe.order()
+        self.cache = prepared.job_cache()
+        self.use_cache = use_cache
+        self.rerun = set(rerun)
+        unknown = self.rerun - set(self.recipe.jobs)
+        if unknown:
+            raise ValueError(f"--rerun: no job {', '.join(sorted(unknown))} in recipe {self.recipe.name} "
+                             f"(jobs: {', '.join(self._order)})")
+        self._keys: dict[str, str] = {}  # started cacheable job -> its key, recorded once it finishes
+        self._digests: dict[str, str] = {}  # finished or reused cacheable job -> digest of its outputs
 
     # -- setup ----------------------------------------------------------------------------------
     def check_gpus(self) -> None:
@@ -280,7 +359,8 @@ class Runner:
             if self.existing_run:
                 self.runlog.update_run(self.run_id, status="running", pid=os.getpid())
             else:
-                self.runlog.create_run("recipe", name=self.recipe.name, config=self.recipe.to_dict(),
+                self.runlog.create_run("recipe", name=self.recipe.name,
+                                       config=run_config(self.recipe, self.use_cache, self.rerun),
                                        run_dir=str(self.prepared.run_dir), run_id=self.run_id, status="running")
             write_supervisor_file(self.prepared.run_dir, self.run_id)
             self.runlog.log_event(self.run_id, f"run started: recipe {self.recipe.name}, "
@@ -342,6 +422,9 @@ class Runner:
         self._consume_control()
         self.supervisor.poll()
         jobs = self.supervisor.jobs
+        for name in list(self._keys):  # recorded first: the jobs after it are keyed on its outputs
+            if jobs[name].status == "finished":
+                self._save(name)
         for name in self._order:
             state = jobs[name]
             if state.status != "pending":
@@ -350,17 +433,55 @@ class Runner:
             blocked = [d for d in deps if d.done_for_good and not d.satisfied]
             if blocked:
                 self.supervisor.stop(name, why=f"not started: {blocked[0].name} {blocked[0].status}")
-            elif all(d.satisfied for d in deps):
+            elif all(d.satisfied for d in deps) and not self._reuse(name):
                 self.supervisor.start(name)
         states = list(jobs.values())
         if any(s.status == "failed" and s.restart_at is None for s in states):
             return "failed"
         tasks = [s for s in states if s.spec.kind == "task"]
         if tasks and all(s.done_for_good for s in tasks):
-            return "finished" if all(s.status == "finished" for s in tasks) else "stopped"
+            return "finished" if all(s.status in DONE for s in tasks) else "stopped"
         if states and all(s.done_for_good for s in states):
             return "stopped"
         return None
+
+    # -- the cache ----------------------------------------------------------------------------------
+    def _reuse(self, name: str) -> bool:
+        """Mark the job cached when its record matches; otherwise clear its stale outputs (and run it)."""
+        spec = self.recipe.jobs[name]
+        if self.cache is None or not spec.cacheable:
+            return False
+        upstream = {d: self._digests.get(d) or f"ran in run {self.run_id}" for d in spec.after}
+        key = self.cache.key(spec, upstream)
+        if self.use_cache and name not in self.rerun:
+            record = self.cache.lookup(spec, key)
+            if record:
+                self._digests[name] = record["outputs_digest"]
+                took = record.get("duration")
+                note = f"reused the outputs of run {record.get('run_id')}" + (
+                    f" (it took {format_seconds(took)})" if isinstance(took, (int, float)) else "")
+                self.supervisor.mark_cached(name, note)
+                return True
+        removed = self.cache.forget(spec)
+        if removed:
+            self.runlog.log_event(self.run_id, f"job {name}: removed its earlier outputs {', '.join(removed)}",
+                                  job=name)
+        self._keys[name] = key
+        return False
+
+    def _save(self, name: str) -> None:
+        state = self.supervisor.jobs[name]
+        key = self._keys.pop(name)
+        duration = (state.ended_at - state.started_at) if state.ended_at and state.started_at else None
+        record = self.cache.save(state.spec, key, run_id=self.run_id, duration=duration,
+                                 log_path=str(state.log_path)) if self.cache else None
+        if record:
+            self._digests[name] = record["outputs_digest"]
+        else:
+            missing = [o for o in state.spec.outputs if not Path(o).exists()]
+            self.runlog.log_event(self.run_id, f"job {name} finished without its outputs {', '.join(missing)}: "
+                                               "not cached, and the jobs after it will run again next time",
+                                  level="warning", job=name)
 
     def run(self, on_tick: Callable[[Runner], None] | None = None) -> RunResult:
         """Supervise until the run ends; always stops every job and releases the leases."""
@@ -393,14 +514,20 @@ class Runner:
             if self.leases is not None:
                 with contextlib.suppress(Exception):
                     self.leases.release(self.run_id)
+        cached = [n for n, s in jobs.items() if s.status == "cached"]
         message = {"finished": "every task finished", "stopped": self._stop_reason}.get(outcome, why)
+        if outcome == "finished" and cached:
+            message += f" ({len(cached)} reused from earlier runs: {', '.join(cached)})"
         if failed:
             first = jobs[failed[0]]
-            message = f"job {first.name} failed: {(first.message or '').splitlines()[0] if first.message else ''}"
+            reason = (first.message or "").splitlines()[0] if first.message else exit_description(first.exit_code)
+            step = self._order.index(first.name) + 1
+            message = f"step {step}/{len(self._order)}: job {first.name} failed: {reason}; log: {first.log_path}"
         self.runlog.log_event(self.run_id, f"run {outcome}: {message}",
                               level="error" if outcome == "failed" else "info")
         self.runlog.finish_run(self.run_id, outcome, note=message)
-        return RunResult(self.run_id, outcome, failed, message)
+        return RunResult(self.run_id, outcome, failed, message,
+                         failed_logs={n: str(jobs[n].log_path) for n in failed}, cached=cached)
 
 
 def install_signal_handlers(runner: Runner) -> Callable[[], None]:
@@ -439,6 +566,8 @@ def start_detached(
     inventory: Any = None,
     wait: float = 20.0,
     python: str | None = None,
+    use_cache: bool = True,
+    rerun: Iterable[str] = (),
 ) -> str:
     """Validate, lease and record the run, then supervise it in a background process.
 
@@ -452,7 +581,7 @@ def start_detached(
         leases.acquire(prepared.run_id, gpus)
     try:
         prepared.run_dir.mkdir(parents=True, exist_ok=True)
-        runlog.create_run("recipe", name=prepared.recipe.name, config=prepared.recipe.to_dict(),
+        runlog.create_run("recipe", name=prepared.recipe.name, config=run_config(prepared.recipe, use_cache, rerun),
                           run_dir=str(prepared.run_dir), run_id=prepared.run_id, status="pending")
         env = dict(os.environ)
         if leases is not None:
@@ -511,7 +640,9 @@ def supervise_existing(workspace: str | os.PathLike, run_id: str, *, tick: float
     recipe = Recipe.from_dict(run["config"])
     prepared = PreparedRun(recipe=recipe, run_id=run["id"], run_dir=Path(run["run_dir"]),
                            workspace=workspace_dir(workspace))
-    runner = Runner(prepared, runlog, existing_run=True, tick=tick)
+    options = run["config"].get("run_options") or {}
+    runner = Runner(prepared, runlog, existing_run=True, tick=tick, use_cache=options.get("use_cache", True),
+                    rerun=options.get("rerun") or ())
     restore = install_signal_handlers(runner)
     try:
         return runner.run()

@@ -31,12 +31,20 @@ from jobs import procs
 from jobs.recipe import JobSpec
 
 ACTIVE = ("starting", "running", "ready")
-TERMINAL = ("finished", "failed", "stopped")
+TERMINAL = ("finished", "failed", "stopped", "cached")  # cached: reused from an earlier run, never started
+DONE = ("finished", "cached")  # a task whose outputs the next jobs may use
 TAIL_LINES = 20
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+
+def clean_log_text(text: str) -> str:
+    """What a terminal would show: escape sequences dropped, a carriage return overwrites its line."""
+    text = _ANSI.sub("", text.replace("\r\n", "\n"))
+    return "\n".join(line.rsplit("\r", 1)[-1] if "\r" in line else line for line in text.split("\n"))
 
 
 def tail_text(path: str | os.PathLike, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
-    """The last lines of a log file ("" when it does not exist)."""
+    """The last lines of a log file as a terminal shows them ("" when it does not exist)."""
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -45,8 +53,8 @@ def tail_text(path: str | os.PathLike, lines: int = TAIL_LINES, max_bytes: int =
             data = handle.read()
     except OSError:
         return ""
-    text = data.decode(errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
+    text = clean_log_text(data.decode(errors="replace"))
+    return "\n".join(text.rstrip("\n").split("\n")[-lines:]) if text.strip() else ""
 
 
 def exit_description(code: int | None) -> str:
@@ -108,7 +116,7 @@ class JobState:
     def satisfied(self) -> bool:
         """Whether jobs that come `after` this one may start."""
         if self.spec.kind == "task":
-            return self.status == "finished"
+            return self.status in DONE
         return self.status == "ready" or (self.spec.ready is None and self.status == "running")
 
     @property
@@ -185,6 +193,17 @@ class Supervisor:
         else:
             env["CUDA_VISIBLE_DEVICES"] = visible
         return env
+
+    def mark_cached(self, name: str, note: str) -> JobState:
+        """A task reused from an earlier run: recorded as `cached`, nothing started."""
+        state = self.jobs[name]
+        state.status = "cached"
+        state.ended_at = time.time()
+        state.message = note
+        with open(state.log_path, "ab") as log:
+            log.write(f"=== adaflash: job {name} not run: {note}\n".encode())
+        self._record(state, f"job {name} cached: {note}", status="cached", ended_at=state.ended_at, message=note)
+        return state
 
     # -- start ----------------------------------------------------------------------------------
     def start(self, name: str) -> JobState:

@@ -249,7 +249,8 @@ def test_the_export_job_copies_the_pipelines_newest_version(tmp_path: Path) -> N
         (weights / f"v{version}").mkdir(parents=True)
         (weights / f"v{version}" / "model.safetensors").write_text(f"weights {version}")
     (weights / "LATEST").write_text(json.dumps({"version": 2, "path": "v2", "sha256": "x"}))
-    recipe = load_recipe("smollm2-cpu", context={"run_id": "R", "run_dir": str(tmp_path), "workspace": "/tmp"})
+    recipe = load_recipe("smollm2-cpu", context={"run_id": "R", "run_dir": str(tmp_path / "run"), "workspace": "/tmp",
+                                                 "cache_dir": str(tmp_path)})
     done = subprocess.run(recipe.jobs["export_adaflash"].argv(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "drafters" / "adaflash-online" / "model.safetensors").read_text() == "weights 2"

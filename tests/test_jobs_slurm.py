@@ -219,3 +219,23 @@ def test_sbatch_failure_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     with pytest.raises(slurm.SlurmError, match="invalid partition"):
         slurm.submit(tmp_path / "x.sh")
+
+
+def test_one_follower_serves_run_and_attach(tmp_path: Path, fake_slurm: Path) -> None:
+    # `adaflash run --backend slurm` and `adaflash runs attach` follow through adaflash.cli.run.follow_slurm.
+    from adaflash.cli.run import follow_slurm
+
+    recipe = tmp_path / "cluster.toml"
+    recipe.write_text(CLUSTER)
+    prepared = prepare(recipe, workspace=tmp_path / "ws")
+    log = RunLog.open(prepared.workspace)
+    slurm.SlurmRun(prepared, log).submit()
+    tracker = slurm.SlurmRun.resume(log, prepared.run_id)  # what attach does
+    lines: list[str] = []
+    with pytest.raises(SystemExit) as exited:
+        follow_slurm(tracker, lines.append, interrupt_code=0, interval=0.01)
+    assert exited.value.code == 0
+    # Each state once, then the outcome.
+    assert [line.split(": ", 1)[1] for line in lines[:-1]] == ["RUNNING", "COMPLETED"]
+    assert lines[-1] == f"run {prepared.run_id} finished: slurm job 4242: COMPLETED (exit 0)"
+    assert log.get_run(prepared.run_id)["status"] == "finished"

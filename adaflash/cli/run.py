@@ -1,13 +1,19 @@
 """`adaflash run RECIPE`: plan, then run a recipe's jobs headless with live progress.
 
-The control plane lives in `jobs` (no torch); this module only renders and wires signals.
+The control plane lives in `jobs` (no torch); this module only renders and wires signals. The
+progress display says at every moment which step of how many runs, how far that step is (its own
+progress from the run log or its log file) and the elapsed time: a live table on a terminal, one
+plain line per event and a heartbeat line every `--progress-every` seconds in a log (CI, `| tee`).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -16,38 +22,49 @@ from adaflash.cli.common import fail, fmt_cell
 
 STATUS_STYLE = {
     "pending": "dim", "starting": "yellow", "running": "cyan", "ready": "green", "finished": "green",
-    "failed": "bold red", "stopped": "magenta", "restarting": "yellow",
+    "failed": "bold red", "stopped": "magenta", "restarting": "yellow", "cached": "blue",
 }
+STATUS_MARK = {"finished": "✓", "cached": "↺", "failed": "✗", "stopped": "■", "running": "▶", "starting": "▶",
+               "ready": "▶", "restarting": "↻", "pending": "·"}
 
 
-def _uptime(job: dict[str, Any]) -> str:
-    start = job.get("started_at")
-    if not start:
-        return ""
-    seconds = int((job.get("ended_at") or time.time()) - start)
-    return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+def _progress_of(runlog: Any, view: Any, previous: dict[str, float] | None = None) -> Any:
+    from jobs.progress import run_progress
+
+    return run_progress(runlog, view, previous=previous)
 
 
-def render_view(view: Any) -> Any:
-    """A rich renderable of a run: its jobs and its latest metrics (jobs.runner.RunView)."""
+def render_view(view: Any, progress: Any = None) -> Any:
+    """A rich renderable of a run: one row per step with its own progress, then the latest metrics."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
+    from jobs.progress import format_seconds
+
     run = view.run
     title = f"run {run['id']} ({run.get('name')}) - {run['status']}"
+    if progress is not None:
+        title += f" - {progress.completed}/{progress.total} steps done - {format_seconds(progress.elapsed)}"
     if view.orphaned:
         title += " - supervisor gone"
     table = Table(title=title, title_justify="left", expand=False)
-    for column in ("job", "status", "GPUs", "pid", "restarts", "uptime", "exit", "note"):
+    for column in ("step", "job", "status", "GPUs", "time", "progress / note"):
         table.add_column(column, overflow="fold")
-    for job in view.jobs:
+    steps = {s.name: s for s in progress.steps} if progress is not None else {}
+    for index, job in enumerate(view.jobs, start=1):
+        status = job["status"] or ""
+        step = steps.get(job["name"])
         note = (job.get("message") or "").splitlines()[0] if job.get("message") else ""
+        if step is not None and step.status in ("starting", "running", "ready", "restarting"):
+            note = step.detail() or (step.description or "")
+        elif not note and step is not None and status == "pending":
+            note = step.description or ""
+        timing = step.timing() if step is not None else _uptime(job)
         table.add_row(
-            job["name"], Text(job["status"] or "", style=STATUS_STYLE.get(job["status"] or "", "")),
-            job.get("gpus") or "cpu", fmt_cell(job.get("pid")) if job.get("pid") else "",
-            str(job.get("restarts") or 0), _uptime(job),
-            "" if job.get("exit_code") is None else str(job["exit_code"]), note[:60],
+            f"{index}/{len(view.jobs)}", job["name"],
+            Text(f"{STATUS_MARK.get(status, ' ')} {status}", style=STATUS_STYLE.get(status, "")),
+            job.get("gpus") or "cpu", timing, note[:90],
         )
     parts: list[Any] = [table]
     if view.metrics:
@@ -60,63 +77,208 @@ def render_view(view: Any) -> Any:
     return Group(*parts)
 
 
+def _uptime(job: dict[str, Any]) -> str:
+    from jobs.progress import format_seconds
+
+    start = job.get("started_at")
+    return format_seconds((job.get("ended_at") or time.time()) - start) if start else ""
+
+
 def print_event(console: Any, event: dict[str, Any]) -> None:
     stamp = time.strftime("%H:%M:%S", time.localtime(event["time"]))
     style = {"error": "red", "warning": "yellow"}.get(event.get("level") or "", "")
     first, *rest = (event.get("message") or "").splitlines() or [""]
     console.print(f"[dim]{stamp}[/dim] [{style}]{first}[/{style}]" if style else f"[dim]{stamp}[/dim] {first}",
-                  highlight=False)
+                  highlight=False, markup=True, soft_wrap=True)
     for line in rest:
-        console.print(f"         {line}", highlight=False, markup=False)
+        console.print(f"         {line}", highlight=False, markup=False, soft_wrap=True)
+
+
+class ProgressDisplay:
+    """Events as they come, plus where the run stands: a live table on a terminal, else plain lines.
+
+    In a plain log a progress line is printed after each batch of events and at least every
+    `every` seconds while something runs, so a CI log always says what is happening.
+    """
+
+    def __init__(self, console: Any, runlog: Any, run_id: str, *, live_ok: bool = True, every: float = 30.0,
+                 quiet: bool = False) -> None:
+        from jobs.progress import previous_durations
+
+        self.console, self.runlog, self.run_id = console, runlog, run_id
+        self.every, self.quiet = every, quiet
+        run = runlog.get_run(run_id)
+        self.previous = previous_durations(runlog, run.get("name"), exclude=run["id"])
+        self.live = None
+        if live_ok and console.is_terminal and not quiet:
+            from rich.live import Live
+
+            self.live = Live(console=console, auto_refresh=False, transient=True)
+        self._last_line = 0.0
+
+    def __enter__(self) -> ProgressDisplay:
+        if self.live:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live:
+            self.live.stop()
+
+    def update(self, view: Any) -> Any:
+        if self.quiet:
+            return None
+        progress = _progress_of(self.runlog, view, self.previous)
+        for event in view.events:
+            print_event(self.console, event)
+        if self.live:
+            self.live.update(render_view(view, progress), refresh=True)
+            return progress
+        now = time.monotonic()
+        if progress.active and (view.events or now - self._last_line >= self.every):
+            self.console.print(progress.line(), highlight=False, markup=False, soft_wrap=True)
+            self._last_line = now
+        return progress
 
 
 def follow(runlog: Any, run_id: str, console: Any, *, interval: float = 0.5, live_ok: bool = True,
-           tick: Any = None) -> Any:
-    """Print new events and keep a live table of the run until it ends; returns the last view."""
-    from rich.live import Live
-
+           tick: Any = None, every: float = 30.0) -> Any:
+    """Print new events and keep the progress of the run on screen until it ends; returns the last view."""
     from jobs.runner import follow_run
 
     view = None
-    use_live = live_ok and console.is_terminal
-    live = Live(console=console, auto_refresh=False, transient=False) if use_live else None
-    try:
-        if live:
-            live.start()
+    with ProgressDisplay(console, runlog, run_id, live_ok=live_ok, every=every) as display:
         for view in follow_run(runlog, run_id, interval=interval):
-            for event in view.events:
-                print_event(console, event)
-            if live:
-                live.update(render_view(view), refresh=True)
+            display.update(view)
             if tick:
                 tick(view)
-    finally:
-        if live:
-            live.stop()
     return view
+
+
+def follow_slurm(tracker: Any, echo: Callable[[str], None], *, interrupt_code: int, interval: float = 10.0) -> None:
+    """Follow a run submitted to Slurm until it leaves the queue, then exit with the run's code.
+
+    One place for `adaflash run --backend slurm` and `adaflash runs attach`: each state change is
+    printed once; Ctrl-C only stops following (the Slurm job goes on).
+    """
+    from jobs import slurm
+
+    last: dict[str, str | None] = {"state": None}
+
+    def on_tick(state: Any) -> None:
+        if state.state != last["state"]:
+            last["state"] = state.state
+            echo(f"{time.strftime('%H:%M:%S')} slurm job {tracker.job_id}: {state.state}")
+
+    run_id = tracker.prepared.run_id
+    try:
+        result = tracker.track(interval=interval, on_tick=on_tick)
+    except KeyboardInterrupt:
+        echo(f"stopped following; the Slurm job goes on (adaflash runs stop {run_id} cancels it)")
+        sys.exit(interrupt_code)
+    except slurm.SlurmError as err:
+        fail(str(err), code=1)
+    echo(f"run {result.run_id} {result.status}: {result.message}")
+    sys.exit(result.exit_code)
+
+
+def summary_output(log_path: str | Path) -> str:
+    """What a job printed in its last start (the part of its log after adaflash's last start header)."""
+    from jobs.supervisor import clean_log_text
+
+    try:
+        text = clean_log_text(Path(log_path).read_text(errors="replace"))
+    except OSError:
+        return ""
+    marker = text.rfind("=== adaflash: start")
+    if marker >= 0:
+        text = text[text.find("\n", marker) + 1:]
+    return text.strip("\n")
+
+
+def print_final(console: Any, runlog: Any, prepared: Any, result: Any, view: Any, previous: dict[str, float],
+                rerun_hint: str) -> None:
+    """After a foreground run: each step with its time, the summary jobs' output, where everything is."""
+    from rich.table import Table
+
+    from jobs.progress import format_seconds, run_progress
+
+    progress = run_progress(runlog, view, previous=previous)
+    console.print(f"run {result.run_id}: {progress.completed}/{progress.total} steps done in "
+                  f"{format_seconds(progress.elapsed)}", markup=False, soft_wrap=True)
+    table = Table()
+    for column in ("step", "job", "status", "time", "note"):
+        table.add_column(column, overflow="fold")
+    for step in progress.steps:
+        time_text = "" if step.status == "cached" else format_seconds(step.elapsed)
+        table.add_row(f"{step.index}/{progress.total}", step.name,
+                      f"{STATUS_MARK.get(step.status, ' ')} {step.status}", time_text, (step.note or "")[:100])
+    console.print(table)
+    for name, spec in prepared.recipe.jobs.items():
+        state = next((j for j in view.jobs if j["name"] == name), None)
+        if spec.summary and state and state["status"] in ("finished", "cached") and state.get("log_path"):
+            text = summary_output(state["log_path"])
+            if text:
+                console.print(f"\n[bold]{spec.description or name}[/bold] (from {state['log_path']})\n")
+                console.print(text, markup=False, highlight=False, soft_wrap=True)
+    console.print()
+    color = {"finished": "green", "failed": "red"}.get(result.status, "magenta")
+    console.print(f"[{color}]run {result.run_id} {result.status}[/{color}]: {result.message}", soft_wrap=True)
+    if result.status in ("failed", "stopped"):
+        done = [s.name for s in progress.steps if s.status in ("finished", "cached")
+                and s.name in prepared.recipe.jobs and prepared.recipe.jobs[s.name].cacheable]
+        for name, log_path in result.failed_logs.items():
+            console.print(f"  failed step: {name}   log: {log_path}", markup=False, soft_wrap=True)
+        if done:
+            first = "fix the cause and run" if result.status == "failed" else "run"
+            console.print(f"  {first} `{rerun_hint}` again: the {len(done)} step(s) that finished "
+                          f"({', '.join(done)}) are reused and the run resumes at the first that did not.",
+                          markup=False, soft_wrap=True)
+    ws = prepared.workspace
+    lines = [
+        ("run log", f"{ws / 'runlog.sqlite'}  (adaflash --workspace {ws} runs show {result.run_id})"),
+        ("job logs", f"{prepared.run_dir}/<job>.log"),
+    ]
+    if prepared.cache_dir and any(j.cacheable for j in prepared.recipe.jobs.values()):
+        lines.append(("cache", f"{prepared.cache_dir}  (reused while inputs match; --no-cache runs every step)"))
+    lines.append(("dashboard", f"adaflash-tui --workspace {shlex.quote(str(ws))} --run {result.run_id}"))
+    for label, text in lines:
+        console.print(f"  {label + ':':<11}{text}", markup=False, highlight=False, soft_wrap=True)
 
 
 @click.command("run", context_settings={"show_default": True})
 @click.argument("recipe", required=False)
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Override a recipe value (TOML literal, else a string), e.g. --set gpus.training=[1,2].")
-@click.option("--dry-run", is_flag=True, help="Print the plan (exact command lines and GPUs) and stop.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (exact command lines, GPUs, what the cache reuses) "
+                                              "and stop.")
 @click.option("--detach", is_flag=True, help="Supervise in the background; follow with `adaflash runs attach RUN`.")
 @click.option("--workspace", type=click.Path(file_okay=False), default=None,
               help="Workspace for this run (default: the global --workspace, the recipe's, ./adaflash-workspace).")
 @click.option("--backend", type=click.Choice(["local", "slurm"]), default="local",
               help="local: subprocesses here; slurm: an sbatch script submitted to the cluster.")
+@click.option("--no-cache", "no_cache", is_flag=True,
+              help="Run every job, even those whose outputs an earlier run left with the same inputs "
+                   "(their cache records are refreshed).")
+@click.option("--rerun", "rerun", multiple=True, metavar="JOB",
+              help="Run this job even if its cached outputs match (repeatable); the jobs after it run again "
+                   "only if its outputs change.")
+@click.option("--progress-every", type=click.FloatRange(min=1), default=30.0,
+              help="Without a terminal: seconds between progress lines while a job runs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan (and the result) as JSON.")
 @click.option("--list", "list_recipes", is_flag=True, help="List the shipped recipes and exit.")
 @click.option("--foreground-supervisor", "supervise_run", hidden=True, metavar="RUN_ID",
               help="Internal: supervise an already recorded run (the --detach background process).")
 @click.pass_context
 def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_run: bool, detach: bool,
-        workspace: str | None, backend: str, as_json: bool, list_recipes: bool, supervise_run: str | None) -> None:
+        workspace: str | None, backend: str, no_cache: bool, rerun: tuple[str, ...], progress_every: float,
+        as_json: bool, list_recipes: bool, supervise_run: str | None) -> None:
     """Run a recipe (TOML, or a shipped recipe's name): plan, start its jobs, supervise them.
 
     Jobs start as subprocesses in their own process groups, logs in <workspace>/runs/<run>/<job>.log,
-    each recorded in the run log. Ctrl-C stops every job it started. Exit code: 0 finished,
+    each recorded in the run log. A job that declares `outputs` is reused (status `cached`) when an
+    earlier run finished it with the same command, code and inputs, so a rerun after a failure
+    resumes at the step that failed. Ctrl-C stops every job it started. Exit code: 0 finished,
     1 a job failed, 130 stopped, 2 invalid recipe or GPU assignment.
     """
     from adaflash.cli.common import workspace_of
@@ -145,16 +307,23 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
         fail(f"invalid recipe:\n{err}")
     except ValueError as err:
         fail(str(err))
+    unknown = sorted(set(rerun) - set(prepared.recipe.jobs))
+    if unknown:
+        fail(f"--rerun: no job {', '.join(unknown)} in recipe {prepared.recipe.name} "
+             f"(jobs: {', '.join(prepared.recipe.order())})")
+    use_cache = not no_cache
     if backend == "slurm":
         _run_slurm(prepared, dry_run=dry_run, detach=detach, as_json=as_json)
         return
     if as_json and dry_run:
         click.echo(json.dumps({"run_id": prepared.run_id, "run_dir": str(prepared.run_dir),
                                "workspace": str(prepared.workspace),
+                               "cache_dir": str(prepared.cache_dir) if prepared.cache_dir else None,
                                "gpus": prepared.recipe.assignment.to_dict(),
-                               "jobs": [row.to_dict() for row in prepared.plan()]}, indent=2))
+                               "jobs": [row.to_dict() for row in prepared.plan(preview=True, use_cache=use_cache,
+                                                                                rerun=rerun)]}, indent=2))
     elif not as_json:
-        click.echo(prepared.plan_text())
+        click.echo(prepared.plan_text(use_cache=use_cache, rerun=rerun))
     if dry_run:
         _warn_gpus(prepared)
         return
@@ -162,13 +331,15 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
     from rich.console import Console
 
     from adaflash.runlog import RunLog
-    from jobs.runner import Runner, install_signal_handlers, start_detached
+    from jobs.runner import Runner, install_signal_handlers, run_view, start_detached
 
     console = Console(stderr=False, highlight=False)
+    if not console.is_terminal:
+        console.width = max(console.width, 120)  # a log file (CI, | tee) has room for the tables
     runlog = RunLog.open(prepared.workspace)
     if detach:
         try:
-            run_id = start_detached(prepared, runlog)
+            run_id = start_detached(prepared, runlog, use_cache=use_cache, rerun=rerun)
         except (AssignmentError, LeaseError) as err:
             fail(str(err))
         except RuntimeError as err:
@@ -181,17 +352,13 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
                        f"  follow: adaflash runs attach {run_id}\n  stop:   adaflash runs stop {run_id}")
         return
 
-    runner = Runner(prepared, runlog)
+    runner = Runner(prepared, runlog, use_cache=use_cache, rerun=rerun)
     try:
         runner.start()
     except (AssignmentError, LeaseError) as err:
         fail(str(err))
     restore = install_signal_handlers(runner)
-    from rich.live import Live
-
-    from jobs.runner import run_view
-
-    live = Live(console=console, auto_refresh=False) if console.is_terminal and not as_json else None
+    display = ProgressDisplay(console, runlog, prepared.run_id, every=progress_every, quiet=as_json)
     state = {"after": 0, "last": 0.0}
 
     def on_tick(_runner: Any) -> None:
@@ -201,19 +368,12 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
         state["last"] = now
         view = run_view(runlog, prepared.run_id, events_after=state["after"])
         state["after"] = max(state["after"], view.last_event_id)
-        if not as_json:
-            for event in view.events:
-                print_event(console, event)
-        if live:
-            live.update(render_view(view), refresh=True)
+        display.update(view)
 
     try:
-        if live:
-            live.start()
-        result = runner.run(on_tick=on_tick)
+        with display:
+            result = runner.run(on_tick=on_tick)
     finally:
-        if live:
-            live.stop()
         restore()
     view = run_view(runlog, prepared.run_id, events_after=state["after"])
     if as_json:
@@ -221,9 +381,10 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
     else:
         for event in view.events:
             print_event(console, event)
-        console.print(render_view(view))
-        color = {"finished": "green", "failed": "red"}.get(result.status, "magenta")
-        console.print(f"[{color}]run {result.run_id} {result.status}[/{color}]: {result.message}")
+        console.print()
+        rerun_hint = shlex.join(["adaflash", *(["--workspace", explicit] if explicit else []), "run", recipe,
+                                 *(f"--set={o}" for o in overrides)])
+        print_final(console, runlog, prepared, result, view, display.previous, rerun_hint)
     sys.exit(result.exit_code)
 
 
@@ -261,17 +422,4 @@ def _run_slurm(prepared: Any, *, dry_run: bool, detach: bool, as_json: bool) -> 
     if detach:
         click.echo(f"  follow: adaflash runs attach {prepared.run_id}   stop: adaflash runs stop {prepared.run_id}")
         return
-    last = {"state": None}
-
-    def on_tick(state: Any) -> None:
-        if state.state != last["state"]:
-            last["state"] = state.state
-            click.echo(f"{time.strftime('%H:%M:%S')} slurm job {job_id}: {state.state}")
-
-    try:
-        result = tracker.track(on_tick=on_tick)
-    except KeyboardInterrupt:
-        click.echo(f"stopped following; the Slurm job goes on (adaflash runs stop {prepared.run_id} cancels it)")
-        sys.exit(130)
-    click.echo(f"run {result.run_id} {result.status}: {result.message}")
-    sys.exit(result.exit_code)
+    follow_slurm(tracker, click.echo, interrupt_code=130)

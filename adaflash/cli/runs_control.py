@@ -19,6 +19,7 @@ def attach_run(ctx: click.Context, run_id: str, interval: float) -> None:
     from rich.console import Console
 
     from adaflash.cli.run import follow, render_view
+    from jobs.progress import previous_durations, run_progress
     from jobs.runner import EXIT_CODES, run_view
 
     log = runlog_of(ctx)
@@ -37,7 +38,8 @@ def attach_run(ctx: click.Context, run_id: str, interval: float) -> None:
         console.print(f"detached; run {run['id']} goes on (adaflash runs stop {run['id']} stops it)")
         sys.exit(0)
     view = run_view(log, run["id"], events_after=view.last_event_id if view else 0)
-    console.print(render_view(view))
+    console.print(render_view(view, run_progress(log, view, previous=previous_durations(log, run.get("name"),
+                                                                                        exclude=run["id"]))))
     if view.orphaned:
         console.print(f"[red]run {view.run['id']} is recorded as {view.status} but its supervisor is gone[/red]"
                       f" (adaflash runs stop {view.run['id']} stops what is left of its jobs)")
@@ -47,24 +49,14 @@ def attach_run(ctx: click.Context, run_id: str, interval: float) -> None:
 
 
 def _attach_slurm(log, run_id: str, console) -> None:
+    from adaflash.cli.run import follow_slurm
     from jobs import slurm
 
-    tracker = slurm.SlurmRun.resume(log, run_id)
-    last = {"state": None}
-
-    def on_tick(state) -> None:
-        if state.state != last["state"]:
-            last["state"] = state.state
-            console.print(f"slurm job {tracker.job_id}: {state.state}")
-
     try:
-        result = tracker.track(on_tick=on_tick)
-    except KeyboardInterrupt:
-        sys.exit(0)
+        tracker = slurm.SlurmRun.resume(log, run_id)
     except slurm.SlurmError as err:
-        fail(str(err), code=1)
-    console.print(f"run {result.run_id} {result.status}: {result.message}")
-    sys.exit(result.exit_code)
+        fail(str(err))
+    follow_slurm(tracker, lambda text: console.print(text, markup=False, highlight=False), interrupt_code=0)
 
 
 @click.command("stop")
