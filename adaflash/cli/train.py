@@ -74,6 +74,9 @@ def common_options(func):
 @click.option("--ttt-length", type=click.IntRange(1, 16), default=4, show_default=True, help="EAGLE-3/MTP: unrolled steps.")
 @click.option("--chain-steps", type=click.IntRange(1, 32), default=6, show_default=True, help="EAGLE-3/MTP: draft steps at inference.")
 @click.option("--length-head/--no-length-head", default=False, show_default=True, help="DFlash: train the length head jointly.")
+@click.option("--draft-vocab", type=click.IntRange(16), default=None,
+              help="Score only the N most frequent tokens of --data (a draft vocabulary): drafting and training "
+                   "cost N/V of the full lm_head. Default: the whole vocabulary.")
 @click.option("--loss", type=click.Choice(["ce", "rkl-mix", "fkl"]), default="ce", show_default=True)
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.8, show_default=True)
 @click.option("--kl-temperature", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True)
@@ -87,13 +90,13 @@ def common_options(func):
 @click.pass_context
 def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_tokens, limit, eval_data, eval_prompts,
                 device, seed, init, epochs, steps, lr, warmup_steps, layers, block_size, blocks_per_seq, ttt_length,
-                chain_steps, length_head, loss, alpha, kl_temperature, clip, gamma, save_every, eval_every, resume,
-                max_minutes) -> None:
+                chain_steps, length_head, draft_vocab, loss, alpha, kl_temperature, clip, gamma, save_every, eval_every,
+                resume, max_minutes) -> None:
     """Train a DFlash, EAGLE-3 or MTP drafter on target-generated data (single process or torchrun)."""
-    from adaflash.models.drafter_io import DrafterError
+    from adaflash.models.drafter_io import DrafterError, frequent_tokens
     from adaflash.models.loading import load_target
     from adaflash.train.data import TrainDataError, load_sequences
-    from adaflash.train.loop import TrainConfig, Trainer, rank_world, setup_distributed
+    from adaflash.train.loop import TrainConfig, Trainer, build_drafter, rank_world, setup_distributed
     from adaflash.train.losses import LossConfig
 
     rank, world = rank_world()
@@ -106,7 +109,13 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
                           batch_tokens=batch_tokens, blocks_per_seq=blocks_per_seq, ttt_length=ttt_length, layers=layers,
                           block_size=block_size, steps_chain=chain_steps, length_head=length_head, save_every=save_every,
                           eval_every=eval_every, seed=seed, resume=resume, max_minutes=max_minutes, loss=loss_cfg)
-        trainer = Trainer(cfg, tgt)
+        vocab = None
+        if draft_vocab is not None:
+            if init:
+                raise ValueError("--draft-vocab makes a new drafter's vocabulary; --init keeps the one it has")
+            vocab = frequent_tokens([s.ids[s.response_start:] for s in sequences], draft_vocab,
+                                    tgt.model.cfg.vocab_size, always=tgt.eos_ids)
+        trainer = Trainer(cfg, tgt, build_drafter(cfg, tgt, vocab))
         prompts = _eval_prompts(eval_data, data, tgt, eval_prompts) if eval_prompts else []
     except (DrafterError, TrainDataError, ValueError, FileNotFoundError) as err:
         fail(str(err))

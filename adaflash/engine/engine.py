@@ -125,6 +125,7 @@ class Engine:
     # -- drafter management -----------------------------------------------------------------
     def _install_drafter(self, drafter: Drafter, version: int | None = None) -> None:
         drafter = drafter.to(device=self.device, dtype=self.model.dtype).eval()
+        drafter.bind_head(self.model, self.model.dtype)
         self.drafter = drafter
         self.drafter_version = version
         self.capture = list(drafter.target_layer_ids)
@@ -158,6 +159,7 @@ class Engine:
             # Copy into the running modules: captured graphs keep pointing at valid weights.
             with torch.no_grad():
                 self.drafter.load_state_dict(drafter.state_dict())
+                self.drafter.bind_head(self.model, self.model.dtype)
             self.drafter_version = version
         else:
             self.graphs.clear()

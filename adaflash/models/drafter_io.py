@@ -69,6 +69,7 @@ def new_drafter(
     mask_token_id: int | None = None,
     steps: int = 6,
     seed: int = 0,
+    draft_vocab: torch.Tensor | None = None,
 ) -> Drafter:
     if method not in DRAFTER_METHODS:
         raise DrafterError(f"--method must be one of {', '.join(DRAFTER_METHODS)}, got {method!r}")
@@ -79,14 +80,36 @@ def new_drafter(
     ids = target_layer_ids or default_layer_ids(method, target.num_hidden_layers)
     _check_layer_ids(ids, target.num_hidden_layers, "target_layer_ids")
     torch.manual_seed(seed)
+    size = None if draft_vocab is None else int(draft_vocab.numel())
+    if draft_vocab is not None:
+        check_draft_vocab(draft_vocab, target.vocab_size, "draft vocabulary")
     if method == "dflash":
         cfg = drafter_decoder_config(target, layers)
-        drafter: Drafter = DFlashDrafter(cfg, ids, block_size, mask_token_id, length_head)
+        drafter: Drafter = DFlashDrafter(cfg, ids, block_size, mask_token_id, length_head, draft_vocab_size=size)
     else:
         cfg = drafter_decoder_config(target, 1)
-        drafter = ChainDrafter(cfg, ids, method, steps)
+        drafter = ChainDrafter(cfg, ids, method, steps, draft_vocab_size=size)
     _init_weights(drafter)
+    if draft_vocab is not None:
+        drafter.draft_vocab.copy_(draft_vocab)
     return drafter
+
+
+def check_draft_vocab(vocab: torch.Tensor, vocab_size: int, where: str) -> None:
+    ids = vocab.tolist()
+    if not ids or any(not 0 <= i < vocab_size for i in ids) or len(set(ids)) != len(ids):
+        raise DrafterError(f"{where}: expected distinct token ids in [0, {vocab_size}), got {len(ids)} ids")
+
+
+def frequent_tokens(sequences: list[list[int]], size: int, vocab_size: int, always: list[int] = ()) -> torch.Tensor:
+    """The `size` most frequent ids of `sequences` (plus `always`, e.g. eos), sorted: a draft vocabulary."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ids in sequences:
+        counts += torch.bincount(torch.tensor(ids, dtype=torch.long), minlength=vocab_size)[:vocab_size]
+    keep = [i for i in always if 0 <= i < vocab_size]
+    counts[keep] = counts.max() + 1
+    size = min(size, vocab_size)
+    return counts.topk(size).indices.sort().values
 
 
 def _init_weights(module: torch.nn.Module) -> None:
@@ -120,6 +143,7 @@ def drafter_config(drafter: Drafter, extra: dict[str, Any] | None = None) -> dic
     else:
         cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": drafter.target_layer_ids,
                                "num_steps": drafter.max_draft}
+    cfg["draft_vocab_size"] = drafter.draft_vocab_size
     cfg["adaflash"] = {"method": drafter.method, **(extra or {})}
     return cfg
 
@@ -213,12 +237,16 @@ def load_drafter(folder: str | Path, target: DecoderConfig | None = None) -> Dra
             if mine != theirs:
                 raise DrafterError(f"{where}: {name}={mine} does not match the target's {name}={theirs}")
         _check_layer_ids(ids, target.num_hidden_layers, f"{where}: target layer ids")
+    vocab = cfg.get("draft_vocab_size")
+    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= dec.vocab_size):
+        raise DrafterError(f"{where}: draft_vocab_size must be an integer in [1, {dec.vocab_size}] or null, got {vocab!r}")
     if method == "dflash":
         drafter: Drafter = DFlashDrafter(dec, ids, int(block), dcfg.get("mask_token_id"),
                                          bool(dcfg.get("use_length_head")),
-                                         int(dcfg.get("length_head_hidden_size") or 256))
+                                         int(dcfg.get("length_head_hidden_size") or 256), draft_vocab_size=vocab)
     else:
-        drafter = ChainDrafter(dec, ids, method, int((cfg.get("eagle_config") or {}).get("num_steps", 6)))
+        drafter = ChainDrafter(dec, ids, method, int((cfg.get("eagle_config") or {}).get("num_steps", 6)),
+                               draft_vocab_size=vocab)
     weights = folder / "model.safetensors"
     if not weights.is_file():
         raise DrafterError(f"{folder}: no model.safetensors")
@@ -235,4 +263,6 @@ def load_drafter(folder: str | Path, target: DecoderConfig | None = None) -> Dra
         if tuple(state[name].shape) != tuple(shape):
             raise DrafterError(f"{weights}: {name} has shape {tuple(state[name].shape)}, config.json implies {tuple(shape)}")
     drafter.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+    if drafter.draft_vocab is not None:
+        check_draft_vocab(drafter.draft_vocab, dec.vocab_size, f"{weights}: draft_vocab")
     return drafter.eval()

@@ -12,6 +12,7 @@ Two families, one engine interface:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from adaflash.models.cache import KVCache
@@ -24,12 +25,52 @@ class Drafter(nn.Module):
     kind: str = ""
     method: str = ""
 
-    def __init__(self, cfg: DecoderConfig, target_layer_ids: list[int], block_size: int) -> None:
+    def __init__(self, cfg: DecoderConfig, target_layer_ids: list[int], block_size: int,
+                 draft_vocab_size: int | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.target_layer_ids = list(target_layer_ids)
         self.block_size = block_size
         self.rotary = Rotary(cfg)
+        # A draft vocabulary (EAGLE-3's d2t idea): the drafter scores only the N most frequent
+        # target tokens. The head is the target's lm_head rows of those tokens, so nothing new is
+        # learned, but drafting and training cost N/V of the full head: on a CPU, most of a draft.
+        self.draft_vocab: torch.Tensor | None
+        if draft_vocab_size:
+            self.register_buffer("draft_vocab", torch.arange(draft_vocab_size))
+        else:
+            self.draft_vocab = None
+        self.head_weight: torch.Tensor | None = None
+
+    @property
+    def draft_vocab_size(self) -> int | None:
+        return None if self.draft_vocab is None else int(self.draft_vocab.shape[0])
+
+    def bind_head(self, target: TargetModel, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """(Re)build the draft head from the target; in place when the shape allows (graphs keep it)."""
+        if self.draft_vocab is None:
+            self.head_weight = None
+            return None
+        weight = target.lm_head.weight.detach()[self.draft_vocab.to(target.lm_head.weight.device)]
+        weight = weight.to(device=self.draft_vocab.device, dtype=dtype or weight.dtype)
+        old = self.head_weight
+        if old is not None and old.shape == weight.shape and old.dtype == weight.dtype and old.device == weight.device:
+            old.copy_(weight)
+        else:
+            self.head_weight = weight
+        return self.head_weight
+
+    def draft_logits(self, hidden: torch.Tensor, target: TargetModel) -> torch.Tensor:
+        """Scores over the draft vocabulary (the whole target vocabulary without one)."""
+        if self.draft_vocab is None:
+            return target.lm_head(hidden)
+        weight = self.head_weight
+        if weight is None or weight.dtype != hidden.dtype or weight.device != hidden.device:
+            weight = self.bind_head(target, hidden.dtype)
+        return F.linear(hidden, weight)
+
+    def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
+        return index if self.draft_vocab is None else self.draft_vocab[index]
 
     @property
     def feature_size(self) -> int:
@@ -68,8 +109,9 @@ class DFlashDrafter(Drafter):
     method = "dflash"
 
     def __init__(self, cfg: DecoderConfig, target_layer_ids: list[int], block_size: int = 16,
-                 mask_token_id: int | None = None, length_head: bool = False, length_head_width: int = 256) -> None:
-        super().__init__(cfg, target_layer_ids, block_size)
+                 mask_token_id: int | None = None, length_head: bool = False, length_head_width: int = 256,
+                 draft_vocab_size: int | None = None) -> None:
+        super().__init__(cfg, target_layer_ids, block_size, draft_vocab_size)
         hidden = cfg.hidden_size
         self.mask_token_id = mask_token_id
         self.fc = nn.Linear(len(target_layer_ids) * hidden, hidden, bias=False)
@@ -133,7 +175,7 @@ class DFlashDrafter(Drafter):
 
     def tokens(self, hidden: torch.Tensor, count: int, target: TargetModel) -> torch.Tensor:
         """Greedy draft tokens of the first `count` masked positions: lm_head only where needed."""
-        return target.lm_head(hidden[:, 1 : 1 + count]).argmax(-1)
+        return self.to_target_ids(self.draft_logits(hidden[:, 1 : 1 + count], target).argmax(-1))
 
     def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None):
         hidden = self.block_hidden(cache, rows, pending, lens, target, ctx_len)
@@ -145,8 +187,9 @@ class ChainDrafter(Drafter):
 
     kind = "chain"
 
-    def __init__(self, cfg: DecoderConfig, target_layer_ids: list[int], method: str, steps: int = 6) -> None:
-        super().__init__(cfg, target_layer_ids, steps + 1)
+    def __init__(self, cfg: DecoderConfig, target_layer_ids: list[int], method: str, steps: int = 6,
+                 draft_vocab_size: int | None = None) -> None:
+        super().__init__(cfg, target_layer_ids, steps + 1, draft_vocab_size)
         hidden = cfg.hidden_size
         self.method = method
         if method == "eagle3":
@@ -213,12 +256,12 @@ class ChainDrafter(Drafter):
         steps = steps or self.max_draft
         cache.reserve(ctx_len + steps)
         h = cache.last_hidden[rows]
-        token = target.lm_head(self.norm(h)).argmax(-1)
+        token = self.to_target_ids(self.draft_logits(self.norm(h), target).argmax(-1))
         drafts = [token]
         for t in range(1, steps):
             positions = (lens + t - 1)[:, None]
             u, resid = self.fuse(target.embed(token)[:, None], h[:, None], from_target=False)
             h = self.layer(u, resid, positions, cache, rows, ctx_len + t)[:, 0]
-            token = target.lm_head(self.norm(h)).argmax(-1)
+            token = self.to_target_ids(self.draft_logits(self.norm(h), target).argmax(-1))
             drafts.append(token)
         return torch.stack(drafts, dim=1), None

@@ -13,7 +13,7 @@ import torch
 from adaflash.models.drafters import ChainDrafter
 from adaflash.models.target import TargetModel
 from adaflash.train.features import FeatureSource, direct_features, teacher_logits
-from adaflash.train.losses import LossConfig, distill_loss
+from adaflash.train.losses import LossConfig, distill_loss, to_draft_vocab
 
 
 def ttt_mask(width: int, step: int, device: torch.device) -> torch.Tensor:
@@ -70,18 +70,21 @@ def chain_loss(
         live = label_ok & (p - step >= 0)
         sel = live.flatten()
         if bool(sel.any()):
-            student = target.lm_head(drafter.norm(h).reshape(b * span, -1)[sel])
+            student = drafter.draft_logits(drafter.norm(h).reshape(b * span, -1)[sel], target)
             teacher = None
             if need_teacher:
                 rows = torch.arange(b, device=device)[:, None].expand(b, span).flatten()[sel]
                 teacher = teacher_logits(target, final, rows, (p + 1).expand(b, span).flatten()[sel])
+            chosen = labels.flatten()[sel]
             weights = torch.ones(int(sel.sum()), device=device)
-            loss, parts = distill_loss(student, labels.flatten()[sel], teacher, weights, loss_cfg)
+            d_labels, d_teacher, weights = to_draft_vocab(drafter.draft_vocab, target.cfg.vocab_size, chosen,
+                                                          teacher, weights)
+            loss, parts = distill_loss(student, d_labels, d_teacher, weights, loss_cfg)
             w = step_weight ** step
             total = total + w * loss
             norm += w
             with torch.no_grad():
-                stats[f"top1_step{step}"] = float((student.argmax(-1) == labels.flatten()[sel]).float().mean())
+                stats[f"top1_step{step}"] = float((drafter.to_target_ids(student.argmax(-1)) == chosen).float().mean())
             for name, value in parts.items():
                 stats[f"{name}_step{step}"] = value
         h_prev = h

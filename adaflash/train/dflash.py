@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from adaflash.models.drafters import DFlashDrafter
 from adaflash.models.target import TargetModel
 from adaflash.train.features import FeatureSource, direct_features, teacher_logits
-from adaflash.train.losses import LossConfig, distill_loss, position_decay
+from adaflash.train.losses import LossConfig, distill_loss, position_decay, to_draft_vocab
 
 
 @dataclass
@@ -88,19 +88,21 @@ def dflash_loss(
                                block_mask(blocks.anchors, width, size))
     sel = live.flatten()
     flat_hidden = hidden.reshape(b * n * size, -1)
-    student = target.lm_head(flat_hidden[sel])
+    student = drafter.draft_logits(flat_hidden[sel], target)
     weights = position_decay(size, loss_cfg.gamma, device).expand(b, n, size).flatten()[sel]
     teacher = None
     if need_teacher:
         rows = torch.arange(b, device=device)[:, None, None].expand(b, n, size).flatten()[sel]
         teacher = teacher_logits(target, final, rows, (pos - 1).clamp(min=0).flatten()[sel])
-    loss, stats = distill_loss(student, labels.flatten()[sel], teacher, weights,
+    chosen = labels.flatten()[sel]
+    d_labels, d_teacher, weights = to_draft_vocab(drafter.draft_vocab, target.cfg.vocab_size, chosen, teacher, weights)
+    loss, stats = distill_loss(student, d_labels, d_teacher, weights,
                                loss_cfg if loss_cfg.kind != "ce" else LossConfig("ce", gamma=loss_cfg.gamma))
     # acceptance under greedy verification, from teacher forcing: the cheap τ proxy
     with torch.no_grad():
-        reference = teacher.argmax(-1) if teacher is not None else labels.flatten()[sel]
+        reference = teacher.argmax(-1) if teacher is not None else chosen
         hit = torch.zeros(b * n * size, dtype=torch.bool, device=device)
-        hit[sel] = student.argmax(-1) == reference
+        hit[sel] = drafter.to_target_ids(student.argmax(-1)) == reference
         hit = hit.view(b, n, size)[:, :, 1:]
         full = in_seq.all(-1) & blocks.valid
         accepted = (hit | ~live[:, :, 1:]).long().cumprod(-1).sum(-1)

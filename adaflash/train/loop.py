@@ -79,7 +79,7 @@ def setup_distributed(device: torch.device) -> None:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
 
-def build_drafter(cfg: TrainConfig, target: Target) -> Drafter:
+def build_drafter(cfg: TrainConfig, target: Target, draft_vocab: torch.Tensor | None = None) -> Drafter:
     if cfg.init:
         drafter = load_drafter(cfg.init, target.model.cfg)
         if cfg.length_head and isinstance(drafter, DFlashDrafter) and drafter.length_head is None:
@@ -88,7 +88,7 @@ def build_drafter(cfg: TrainConfig, target: Target) -> Drafter:
             drafter.length_head = LengthHead(target.model.cfg.hidden_size)
         return drafter
     return new_drafter(cfg.method, target.model.cfg, layers=cfg.layers, block_size=cfg.block_size,
-                       length_head=cfg.length_head, steps=cfg.steps_chain, seed=cfg.seed)
+                       length_head=cfg.length_head, steps=cfg.steps_chain, seed=cfg.seed, draft_vocab=draft_vocab)
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:

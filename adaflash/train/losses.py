@@ -82,6 +82,23 @@ def forward_kl(student: torch.Tensor, teacher: torch.Tensor, weights: torch.Tens
     return loss, {"loss_fkl": float(loss.detach()), "clip_ratio": 0.0}
 
 
+def to_draft_vocab(vocab: torch.Tensor | None, vocab_size: int, labels: torch.Tensor, teacher: torch.Tensor | None,
+                   weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Labels and teacher logits in the drafter's vocabulary (identity without a draft vocabulary).
+
+    A label outside the draft vocabulary cannot be drafted: it becomes -100 and its CE weight 0;
+    the teacher keeps the draft vocabulary's columns, renormalized by the softmax of each loss.
+    """
+    if vocab is None:
+        return labels, teacher, weights
+    lookup = torch.full((vocab_size,), -100, dtype=torch.long, device=labels.device)
+    lookup[vocab] = torch.arange(vocab.numel(), device=labels.device)
+    mapped = lookup[labels]
+    if teacher is None:
+        weights = weights * (mapped >= 0)
+    return mapped, (teacher[:, vocab] if teacher is not None else None), weights
+
+
 def distill_loss(student: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor | None, weights: torch.Tensor,
                  cfg: LossConfig) -> tuple[torch.Tensor, dict[str, float]]:
     if cfg.kind == "ce" or teacher is None:
