@@ -84,6 +84,24 @@ class DecoderConfig:
         return out
 
 
+class Linear(nn.Linear):
+    """nn.Linear whose skinny CPU products run as W @ xᵀ.
+
+    Decoding multiplies 1-16 rows by each weight. On AVX2 machines MKL's GEMM streams the weight
+    up to twice as fast in that orientation once there are 2+ rows (measured on SmolLM2's shapes),
+    which is what keeps verifying a few drafted tokens about as cheap as decoding one on a CPU.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.numel() else 0
+        if x.device.type != "cpu" or torch.is_grad_enabled() or not 2 <= rows <= 16:
+            return F.linear(x, self.weight, self.bias)
+        out = (self.weight @ x.reshape(rows, x.shape[-1]).T).T
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -147,10 +165,10 @@ class Attention(nn.Module):
         d_in = in_features or cfg.hidden_size
         bias = cfg.attention_bias
         self.num_heads, self.num_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(d_in, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_in, self.num_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(d_in, self.num_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.q_proj = Linear(d_in, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(d_in, self.num_kv * self.head_dim, bias=bias)
+        self.v_proj = Linear(d_in, self.num_kv * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -185,9 +203,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from adaflash.models.cache import KVCache
-from adaflash.models.layers import DecoderConfig, DecoderLayer, RMSNorm, Rotary
+from adaflash.models.layers import DecoderConfig, DecoderLayer, Linear, RMSNorm, Rotary
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -40,7 +40,7 @@ class TargetModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = _Backbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(cfg)
