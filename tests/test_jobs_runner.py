@@ -322,7 +322,8 @@ def test_metrics_of_runs_created_by_the_jobs_show_in_the_view(tmp_path: Path) ->
 
 
 def test_a_torchrun_job_runs_one_process_per_rank(tmp_path: Path) -> None:
-    code = "import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)"
+    # one write per line: both ranks share the log, and print() may split a line across writes
+    code = "import os; os.write(1, f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}\\n\".encode())"
     recipe = write(tmp_path, "ddp.toml", f"""
         [run]
         name = "ddp"
