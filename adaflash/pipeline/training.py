@@ -28,8 +28,8 @@ from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.ledger import ConsumeLedger
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
-from adaflash.train.data import Sequence, pad, row_to_sequence
-from adaflash.train.loop import STATE_FILE, TrainConfig, Trainer, objective, rank_world, setup_distributed
+from adaflash.train.data import Sequence, row_to_sequence
+from adaflash.train.loop import STATE_FILE, TrainConfig, Trainer, gather_floats, rank_world, setup_distributed
 from adaflash.train.losses import LossConfig
 
 
@@ -98,61 +98,6 @@ def _agree(values: list[int], device: torch.device) -> list[int]:
     return tensor.tolist()
 
 
-def _gather(values: list[float], device: torch.device) -> list[list[float]]:
-    """Every rank's list of floats (all lists the same length), on every rank."""
-    _, world = rank_world()
-    if world == 1:
-        return [list(values)]
-    local = torch.tensor(values, dtype=torch.float64, device=device)
-    parts = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(parts, local)
-    return [p.tolist() for p in parts]
-
-
-def data_parallel_step(trainer: Trainer, sequences: list[Sequence], lr: float, loss_cfg) -> dict[str, float] | None:
-    """One optimizer step over the rows of every rank, each row counted once.
-
-    Rank r's loss is the mean over its n_r rows; scaled by n_r / N and summed over ranks (all-reduce
-    of the gradients) it is the mean over all N rows of the step. A rank with n_r = 0 runs no
-    forward pass and contributes zero gradients (weight 0), so it still takes part in every
-    collective. Returns this rank's loss stats ({} without rows), or None when no rank had a
-    usable row (all ranks skip the update alike).
-    """
-    _, world = rank_world()
-    counts = [int(c[0]) for c in _gather([float(len(sequences))], trainer.device)]
-    total = sum(counts)
-    if total == 0:
-        return None
-    for group in trainer.opt.param_groups:
-        group["lr"] = lr
-    trainer.opt.zero_grad(set_to_none=True)
-    if trainer.head_opt:
-        trainer.head_opt.zero_grad(set_to_none=True)
-    stats: dict[str, float] = {}
-    tokens = 0
-    if sequences:
-        ids, lens, starts = pad(sequences, trainer.device)
-        loss, stats = objective(trainer.drafter, trainer.target, ids, lens, starts, trainer.cfg, trainer.gen, loss_cfg)
-        (loss * (len(sequences) / total)).backward()
-        tokens = int(lens.sum())
-    if world > 1:
-        for p in trainer.drafter.parameters():
-            if not p.requires_grad:
-                continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad)  # SUM of the weighted shares = the mean over every row of the step
-    stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
-        [p for g in trainer.opt.param_groups for p in g["params"]], trainer.cfg.grad_clip))
-    trainer.opt.step()
-    if trainer.head_opt:
-        trainer.head_opt.step()
-    trainer.state.step += 1
-    trainer.state.tokens += tokens
-    stats["lr"] = lr
-    return stats
-
-
 def run_training(cfg: TrainingConfig) -> int:
     rank, world = rank_world()
     target = load_target(cfg.target, device=_rank_device(cfg.device), dtype="float32")
@@ -213,14 +158,14 @@ def run_training(cfg: TrainingConfig) -> int:
             usable.append(seq is not None)
             if seq is not None:
                 sequences.append(seq)
-        stats = data_parallel_step(trainer, sequences, cfg.lr, loss_cfg)
+        stats = trainer.step_on(sequences, cfg.lr, loss_cfg)
         seconds = time.perf_counter() - began
         # what every rank took and spent: [rows trained, tokens, seconds, loss·rows, then its seqs (-1 pad)]
         width = math.ceil(take / world)
         seqs = [float(r["seq"]) if ok else -2.0 - r["seq"] for r, ok in zip(mine, usable)]
         tokens = sum(len(s.ids) for s in sequences)
         loss_sum = (stats or {}).get("loss", 0.0) * len(sequences)
-        shares = _gather([float(len(sequences)), float(tokens), seconds, loss_sum, *seqs,
+        shares = gather_floats([float(len(sequences)), float(tokens), seconds, loss_sum, *seqs,
                           *[-1.0] * (width - len(seqs))], target.device)
         trainer.state.consumed += take
         if log:

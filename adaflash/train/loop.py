@@ -73,6 +73,17 @@ def rank_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's list of floats (all lists the same length), on every rank."""
+    _, world = rank_world()
+    if world == 1:
+        return [list(values)]
+    local = torch.tensor(values, dtype=torch.float64, device=device)
+    parts = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(parts, local)
+    return [p.tolist() for p in parts]
+
+
 def setup_distributed(device: torch.device) -> None:
     _, world = rank_world()
     if world > 1 and not dist.is_initialized():
@@ -165,32 +176,52 @@ class Trainer:
         random.setstate(saved["python_rng"])
 
     # -- one optimisation step ---------------------------------------------------------------------
-    def step_on(self, sequences: list[Sequence], lr: float, loss_cfg: LossConfig | None = None) -> dict[str, float]:
-        ids, lens, starts = pad(sequences, self.device)
-        features = None
-        if self.memo is not None:
-            memo, keys = self.memo, [id(s) for s in sequences]
-            features = lambda ids, lens, with_last: memo.features(keys, ids, lens, with_last)  # noqa: E731
+    def step_on(self, sequences: list[Sequence], lr: float,
+                loss_cfg: LossConfig | None = None) -> dict[str, float] | None:
+        """One optimizer step over the rows of every rank, each row counted once.
+
+        Rank r's loss is the mean over its n_r rows; scaled by n_r / N and summed over ranks (the
+        gradient all-reduce) it is the mean over all N rows of the step. A rank with no rows runs
+        no forward pass and contributes zero gradients, so it still joins every collective.
+        Returns this rank's loss stats ({} without rows), or None when no rank had a row (all
+        ranks skip the update alike).
+        """
+        _, world = rank_world()
+        counts = [int(c[0]) for c in gather_floats([float(len(sequences))], self.device)]
+        total = sum(counts)
+        if total == 0:
+            return None
         for group in self.opt.param_groups:
             group["lr"] = lr
         self.opt.zero_grad(set_to_none=True)
         if self.head_opt:
             self.head_opt.zero_grad(set_to_none=True)
-        loss, stats = objective(self.drafter, self.target, ids, lens, starts, self.cfg, self.gen, loss_cfg, features)
-        loss.backward()
-        _, world = rank_world()
+        stats: dict[str, float] = {}
+        tokens = 0
+        if sequences:
+            ids, lens, starts = pad(sequences, self.device)
+            features = None
+            if self.memo is not None:
+                memo, keys = self.memo, [id(s) for s in sequences]
+                features = lambda ids, lens, with_last: memo.features(keys, ids, lens, with_last)  # noqa: E731
+            loss, stats = objective(self.drafter, self.target, ids, lens, starts, self.cfg, self.gen, loss_cfg,
+                                    features)
+            (loss * (len(sequences) / total)).backward()
+            tokens = int(lens.sum())
         if world > 1:
             for p in self.drafter.parameters():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad)
-                    p.grad /= world
+                if not p.requires_grad:
+                    continue
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)  # SUM of the weighted shares = the mean over every row of the step
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
             [p for g in self.opt.param_groups for p in g["params"]], self.cfg.grad_clip))
         self.opt.step()
         if self.head_opt:
             self.head_opt.step()
         self.state.step += 1
-        self.state.tokens += int(lens.sum())
+        self.state.tokens += tokens
         stats["lr"] = lr
         return stats
 
@@ -218,7 +249,7 @@ class Trainer:
             while self.state.batch_index < len(mine) and self.state.step < total and not out_of_time():
                 group = [sequences[i] for i in mine[self.state.batch_index]]
                 self.state.batch_index += 1
-                last = self.step_on(group, lr_at(self.state.step, total, cfg))
+                last = self.step_on(group, lr_at(self.state.step, total, cfg)) or {}
                 last["tokens_per_s"] = (self.state.tokens - tokens_at_start) / max(time.perf_counter() - started, 1e-9)
                 last["epoch"] = self.state.epoch
                 if eval_prompts and cfg.eval_every and self.state.step % cfg.eval_every == 0 and rank == 0:
