@@ -20,7 +20,7 @@ from tui.panes.base import Pane
 
 STATUS_STYLE = {
     "pending": "dim", "starting": "yellow", "running": "cyan", "ready": "bold green", "finished": "green",
-    "failed": "bold red", "stopped": "magenta", "restarting": "yellow", "detached": "cyan",
+    "failed": "bold red", "stopped": "magenta", "restarting": "yellow", "detached": "cyan", "cached": "blue",
 }
 COLUMNS = (("job", "job"), ("role", "role"), ("status", "status"), ("gpus", "GPUs"), ("pid", "pid"),
            ("uptime", "uptime"), ("restarts", "restarts"), ("exit", "exit"), ("note", "note"))
