@@ -551,6 +551,17 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
 # -- validation ------------------------------------------------------------------------------------
 
 
+def _nearest(table: Mapping[str, Any], key: str) -> Any:
+    """The entry of `key` or of its closest dotted prefix (a.b.c, then a.b, then a); None if none."""
+    parts = key.split(".")
+    while parts:
+        found = table.get(".".join(parts))
+        if found:
+            return found
+        parts.pop()
+    return None
+
+
 def _type_name(value: Any) -> str:
     return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
             dict: "table"}.get(type(value), type(value).__name__)
@@ -570,23 +581,10 @@ class _Checker:
         return key
 
     def line_of(self, key: str) -> int | None:
-        shown = self.shown(key)
-        parts = shown.split(".")
-        while parts:
-            line = self.lines.get(".".join(parts))
-            if line:
-                return line
-            parts.pop()
-        return None
+        return _nearest(self.lines, self.shown(key))
 
     def origin_of(self, key: str) -> str | None:
-        parts = key.split(".")
-        while parts:
-            origin = self.origins.get(".".join(parts))
-            if origin:
-                return origin
-            parts.pop()
-        return None
+        return _nearest(self.origins, key)
 
     def add(self, key: str, message: str) -> None:
         origin = self.origin_of(key)

@@ -8,7 +8,7 @@ import torch
 from adaflash.engine.engine import Engine
 from adaflash.engine.graphs import GraphRunner, bucket
 from adaflash.models.loading import load_target
-from tests.test_engine_lossless import drafter_for, make_requests, oracle_engine, vanilla
+from tests.test_engine_lossless import drafter_for, generate_with_swap, make_requests, oracle_engine, vanilla
 
 
 def test_bucket_is_the_next_power_of_two_within_bounds():
@@ -72,16 +72,8 @@ def test_cuda_graphs_survive_a_swap_to_another_shape(tiny_llama):
     cpu = load_target(str(tiny_llama), device="cpu")
     reference = vanilla(cpu, make_requests(cpu, max_new_tokens=24, ignore_eos=True))
     engine = Engine(gpu, "dflash", drafter_for("dflash", gpu), max_batch=4, max_len=512)
-    for request in make_requests(gpu, max_new_tokens=24, ignore_eos=True):
-        engine.add(request)
-    done, steps = {}, 0
-    while engine.has_work():
-        for event in engine.step():
-            if event.output:
-                done[event.rid] = event.output
-        steps += 1
-        if steps == 3:
-            engine.swap_drafter(drafter_for("adaflash", gpu), version=2)  # gains a length head
+    done = generate_with_swap(engine, make_requests(gpu, max_new_tokens=24, ignore_eos=True),
+                              drafter_for("adaflash", gpu), version=2)  # gains a length head
     assert [done[f"r{i}"].output_ids for i in range(4)] == [o.output_ids for o in reference]
 
 

@@ -62,6 +62,21 @@ class OracleDrafter(Drafter):
         return torch.tensor(out, device=lens.device), lengths
 
 
+def generate_with_swap(engine, requests, drafter, version, at_step=3):
+    """Run requests step by step, hot-swapping to `drafter` after `at_step` steps; outputs by rid."""
+    for request in requests:
+        engine.add(request)
+    done, steps = {}, 0
+    while engine.has_work():
+        for event in engine.step():
+            if event.output:
+                done[event.rid] = event.output
+        steps += 1
+        if steps == at_step:
+            engine.swap_drafter(drafter, version=version)
+    return done
+
+
 def vanilla(target, requests):
     return Engine(target, "vanilla", max_batch=len(requests), max_len=512).generate(requests)
 
@@ -151,16 +166,8 @@ def test_max_new_tokens_is_exact(tiny_target, method):
 def test_hot_swap_mid_generation_keeps_output(tiny_target):
     reference = vanilla(tiny_target, make_requests(tiny_target, max_new_tokens=24, ignore_eos=True))
     engine = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target, seed=1), max_batch=4, max_len=512)
-    for request in make_requests(tiny_target, max_new_tokens=24, ignore_eos=True):
-        engine.add(request)
-    done, steps = {}, 0
-    while engine.has_work():
-        for event in engine.step():
-            if event.output:
-                done[event.rid] = event.output
-        steps += 1
-        if steps == 3:
-            engine.swap_drafter(drafter_for("dflash", tiny_target, seed=2), version=7)
+    done = generate_with_swap(engine, make_requests(tiny_target, max_new_tokens=24, ignore_eos=True),
+                              drafter_for("dflash", tiny_target, seed=2), version=7)
     assert [done[f"r{i}"].output_ids for i in range(4)] == [o.output_ids for o in reference]
     assert engine.drafter_version == 7
     with pytest.raises(ValueError, match="does not match"):

@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -78,10 +78,18 @@ def fmt_cell(value: Any) -> str:
     return str(value)
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """Print a clear error (no traceback) and exit."""
     click.secho(f"error: {message}", fg="red", err=True)
     sys.exit(code)
+
+
+def run_or_fail(log: RunLog, run_id: str) -> dict[str, Any]:
+    """The run, or a clean error naming the unknown id."""
+    try:
+        return log.get_run(run_id)
+    except KeyError as err:
+        fail(err.args[0])
 
 
 @contextmanager

@@ -10,7 +10,15 @@ from typing import Any
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, fmt_cell, output_format_option, runlog_of, workspace_of
+from adaflash.cli.common import (
+    emit_rows,
+    fail,
+    fmt_cell,
+    output_format_option,
+    run_or_fail,
+    runlog_of,
+    workspace_of,
+)
 
 PRESETS = {
     "adaflash": {"loss": "rkl-mix", "length_head": True},
@@ -152,10 +160,7 @@ def stop(ctx: click.Context, run_id: str) -> None:
     from adaflash.pipeline.buffer import SwapBuffer
 
     log = runlog_of(ctx)
-    try:
-        run = log.get_run(run_id)
-    except KeyError as err:
-        fail(err.args[0])
+    run = run_or_fail(log, run_id)
     swap = (run.get("config") or {}).get("swap_dir")
     if run["kind"] != "pipeline" or not swap:
         fail(f"run {run['id']} is not a pipeline run")
@@ -189,10 +194,7 @@ def status(ctx: click.Context, run_id: str | None, swap_dir: str | None, fmt: st
 
 def _find_run(log, run_id: str | None, swap_dir: str | None) -> dict[str, Any]:
     if run_id:
-        try:
-            run = log.get_run(run_id)
-        except KeyError as err:
-            fail(err.args[0])
+        run = run_or_fail(log, run_id)
         if run["kind"] != "pipeline":
             fail(f"run {run['id']} is a {run['kind']} run, not a pipeline run")
         return run

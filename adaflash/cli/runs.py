@@ -6,7 +6,7 @@ import json
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, output_format_option, runlog_of
+from adaflash.cli.common import emit_rows, output_format_option, run_or_fail, runlog_of
 
 RUN_COLUMNS = ["id", "kind", "status", "method", "target", "draft", "dataset", "created"]
 
@@ -47,10 +47,7 @@ def list_runs(ctx: click.Context, kind, status, method, target, dataset, limit, 
 def show_run(ctx: click.Context, run_id: str, fmt: str) -> None:
     """One run: its fields, jobs, latest metrics, checkpoints and benchmark results."""
     log = runlog_of(ctx)
-    try:
-        run = log.get_run(run_id)
-    except KeyError as err:
-        fail(err.args[0])
+    run = run_or_fail(log, run_id)
     detail = {
         "run": run,
         "jobs": log.jobs(run["id"]),

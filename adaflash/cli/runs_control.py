@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from adaflash.cli.common import fail, runlog_of
+from adaflash.cli.common import fail, run_or_fail, runlog_of
 
 
 @click.command("attach")
@@ -23,10 +23,7 @@ def attach_run(ctx: click.Context, run_id: str, interval: float) -> None:
     from jobs.runner import EXIT_CODES, run_view
 
     log = runlog_of(ctx)
-    try:
-        run = log.get_run(run_id)
-    except KeyError as err:
-        fail(err.args[0])
+    run = run_or_fail(log, run_id)
     config = run.get("config") if isinstance(run.get("config"), dict) else {}
     console = Console(highlight=False)
     if config.get("backend") == "slurm":
@@ -72,10 +69,7 @@ def stop_run(ctx: click.Context, run_id: str, grace: float, job_name: str | None
     from jobs import runner
 
     log = runlog_of(ctx)
-    try:
-        run = log.get_run(run_id)
-    except KeyError as err:
-        fail(err.args[0])
+    run = run_or_fail(log, run_id)
     if restart and not job_name:
         fail("--restart needs --job NAME")
     if job_name:

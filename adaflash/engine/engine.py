@@ -261,6 +261,14 @@ class Engine:
         return events
 
     # -- padding to captured shapes -------------------------------------------------------------
+    @property
+    def _widest(self) -> int:
+        """The widest verified block: the pending token plus every draft."""
+        return (self.drafter.max_draft if self.drafter is not None else 0) + 1
+
+    def _kv_bucket(self, length: int) -> int:
+        return bucket(length, self.cache.max_len, floor=128) if self.padded else length
+
     def _dims(self, b: int, width: int, base: int) -> tuple[int, int, int]:
         """(batch, width, kv length) of a pass whose rows start at most at `base`.
 
@@ -269,9 +277,8 @@ class Engine:
         """
         if not self.padded:
             return b, width, base + width
-        widest = (self.drafter.max_draft if self.drafter is not None else 0) + 1
-        b_pad, w_pad = bucket(b, self.max_batch), bucket(width, max(widest, width))
-        return b_pad, w_pad, bucket(base + w_pad, self.cache.max_len, floor=128)
+        b_pad, w_pad = bucket(b, self.max_batch), bucket(width, max(self._widest, width))
+        return b_pad, w_pad, self._kv_bucket(base + w_pad)
 
     def _pad_rows(self, rows: torch.Tensor, size: int) -> torch.Tensor:
         return torch.cat([rows, rows.new_full((size - rows.shape[0],), self.scratch)])
@@ -304,14 +311,13 @@ class Engine:
         """
         if not self.graphs.enabled:
             return 0
-        cap = self.cache.max_len
-        top = bucket(min(max_context or cap, cap), cap, floor=128)
+        top = self._kv_bucket(min(max_context or self.cache.max_len, self.cache.max_len))
         kvs, kv = [], 128
         while kv < top:
             kvs.append(kv)
             kv *= 2
         kvs.append(top)
-        widest = (self.drafter.max_draft if self.drafter is not None else 0) + 1
+        widest = self._widest
         widths = sorted({bucket(w, widest) for w in range(1, widest + 1)})
         batches = sorted({bucket(b, self.max_batch) for b in range(1, self.max_batch + 1)})
         zeros = lambda b, w=None: torch.zeros((b,) if w is None else (b, w), dtype=torch.long, device=self.device)  # noqa: E731
@@ -436,7 +442,7 @@ class Engine:
             verify_n = self._choose_lengths(drafter.predict_length(hidden), drafter.max_draft)
             return drafter.tokens(hidden, int(verify_n.max()), self.model), verify_n
         b_pad = self._dims(b, 1, longest)[0]
-        ctx = bucket(longest, self.cache.max_len, floor=128) if self.padded else longest
+        ctx = self._kv_bucket(longest)
         cache, model = self.draft_cache, self.model
 
         def draft(rows_p, pending_p, lens_p):

@@ -62,11 +62,11 @@ class FeatureMemo:
                  with_last: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Features of the padded batch `ids` whose rows are the sequences `keys`."""
         missing = [i for i, k in enumerate(keys) if k not in self.store or (with_last and self.store[k][1] is None)]
+        if missing and self.used > self.budget:
+            return target_features(self.target, ids, self.layer_ids, with_last=with_last)
         if missing:
             width = int(lens[missing].max())
             feats, final = target_features(self.target, ids[missing, :width], self.layer_ids, with_last=with_last)
-            if self.used > self.budget:
-                return target_features(self.target, ids, self.layer_ids, with_last=with_last)
             for j, i in enumerate(missing):
                 n = int(lens[i])
                 entry = (feats[j, :n].clone(), final[j, :n].clone() if final is not None else None)
