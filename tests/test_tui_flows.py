@@ -409,3 +409,22 @@ def test_tui_never_imports_torch() -> None:
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert out.stdout.strip() == "False"
 
+
+
+async def test_switching_tab_away_from_a_focused_widget_stays_on_the_new_tab(ws: Path) -> None:
+    """Textual hands a hidden focused widget's focus to a sibling and shows its tab again: not here."""
+    app = make_app(ws, inventory=FakeInventory(1), live=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.show_tab("launch")
+        await settle(pilot)
+        grid = app.query_one("#assign", DataTable)
+        grid.focus()
+        await settle(pilot)
+        assert app.active_tab == "launch" and grid.has_focus
+        # the new pane may not be there to take focus yet (it mounts lazily): the grid keeps it
+        app._focus_pane = lambda tab: None
+        for tab in ("jobs", "monitor", "launch", "compare"):
+            app.show_tab(tab)
+            await settle(pilot)
+            assert app.active_tab == tab

@@ -229,6 +229,9 @@ class AdaflashApp(App[None]):
     def show_tab(self, tab: str) -> None:
         if tab not in PANES:
             return
+        # A focused widget in the pane being hidden would hand focus to a sibling, and Textual then
+        # switches back to the tab holding it: drop focus first, the new pane takes it after refresh.
+        self.screen.set_focus(None)
         self.query_one("#tabs", TabbedContent).active = tab
         self.call_after_refresh(self._focus_pane, tab)
 
