@@ -183,3 +183,32 @@ def test_torchrun_data_parallel_on_cpu(tmp_path, learnable, regen):
 
     runs = RunLog.open(tmp_path / "ws").list_runs(kind="train")
     assert len(runs) == 1 and runs[0]["config"]["world_size"] == 2  # only rank 0 records
+
+
+def test_memo_greedy_tokens_give_the_length_head_the_same_labels_as_teacher_logits(learnable, regen):
+    """CE + length head: the memo's greedy tokens stand in for the teacher's argmax, exactly."""
+    from adaflash.models.drafter_io import new_drafter
+    from adaflash.train.data import pad
+    from adaflash.train.dflash import dflash_loss
+    from adaflash.train.features import FeatureMemo, direct_features
+
+    target = learnable.model
+    sequences = load_sequences(regen, learnable, 256)[:5]
+    ids, lens, starts = pad(sequences, torch.device("cpu"))
+    drafter = new_drafter("dflash", target.cfg, block_size=6, length_head=True, seed=1)
+    memo = FeatureMemo(target, drafter.target_layer_ids, keep_greedy=True)
+    source = memo.source([id(s) for s in sequences])
+    direct = direct_features(target, drafter.target_layer_ids)
+    # the greedy tokens are the teacher's argmax at every real position
+    _, final = direct(ids, lens, True)
+    greedy = source.greedy(ids, lens)
+    for row, n in enumerate(lens.tolist()):
+        assert torch.equal(greedy[row, :n], target.logits(final[row, :n]).argmax(-1))
+    # and the loss (drafter CE + the head's MSE on acceptance) is the same either way
+    stats = []
+    for features in (direct, source):
+        loss, stat = dflash_loss(drafter, target, ids, lens, starts, blocks_per_seq=4, loss_cfg=LossConfig("ce"),
+                                 gen=torch.Generator().manual_seed(0), train_head=True, features=features)
+        stats.append((float(loss), stat["block_accept_len"], stat["loss_length_head"]))
+    assert stats[0] == pytest.approx(stats[1], rel=1e-5)
+    assert len(memo.greedy_ids) == len(sequences)  # kept: later epochs run no lm_head for them

@@ -77,6 +77,8 @@ def common_options(func):
 @click.option("--draft-vocab", type=click.IntRange(16), default=None,
               help="Score only the N most frequent tokens of --data (a draft vocabulary): drafting and training "
                    "cost N/V of the full lm_head. Default: the whole vocabulary.")
+@click.option("--init-from-target/--random-init", default=False, show_default=True,
+              help="A new drafter copies the target layers after its deepest feature layer (ignored with --init).")
 @click.option("--loss", type=click.Choice(["ce", "rkl-mix", "fkl"]), default="ce", show_default=True)
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.8, show_default=True)
 @click.option("--kl-temperature", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True)
@@ -90,7 +92,7 @@ def common_options(func):
 @click.pass_context
 def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_tokens, limit, eval_data, eval_prompts,
                 device, seed, init, epochs, steps, lr, warmup_steps, layers, block_size, blocks_per_seq, ttt_length,
-                chain_steps, length_head, draft_vocab, loss, alpha, kl_temperature, clip, gamma, save_every, eval_every,
+                chain_steps, length_head, draft_vocab, init_from_target, loss, alpha, kl_temperature, clip, gamma, save_every, eval_every,
                 resume, max_minutes) -> None:
     """Train a DFlash, EAGLE-3 or MTP drafter on target-generated data (single process or torchrun)."""
     from adaflash.models.drafter_io import DrafterError, frequent_tokens
@@ -107,7 +109,7 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
         sequences = load_sequences(data, tgt, max_len, limit)
         cfg = TrainConfig(method=method, out=out, init=init, epochs=epochs, steps=steps, lr=lr, warmup_steps=warmup_steps,
                           batch_tokens=batch_tokens, blocks_per_seq=blocks_per_seq, ttt_length=ttt_length, layers=layers,
-                          block_size=block_size, steps_chain=chain_steps, length_head=length_head, save_every=save_every,
+                          block_size=block_size, steps_chain=chain_steps, length_head=length_head, init_from_target=init_from_target, save_every=save_every,
                           eval_every=eval_every, seed=seed, resume=resume, max_minutes=max_minutes, loss=loss_cfg)
         vocab = None
         if draft_vocab is not None:

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from adaflash.models.drafters import ChainDrafter, DFlashDrafter, Drafter
 from adaflash.models.layers import DecoderConfig
+from adaflash.models.target import TargetModel
 
 ARCHITECTURES = {"dflash": "DFlashDraftModel", "eagle3": "LlamaForCausalLMEagle3", "mtp": "AdaFlashMTPModel"}
 DRAFTER_METHODS = tuple(ARCHITECTURES)
@@ -93,6 +94,33 @@ def new_drafter(
     if draft_vocab is not None:
         drafter.draft_vocab.copy_(draft_vocab)
     return drafter
+
+
+@torch.no_grad()
+def init_from_target(drafter: Drafter, target: TargetModel) -> list[int]:
+    """Start the drafter where the target already is: its layers copy the target layers that follow
+    the deepest feature layer, `fc` passes that layer's output through, and the norms are the
+    target's. A random drafter spends its first minutes learning what the target knows; on a CPU
+    those minutes are the whole budget. Returns the target layers copied (empty: nothing fit)."""
+    deepest = max(drafter.target_layer_ids)
+    n = target.cfg.num_hidden_layers
+    layers = drafter.layers if isinstance(drafter, DFlashDrafter) else [drafter.midlayer]
+    copied: list[int] = []
+    for i, layer in enumerate(layers):
+        src = target.model.layers[min(deepest + 1 + i, n - 1)]
+        theirs, ours = src.state_dict(), layer.state_dict()
+        if any(key in ours and ours[key].shape != value.shape for key, value in theirs.items()):
+            return copied
+        layer.load_state_dict(theirs, strict=False)  # q/k norms (the target has none) stay at 1
+        copied.append(min(deepest + 1 + i, n - 1))
+    drafter.norm.load_state_dict(target.model.norm.state_dict())
+    if isinstance(drafter, DFlashDrafter):
+        hidden = drafter.cfg.hidden_size
+        chunk = drafter.target_layer_ids.index(deepest)
+        drafter.fc.weight.zero_()
+        drafter.fc.weight[:, chunk * hidden:(chunk + 1) * hidden] = torch.eye(hidden)
+        drafter.hidden_norm.load_state_dict(target.model.layers[copied[0]].input_layernorm.state_dict())
+    return copied
 
 
 def check_draft_vocab(vocab: torch.Tensor, vocab_size: int, where: str) -> None:

@@ -70,8 +70,12 @@ def dflash_loss(
     size = drafter.block_size
     b, width = ids.shape
     device = ids.device
-    need_teacher = loss_cfg.kind != "ce" or train_head
-    feats, final = (features or direct_features(target, drafter.target_layer_ids))(ids, lens, need_teacher)
+    source = features or direct_features(target, drafter.target_layer_ids)
+    # The length head learns the acceptance against the target's greedy token; a memo knows those
+    # tokens already, so CE training then needs no teacher logits at all.
+    greedy = getattr(source, "greedy", None) if train_head and loss_cfg.kind == "ce" else None
+    need_teacher = loss_cfg.kind != "ce" or (train_head and greedy is None)
+    feats, final = source(ids, lens, need_teacher)
     blocks = sample_anchors(lens, starts, blocks_per_seq, gen)
     n = blocks.anchors.shape[1]
     k = torch.arange(size, device=device)
@@ -100,7 +104,13 @@ def dflash_loss(
                                loss_cfg if loss_cfg.kind != "ce" else LossConfig("ce", gamma=loss_cfg.gamma))
     # acceptance under greedy verification, from teacher forcing: the cheap τ proxy
     with torch.no_grad():
-        reference = teacher.argmax(-1) if teacher is not None else chosen
+        if teacher is not None:
+            reference = teacher.argmax(-1)
+        elif greedy is not None:
+            rows = torch.arange(b, device=device)[:, None, None].expand(b, n, size).flatten()[sel]
+            reference = greedy(ids, lens)[rows, (pos - 1).clamp(min=0).flatten()[sel]]
+        else:
+            reference = chosen
         hit = torch.zeros(b * n * size, dtype=torch.bool, device=device)
         hit[sel] = drafter.to_target_ids(student.argmax(-1)) == reference
         hit = hit.view(b, n, size)[:, :, 1:]

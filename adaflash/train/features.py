@@ -51,12 +51,21 @@ class FeatureMemo:
     the memo stops storing and features are computed per batch as before.
     """
 
-    def __init__(self, target: TargetModel, layer_ids: list[int], budget_bytes: float = 4e9) -> None:
+    def __init__(self, target: TargetModel, layer_ids: list[int], budget_bytes: float = 4e9,
+                 keep_greedy: bool = False) -> None:
         self.target = target
         self.layer_ids = list(layer_ids)
         self.budget = budget_bytes
         self.used = 0
         self.store: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        # The target's greedy next token at every position, kept when only its argmax is needed
+        # (CE training of a length head): the full lm_head then runs once per sequence, not per step.
+        self.keep_greedy = keep_greedy
+        self.greedy_ids: dict[int, torch.Tensor] = {}
+
+    def source(self, keys: list[int]) -> MemoSource:
+        """The feature source of one padded batch whose rows are the sequences `keys`."""
+        return MemoSource(self, keys)
 
     def features(self, keys: list[int], ids: torch.Tensor, lens: torch.Tensor,
                  with_last: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -66,12 +75,15 @@ class FeatureMemo:
             return target_features(self.target, ids, self.layer_ids, with_last=with_last)
         if missing:
             width = int(lens[missing].max())
-            feats, final = target_features(self.target, ids[missing, :width], self.layer_ids, with_last=with_last)
+            need_last = with_last or self.keep_greedy
+            feats, final = target_features(self.target, ids[missing, :width], self.layer_ids, with_last=need_last)
             for j, i in enumerate(missing):
                 n = int(lens[i])
-                entry = (feats[j, :n].clone(), final[j, :n].clone() if final is not None else None)
+                entry = (feats[j, :n].clone(), final[j, :n].clone() if with_last and final is not None else None)
                 self.store[keys[i]] = entry
                 self.used += sum(t.numel() * t.element_size() for t in entry if t is not None)
+                if self.keep_greedy and final is not None:
+                    self.greedy_ids[keys[i]] = greedy_tokens(self.target, final[j, :n])
         b, width = ids.shape
         first = self.store[keys[0]][0]
         out = first.new_zeros(b, width, first.shape[-1])
@@ -82,3 +94,35 @@ class FeatureMemo:
             if last is not None and h is not None:
                 last[i, : h.shape[0]] = h
         return out, last
+
+    def greedy(self, keys: list[int], ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        """[b, width] the target's greedy next token after each position of the padded batch."""
+        if any(k not in self.greedy_ids for k in keys):  # not kept (over budget, or asked late)
+            _, final = target_features(self.target, ids, self.layer_ids, with_last=True)
+            assert final is not None
+            return greedy_tokens(self.target, final.flatten(0, 1)).view(ids.shape)
+        out = torch.zeros_like(ids)
+        for i, k in enumerate(keys):
+            g = self.greedy_ids[k]
+            out[i, : g.shape[0]] = g
+        return out
+
+
+class MemoSource:
+    """A FeatureSource bound to one batch's sequences, which can also give the target's greedy tokens."""
+
+    def __init__(self, memo: FeatureMemo, keys: list[int]) -> None:
+        self.memo, self.keys = memo, keys
+
+    def __call__(self, ids: torch.Tensor, lens: torch.Tensor, with_last: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.memo.features(self.keys, ids, lens, with_last)
+
+    def greedy(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        return self.memo.greedy(self.keys, ids, lens)
+
+
+@torch.no_grad()
+def greedy_tokens(target: TargetModel, final_hidden: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """argmax of the target's logits at each position of [n, H] (chunked: [chunk, V] at a time)."""
+    return torch.cat([target.logits(final_hidden[i : i + chunk]).argmax(-1)
+                      for i in range(0, final_hidden.shape[0], chunk)])

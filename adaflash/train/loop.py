@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from adaflash.models.drafter_io import load_drafter, new_drafter, save_drafter
+from adaflash.models.drafter_io import init_from_target, load_drafter, new_drafter, save_drafter
 from adaflash.models.drafters import ChainDrafter, DFlashDrafter, Drafter
 from adaflash.models.loading import Target
 from adaflash.train.chain import chain_loss
@@ -51,6 +51,7 @@ class TrainConfig:
     block_size: int = 16
     steps_chain: int = 6
     length_head: bool = False
+    init_from_target: bool = False  # a new drafter starts from the target's own layers
     save_every: int = 100
     eval_every: int = 0
     eval_max_new_tokens: int = 48
@@ -98,8 +99,11 @@ def build_drafter(cfg: TrainConfig, target: Target, draft_vocab: torch.Tensor | 
 
             drafter.length_head = LengthHead(target.model.cfg.hidden_size)
         return drafter
-    return new_drafter(cfg.method, target.model.cfg, layers=cfg.layers, block_size=cfg.block_size,
-                       length_head=cfg.length_head, steps=cfg.steps_chain, seed=cfg.seed, draft_vocab=draft_vocab)
+    drafter = new_drafter(cfg.method, target.model.cfg, layers=cfg.layers, block_size=cfg.block_size,
+                          length_head=cfg.length_head, steps=cfg.steps_chain, seed=cfg.seed, draft_vocab=draft_vocab)
+    if cfg.init_from_target:
+        init_from_target(drafter, target.model)
+    return drafter
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
@@ -202,8 +206,7 @@ class Trainer:
             ids, lens, starts = pad(sequences, self.device)
             features = None
             if self.memo is not None:
-                memo, keys = self.memo, [id(s) for s in sequences]
-                features = lambda ids, lens, with_last: memo.features(keys, ids, lens, with_last)  # noqa: E731
+                features = self.memo.source([id(s) for s in sequences])
             loss, stats = objective(self.drafter, self.target, ids, lens, starts, self.cfg, self.gen, loss_cfg,
                                     features)
             (loss * (len(sequences) / total)).backward()
@@ -232,7 +235,8 @@ class Trainer:
         rank, world = rank_world()
         if cfg.resume:
             self.restore(cfg.out)
-        self.memo = FeatureMemo(self.target.model, self.drafter.target_layer_ids)
+        self.memo = FeatureMemo(self.target.model, self.drafter.target_layer_ids,
+                                keep_greedy=cfg.length_head and cfg.loss.kind == "ce")
         per_epoch = [b for i, b in enumerate(batches(epoch_order(len(sequences), cfg.seed, 0), sequences,
                                                      cfg.batch_tokens)) if i % world == rank]
         total = cfg.steps or cfg.epochs * len(per_epoch)
