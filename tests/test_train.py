@@ -212,3 +212,22 @@ def test_memo_greedy_tokens_give_the_length_head_the_same_labels_as_teacher_logi
         stats.append((float(loss), stat["block_accept_len"], stat["loss_length_head"]))
     assert stats[0] == pytest.approx(stats[1], rel=1e-5)
     assert len(memo.greedy_ids) == len(sequences)  # kept: later epochs run no lm_head for them
+
+
+def test_init_from_target_copies_the_layers_after_the_deepest_feature(learnable):
+    """The drafter starts as the target's next layer reading the deepest feature layer's output."""
+    from adaflash.models.drafter_io import init_from_target, new_drafter
+
+    target = learnable.model
+    drafter = new_drafter("dflash", target.cfg, layers=1, block_size=4)
+    deepest = max(drafter.target_layer_ids)
+    copied = init_from_target(drafter, target)
+    assert copied == [min(deepest + 1, target.cfg.num_hidden_layers - 1)]
+    src = target.model.layers[copied[0]]
+    assert torch.equal(drafter.layers[0].mlp.down_proj.weight, src.mlp.down_proj.weight)
+    assert torch.equal(drafter.layers[0].self_attn.k_proj.weight, src.self_attn.k_proj.weight)
+    # fc passes the deepest feature through: the context is that layer's output, normed as src's input
+    feats = torch.randn(2, 3, drafter.feature_size)
+    chunk = drafter.target_layer_ids.index(deepest) * target.cfg.hidden_size
+    expected = src.input_layernorm(feats[..., chunk : chunk + target.cfg.hidden_size])
+    assert torch.allclose(drafter.context(feats), expected, atol=1e-6)

@@ -1,8 +1,11 @@
-"""Token selection from logits with per-row temperature / top-p / top-k (greedy when T == 0)."""
+"""Token selection from logits with per-row temperature / top-p / top-k (greedy when T == 0),
+and the acceptance rule that keeps speculative decoding lossless."""
 
 from __future__ import annotations
 
 import torch
+
+from adaflash.engine.params import SamplingParams
 
 
 def sample(
@@ -43,3 +46,28 @@ def probabilities(
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def sample_for(logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator,
+               repeat: int = 1) -> torch.Tensor:
+    """Sample logits [n * repeat, V] with each request's params repeated `repeat` times (one per position)."""
+    if all(p.temperature == 0 for p in params):
+        return logits.argmax(-1)  # decided on the host: no device round trip for greedy batches
+    device = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=device).repeat_interleave(repeat)
+    top_p = torch.tensor([p.top_p for p in params], device=device).repeat_interleave(repeat)
+    top_k = torch.tensor([p.top_k for p in params], device=device).repeat_interleave(repeat)
+    return sample(logits, temps, top_p, top_k, generator)
+
+
+def accepted_prefix(drafts: torch.Tensor, posterior: torch.Tensor, verify_n: torch.Tensor) -> torch.Tensor:
+    """Per row, the longest verified prefix where each draft equals the target's own sample.
+
+    Sample-and-match: every emitted token is a target sample, so the output is the target's.
+    """
+    k = drafts.shape[1]
+    if not k:
+        return torch.zeros(drafts.shape[0], dtype=torch.long, device=drafts.device)
+    valid = torch.arange(k, device=drafts.device)[None, :] < verify_n[:, None]
+    match = (drafts == posterior[:, :k]) & valid
+    return match.long().cumprod(dim=1).sum(dim=1)

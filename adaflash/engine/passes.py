@@ -1,0 +1,300 @@
+"""The engine's device side: the target/drafter passes, their padding, graphs and buffers.
+
+The Engine decides *what* to run (which rows, how many drafts, what to accept); this module
+runs it on the device. On a GPU each decode pass (verify, draft, extend) is padded to a few
+bucketed shapes and replayed from a CUDA graph (`GraphRunner`), because kernel launches, not
+math, set the speed of a small model. Padding rows point at one scratch slot beyond
+`max_batch`, so they never touch a live sequence. On CPU the passes run eagerly at their exact
+shapes, where padding would cost real work.
+
+Buffers kept per slot: the target's KV cache, the token at every position (`tokens`), the
+drafter's context cache and the target features it reads (`feats`), so a hot swap can rebuild
+the drafter's context without the target running again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from adaflash.engine.graphs import GraphRunner, bucket
+from adaflash.models.cache import KVCache
+from adaflash.models.drafters import DFlashDrafter, Drafter
+from adaflash.models.target import TargetModel
+
+# The length head's ratio per row, and the most drafts → how many drafts each row verifies.
+LengthChooser = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+class DevicePasses:
+    """Device buffers of every slot, and the fixed-shape passes over them."""
+
+    draft_cache: KVCache  # the drafter's context cache, set by install_drafter
+
+    def __init__(self, model: TargetModel, *, max_batch: int, max_len: int,
+                 cuda_graphs: bool | None = None, pad_shapes: bool | None = None) -> None:
+        self.model = model
+        self.device = model.device
+        self.max_batch = max_batch
+        self.max_len = max_len
+        on_cuda = self.device.type == "cuda"
+        if cuda_graphs and not on_cuda:
+            raise ValueError("cuda_graphs needs the target on a CUDA device")
+        # Decode passes are replayed from CUDA graphs on a GPU (shapes padded to buckets);
+        # on CPU they run eagerly at their exact shapes, where padding would cost real work.
+        self.graphs = GraphRunner(on_cuda if cuda_graphs is None else cuda_graphs)
+        self.padded = self.graphs.enabled if pad_shapes is None else pad_shapes  # the tests pad on CPU too
+        if self.graphs.enabled and not self.padded:
+            raise ValueError("CUDA graphs replay fixed shapes: pad_shapes cannot be off with cuda_graphs")
+        # One slot beyond max_batch takes the writes of padding rows.
+        self.scratch = max_batch
+        self.cache = model.new_cache(max_batch + 1, max_len, static=self.graphs.enabled)
+        self.tokens = torch.zeros(max_batch + 1, max_len + 1, dtype=torch.long, device=self.device)
+        self.drafter: Drafter | None = None
+        self.capture: list[int] = []
+        self.feats: torch.Tensor | None = None
+
+    # -- drafter buffers ---------------------------------------------------------------------------
+    def install_drafter(self, drafter: Drafter) -> None:
+        """Move the drafter to the target's device and size its feature buffer and context cache."""
+        drafter = drafter.to(device=self.device, dtype=self.model.dtype).eval()
+        drafter.bind_head(self.model, self.model.dtype)
+        self.drafter = drafter
+        self.capture = list(drafter.target_layer_ids)
+        width = drafter.feature_size
+        if self.feats is None or self.feats.shape[-1] != width:
+            length = self.max_len if self.graphs.enabled else min(self.max_len, 256)
+            self.feats = torch.zeros(self.max_batch + 1, length, width, device=self.device, dtype=self.model.dtype)
+        self.draft_cache = drafter.new_cache(self.max_batch + 1, self.max_len + drafter.max_draft + 2,
+                                             static=self.graphs.enabled)
+
+    def swap_drafter(self, drafter: Drafter) -> None:
+        """Take the new drafter's weights; graphs survive unless its shapes differ."""
+        assert self.drafter is not None
+        if _same_shapes(self.drafter, drafter):
+            # Copy into the running modules: captured graphs keep pointing at valid weights.
+            with torch.no_grad():
+                self.drafter.load_state_dict(drafter.state_dict())
+                self.drafter.bind_head(self.model, self.model.dtype)
+        else:
+            self.graphs.clear()
+            self.install_drafter(drafter)
+
+    @torch.no_grad()
+    def rebuild_draft_context(self, slots: list[int], lengths: list[int]) -> None:
+        """Refill the drafter's context of these slots from the kept features and tokens.
+
+        The context cache depends on the drafter's weights, so a swap must rebuild it.
+        """
+        rows = torch.tensor(slots, device=self.device)
+        lens = torch.tensor(lengths, device=self.device)
+        self.extend_drafter(rows, torch.zeros_like(lens), lens, 0, max(lengths), graph=False)
+
+    def ensure_feats(self, length: int) -> None:
+        """Grow the feature buffer (doubling, like the KV cache) to hold `length` positions."""
+        assert self.feats is not None
+        have = self.feats.shape[1]
+        if length > have:
+            grown = min(self.max_len, max(length, 2 * have))
+            extra = self.feats.new_zeros(self.feats.shape[0], grown - have, self.feats.shape[-1])
+            self.feats = torch.cat([self.feats, extra], dim=1)
+
+    # -- prefill and bookkeeping -------------------------------------------------------------------
+    def prefill(self, ids: torch.Tensor, rows: torch.Tensor,
+                length: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Eager target pass over new prompts (each its own shape): last-token logits, features."""
+        b, width = ids.shape
+        positions = torch.arange(width, device=self.device).expand(b, width)
+        logits, feats = self.model(ids, positions, self.cache, rows, capture=self.capture,
+                                   logits_index=length - 1, kv_len=width)
+        self.cache.lens[rows] = length
+        self.tokens[rows, :width] = ids
+        return logits, feats
+
+    def admit(self, rows: torch.Tensor, length: torch.Tensor, first: torch.Tensor,
+              feats: list[torch.Tensor]) -> None:
+        """Store each prompt's first sampled token, then give the drafter the prompt's features.
+
+        The token goes first: extending reads the token after every position.
+        """
+        self.tokens[rows, length] = first
+        if self.drafter is not None:
+            assert self.feats is not None
+            width = feats[0].shape[1]
+            self.ensure_feats(width)
+            self.feats[rows, :width] = torch.cat(feats, dim=-1)
+            self.extend_drafter(rows, torch.zeros_like(length), length, 0, width, graph=False)
+
+    def commit(self, rows: torch.Tensor, lens: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor,
+               feats: torch.Tensor | None, longest: int) -> None:
+        """Keep a verify pass's accepted positions; rejected ones roll back via the cache length."""
+        k = emitted.shape[1] - 1
+        self.cache.lens[rows] = lens + accepted + 1
+        # tokens[p] holds the token at position p: the accepted drafts, then the bonus token,
+        # which becomes the new pending token. Writes past it are overwritten before any read.
+        idx = (lens[:, None] + torch.arange(1, k + 2, device=self.device)).clamp(max=self.max_len)
+        self.tokens[rows[:, None], idx] = emitted
+        if self.drafter is not None:
+            assert self.feats is not None
+            fidx = (lens[:, None] + torch.arange(k + 1, device=self.device)).clamp(max=self.max_len - 1)
+            self.ensure_feats(longest + k + 1)
+            self.feats[rows[:, None], fidx] = feats
+
+    # -- padding to captured shapes ----------------------------------------------------------------
+    @property
+    def _widest(self) -> int:
+        """The widest verified block: the pending token plus every draft."""
+        return (self.drafter.max_draft if self.drafter is not None else 0) + 1
+
+    def _kv_bucket(self, length: int) -> int:
+        return bucket(length, self.cache.max_len, floor=128) if self.padded else length
+
+    def _dims(self, b: int, width: int, base: int) -> tuple[int, int, int]:
+        """(batch, width, kv length) of a pass whose rows start at most at `base`.
+
+        Padded to buckets when replaying graphs, so a few graphs serve every step; exact on CPU,
+        where padding would cost real work.
+        """
+        if not self.padded:
+            return b, width, base + width
+        b_pad, w_pad = bucket(b, self.max_batch), bucket(width, max(self._widest, width))
+        return b_pad, w_pad, self._kv_bucket(base + w_pad)
+
+    def _pad_rows(self, rows: torch.Tensor, size: int) -> torch.Tensor:
+        return torch.cat([rows, rows.new_full((size - rows.shape[0],), self.scratch)])
+
+    @staticmethod
+    def _pad(x: torch.Tensor, b: int, width: int | None = None, fill: int = 0) -> torch.Tensor:
+        """Pad dim 0 to b (and dim 1 to width) with `fill`."""
+        shape = [b, *x.shape[1:]]
+        if width is not None:
+            shape[1] = width
+        if list(x.shape) == shape:
+            return x
+        out = x.new_full(shape, fill)
+        if x.dim() > 1:
+            out[: x.shape[0], : x.shape[1]] = x
+        else:
+            out[: x.shape[0]] = x
+        return out
+
+    def _positions(self, start: torch.Tensor, b: int, width: int) -> torch.Tensor:
+        """start + 0..width-1 per row; padding rows count from 0 in the scratch slot."""
+        return self._pad(start, b)[:, None] + torch.arange(width, device=self.device)
+
+    @torch.no_grad()
+    def capture_graphs(self, max_context: int | None = None, *, steps: int | None = None,
+                       choose: LengthChooser | None = None) -> int:
+        """Capture every decode graph a server can meet, so no request pays for a capture.
+
+        Covers each batch bucket × kv-length bucket (up to `max_context`) × block width; `steps`
+        and `choose` must be the ones decoding uses. Inputs point at the scratch slot, so no
+        sequence is touched. Returns the number of graphs.
+        """
+        if not self.graphs.enabled:
+            return 0
+        top = self._kv_bucket(min(max_context or self.cache.max_len, self.cache.max_len))
+        kvs, kv = [], 128
+        while kv < top:
+            kvs.append(kv)
+            kv *= 2
+        kvs.append(top)
+        widest = self._widest
+        widths = sorted({bucket(w, widest) for w in range(1, widest + 1)})
+        batches = sorted({bucket(b, self.max_batch) for b in range(1, self.max_batch + 1)})
+        zeros = lambda b, w=None: torch.zeros((b,) if w is None else (b, w), dtype=torch.long, device=self.device)  # noqa: E731
+        for b in batches:
+            rows = torch.full((b,), self.scratch, dtype=torch.long, device=self.device)
+            for kv in kvs:
+                for w in widths:
+                    if kv - w < 0:
+                        continue
+                    self.verify(rows, zeros(b, w), zeros(b) + kv - w, kv - w)
+                    if self.drafter is not None:
+                        self.extend_drafter(rows, zeros(b) + kv - w, zeros(b) + 1, kv - w, w)
+                if self.drafter is not None:
+                    self.draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest, steps=steps, choose=choose)
+        return len(self.graphs)
+
+    # -- the passes --------------------------------------------------------------------------------
+    def extend_drafter(self, rows: torch.Tensor, start: torch.Tensor, count: torch.Tensor, base: int,
+                       width: int, *, graph: bool = True) -> None:
+        """Give the drafter the target features of positions [start, start + count) per row.
+
+        `base` >= every start and `width` >= every count are host-side bounds. `graph=False` runs
+        eagerly (prefill and hot swap, whose widths are prompt lengths, each a shape of its own).
+        """
+        assert self.drafter is not None and self.feats is not None
+        b = rows.shape[0]
+        b_pad, w_pad, kv = self._dims(b, width, base) if graph else (b, width, base + width)
+        rows_p = self._pad_rows(rows, b_pad)
+        positions = self._positions(start, b_pad, w_pad)
+        safe = positions.clamp(max=self.feats.shape[1] - 1)
+        inputs = [rows_p, positions, self.feats[rows_p[:, None], safe], self.tokens[rows_p[:, None], safe + 1],
+                  self._pad(count, b_pad, fill=1)]
+        drafter, cache, model = self.drafter, self.draft_cache, self.model
+
+        def extend(rows_p, positions, feats, next_tokens, count_p):
+            drafter.extend(cache, rows_p, positions, feats, next_tokens, count_p, model, kv)
+
+        if graph:
+            self.graphs.run(("extend", b_pad, w_pad, kv), extend, inputs)
+        else:
+            extend(*inputs)
+        self.draft_cache.lens[rows] = start + count
+
+    def verify(self, rows: torch.Tensor, block: torch.Tensor, lens: torch.Tensor,
+               longest: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Target pass over [pending, drafts] at each row's positions: logits and drafter features."""
+        b, width = block.shape
+        b_pad, w_pad, kv = self._dims(b, width, longest)
+        rows_p = self._pad_rows(rows, b_pad)
+        positions = self._positions(lens, b_pad, w_pad)
+        model, cache, capture = self.model, self.cache, self.capture
+
+        def verify(block_p, positions, rows_p):
+            logits, feats = model(block_p, positions, cache, rows_p, capture=capture, kv_len=kv)
+            return logits, (torch.cat(feats, dim=-1) if feats else None)
+
+        logits, feats = self.graphs.run(("verify", b_pad, w_pad, kv), verify,
+                                        [self._pad(block, b_pad, w_pad), positions, rows_p])
+        return logits[:b, :width], (feats[:b, :width] if feats is not None else None)
+
+    def draft(self, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor, longest: int, *,
+              steps: int | None, choose: LengthChooser | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft tokens [b, K] and how many of them each row verifies [b].
+
+        `steps` drafts per row (None: the drafter's own); `choose`, when given, turns the length
+        head's prediction into per-row verify lengths.
+        """
+        b = rows.shape[0]
+        drafter = self.drafter
+        if drafter is None:
+            return torch.zeros(b, 0, dtype=torch.long, device=self.device), torch.zeros(b, dtype=torch.long, device=self.device)
+        if choose is not None and not self.padded and isinstance(drafter, DFlashDrafter) and drafter.length_head is not None:
+            # Eager (CPU): run the block, let the head choose, then pay lm_head only for what is verified.
+            hidden = drafter.block_hidden(self.draft_cache, rows, pending, lens, self.model, longest)
+            verify_n = choose(drafter.predict_length(hidden), drafter.max_draft)
+            return drafter.tokens(hidden, int(verify_n.max()), self.model), verify_n
+        b_pad = self._dims(b, 1, longest)[0]
+        ctx = self._kv_bucket(longest)
+        cache, model = self.draft_cache, self.model
+
+        def draft(rows_p, pending_p, lens_p):
+            return drafter.draft(cache, rows_p, pending_p, lens_p, model, ctx, steps=steps)
+
+        drafts, length_pred = self.graphs.run(
+            ("draft", b_pad, ctx, steps), draft,
+            [self._pad_rows(rows, b_pad), self._pad(pending, b_pad), self._pad(lens, b_pad)])
+        drafts = drafts[:b]
+        k = drafts.shape[1]
+        if choose is not None and length_pred is not None:
+            verify_n = choose(length_pred[:b], k)
+            return drafts[:, : int(verify_n.max())], verify_n
+        return drafts, torch.full((b,), k, dtype=torch.long, device=self.device)
+
+
+def _same_shapes(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(sa[k].shape == sb[k].shape for k in sa)
