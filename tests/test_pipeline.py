@@ -71,12 +71,12 @@ def test_inference_worker_refuses_a_torn_version_and_keeps_going(tmp_path, tiny_
 def test_pipeline_end_to_end_on_cpu(tmp_path, tiny_llama, tiny_target):
     draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"Say the number {i} twice."}) + "\n" for i in range(10)))
+    prompts.write_text("".join(json.dumps({"prompt": f"Say the number {i} twice."}) + "\n" for i in range(12)))
     ws = tmp_path / "ws"
     result = CliRunner().invoke(cli, ["--workspace", str(ws), "pipeline", "--target", str(tiny_llama), "--draft", str(draft),
                                       "--data", str(prompts), "--max-new-tokens", "12", "--min-buffer", "4",
                                       "--train-batch", "4", "--publish-every", "1", "--batch-size", "4",
-                                      "--preset", "osd"])
+                                      "--preset", "osd", "--skip", "2"])
     assert result.exit_code == 0, result.output
     log = RunLog.open(ws)
     run = log.list_runs(kind="pipeline")[0]
@@ -84,6 +84,7 @@ def test_pipeline_end_to_end_on_cpu(tmp_path, tiny_llama, tiny_target):
     swap = run["config"]["swap_dir"]
     buffer, store = SwapBuffer(swap), WeightStore(swap)
     assert buffer.count() == 10 and buffer.producer_done() == 10
+    assert "number 2 twice" in buffer.read(0, 1)[0]["prompt_text"]  # the first two prompts were skipped
     pointer = store.pointer()
     assert pointer["consumed"] == 10  # every sample learned from exactly once
     assert store.latest_version() >= 3
@@ -102,6 +103,10 @@ def test_pipeline_bad_inputs(tmp_path):
     result = runner.invoke(cli, ["--workspace", str(tmp_path), "pipeline", "--draft", str(tmp_path), "--data",
                                  str(tmp_path / "p.jsonl"), "--train-gpus", "0,x"])
     assert result.exit_code == 2 and "--train-gpus" in result.output
+    (tmp_path / "q.jsonl").write_text('{"prompt": "hi"}\n')
+    result = runner.invoke(cli, ["--workspace", str(tmp_path), "pipeline", "--draft", str(tmp_path), "--data",
+                                 str(tmp_path / "q.jsonl"), "--skip", "1"])
+    assert result.exit_code == 2 and "--skip 1" in result.output and "only 1 prompts" in result.output
 
 
 def test_training_worker_restart_resumes_after_last_published_sample(tmp_path, tiny_llama, tiny_target):

@@ -44,6 +44,8 @@ PRESETS = {
 @click.option("--lr", type=float, default=1e-4, show_default=True)
 @click.option("--swap-dir", type=click.Path(file_okay=False), default=None, help="Buffer + weights [default: RUN_DIR/swap].")
 @click.option("--max-samples", type=click.IntRange(1), default=None, help="Stop after this many trajectories.")
+@click.option("--skip", type=click.IntRange(0), default=0, show_default=True,
+              help="Leave out the first N prompts of --data (those the offline drafter was trained on).")
 @click.option("--loop/--no-loop", default=None,
               help="Cycle over the data until stopped [default: on with --max-minutes, else off].")
 @click.option("--max-minutes", type=click.FloatRange(0, min_open=True), default=None,
@@ -61,7 +63,7 @@ PRESETS = {
 @click.option("--dry-run", is_flag=True, help="Print the worker command lines and exit.")
 @click.pass_context
 def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, train_procs, preset, loss, length_head, alpha,
-             kl_temperature, clip, lr, swap_dir, max_samples, loop, max_minutes, duration, min_buffer, batch_size,
+             kl_temperature, clip, lr, swap_dir, max_samples, skip, loop, max_minutes, duration, min_buffer, batch_size,
              train_batch, publish_every, keep, max_new_tokens, temperature, dry_run) -> None:
     """Run the async on-policy pipeline: inference worker → swap buffer → training worker(s) → hot swap."""
     if ctx.invoked_subcommand is not None:
@@ -77,6 +79,15 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
         fail(f"--draft {draft}: no such drafter folder")
     if not Path(data).is_file():
         fail(f"--data {data}: no such file")
+    if skip:
+        from adaflash.data.prompts import read_prompt_file
+
+        try:
+            count = len(read_prompt_file(data))
+        except ValueError as err:
+            fail(str(err))
+        if skip >= count:
+            fail(f"--skip {skip}: {data} holds only {count} prompts, none would be left")
     chosen = dict(PRESETS[preset or "adaflash"])
     if loss:
         chosen["loss"] = loss
@@ -103,7 +114,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     infer = InferenceConfig(target=target, draft=str(Path(draft).resolve()), data=str(Path(data).resolve()), swap_dir=swap,
                             run_id=run_id, workspace=workspace, method="adaflash" if chosen["length_head"] else "dflash",
                             batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                            max_samples=max_samples, loop=loop, duration=duration, device=device(infer_list),
+                            max_samples=max_samples, skip=skip, loop=loop, duration=duration, device=device(infer_list),
                             deadline=deadline)
     train = TrainingConfig(target=target, draft=str(Path(draft).resolve()), swap_dir=swap, run_id=run_id, workspace=workspace,
                            loss=chosen["loss"], alpha=alpha, kl_temperature=kl_temperature, clip=clip,
@@ -114,7 +125,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     log.update_run(run_id, run_dir=str(run_dir), config={"preset": method, **chosen, "swap_dir": swap,
                                                          "infer_gpus": infer_gpus, "train_gpus": train_gpus,
                                                          "train_procs": train_procs or len(train_list) or 1,
-                                                         "max_samples": max_samples, "loop": loop, "duration": duration,
+                                                         "max_samples": max_samples, "skip": skip, "loop": loop, "duration": duration,
                                                          "max_minutes": max_minutes, "deadline": deadline})
     if dry_run:
         import os

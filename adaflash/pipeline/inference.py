@@ -40,6 +40,7 @@ class InferenceConfig:
     max_new_tokens: int = 256
     temperature: float = 0.0
     max_samples: int | None = None
+    skip: int = 0  # leading prompts left out (the ones the offline drafter was trained on)
     loop: bool = False
     duration: float | None = None  # seconds after this worker starts: stop taking prompts
     deadline: float | None = None  # wall clock (time.time()): stop taking prompts (the run's time budget)
@@ -67,7 +68,9 @@ def run_inference(cfg: InferenceConfig) -> int:
     engine = Engine(target, method, drafter, max_batch=cfg.batch_size, seed=cfg.seed,
                     max_len=min(target.max_context, 4096))
     engine.drafter_version = version
-    prompts = [(row.id, target.render(row.prompt, chat=cfg.chat)) for row in read_prompt_file(cfg.data)]
+    prompts = [(row.id, target.render(row.prompt, chat=cfg.chat)) for row in read_prompt_file(cfg.data)][cfg.skip:]
+    if not prompts:
+        raise ValueError(f"{cfg.data}: no prompts left after --skip {cfg.skip}")
     total = cfg.max_samples or (None if cfg.loop else len(prompts))
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
     next_prompt = produced  # resume: the buffer already holds the first `produced` answers
