@@ -109,10 +109,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # torch's own kernel (float32 inside): one kernel on a GPU where the written-out formula
+        # took eight, about a quarter of a SmolLM2 decode step's device time on the H200.
+        return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
 
 
 def _inv_freq(cfg: DecoderConfig) -> torch.Tensor:
@@ -145,17 +144,19 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", _inv_freq(cfg), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and a *signed* sin, [-sin, sin] over the two halves, as `apply_rope` takes them."""
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [b, q, d/2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        sin = freqs.sin()
+        return torch.cat([freqs, freqs], dim=-1).cos().to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [b, q, heads, d]; cos/sin: [b, q, d]."""
-    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x: [b, q, heads, d]; cos/signed_sin: [b, q, d] from `Rotary`.
+
+    The usual x·cos + [-x₂, x₁]·sin, with the sign moved into sin (once per forward, not per
+    layer): [x₂, x₁] is one roll, so each call costs a kernel less; the result is bit for bit the same.
+    """
+    return x * cos.unsqueeze(2) + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin.unsqueeze(2)
 
 
 class Attention(nn.Module):
