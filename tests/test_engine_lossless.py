@@ -213,3 +213,16 @@ def test_sampling_matches_the_target_distribution(tiny_target):
     tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in exact.items())
     assert tv < 0.08, (tv, counts, exact)
     assert any(o.meta_info["spec_num_correct_drafts"] for o in outputs), "some drafts must be accepted"
+
+
+def test_cache_reads_consecutive_slots_as_a_view_and_others_as_a_copy():
+    """Consecutive slots (a full batch) read without copying; any other rows gather the same values."""
+    from adaflash.models.cache import KVCache
+
+    cache = KVCache(2, 6, 16, 2, 4)
+    cache.k.normal_()
+    cache.v.normal_()
+    k, v = cache.read(1, torch.tensor([2, 3, 4]), 5)
+    assert k.data_ptr() == cache.k[1, 2].data_ptr() and torch.equal(v, cache.v[1, 2:5, :5])
+    k, v = cache.read(1, torch.tensor([4, 2]), 5)
+    assert torch.equal(k, cache.k[1, [4, 2], :5]) and torch.equal(v, cache.v[1, [4, 2], :5])

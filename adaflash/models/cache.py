@@ -59,7 +59,22 @@ class KVCache:
         self.v[layer, rows[:, None], positions] = v.to(self.v.dtype)
 
     def read(self, layer: int, rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first = _consecutive(rows)
+        if first is not None:  # a view: no copy of every row's keys and values per layer
+            span = slice(first, first + rows.shape[0])
+            return self.k[layer, span, :length], self.v[layer, span, :length]
         return self.k[layer, rows, :length], self.v[layer, rows, :length]
 
     def reset(self, rows: torch.Tensor) -> None:
         self.lens[rows] = 0
+
+
+def _consecutive(rows: torch.Tensor) -> int | None:
+    """The first slot when `rows` are consecutive slots, on CPU only (a GPU check would sync,
+    and CUDA graphs replay whatever rows they are given)."""
+    if rows.device.type != "cpu" or rows.dim() != 1 or rows.numel() == 0:
+        return None
+    first = int(rows[0])
+    if rows.numel() > 1 and not torch.equal(rows, torch.arange(first, first + rows.numel(), dtype=rows.dtype)):
+        return None
+    return first
