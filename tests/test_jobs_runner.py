@@ -45,6 +45,18 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
+def sleeping_service(tmp_path: Path, name: str) -> Path:
+    """A recipe of one service that sleeps until it is stopped (1 s grace)."""
+    return write(tmp_path, f"{name}.toml", f"""
+        [run]
+        name = "{name}"
+        [jobs.svc]
+        command = ["python", "-c", "import time; time.sleep(60)"]
+        kind = "service"
+        stop_grace = 1
+    """)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -155,14 +167,7 @@ def test_two_runs_asking_for_the_same_gpu_the_second_is_refused(tmp_path: Path) 
 
 
 def test_control_requests_restart_and_stop_jobs(tmp_path: Path) -> None:
-    recipe = write(tmp_path, "svc.toml", """
-        [run]
-        name = "svc"
-        [jobs.svc]
-        command = ["python", "-c", "import time; time.sleep(60)"]
-        kind = "service"
-        stop_grace = 1
-    """)
+    recipe = sleeping_service(tmp_path, "svc")
     prepared = prepare(recipe, workspace=tmp_path / "ws")
     log = RunLog.open(prepared.workspace)
     runner = Runner(prepared, log, tick=0.05)
@@ -254,14 +259,7 @@ def test_detach_attach_and_stop_through_the_cli(tmp_path: Path) -> None:
     assert "job hello finished" in attach.stdout and f"run {run_id} finished" in attach.stdout
     assert "hello from the background" in (ws / "runs" / run_id / "hello.log").read_text()
 
-    long = write(tmp_path, "long.toml", """
-        [run]
-        name = "long"
-        [jobs.svc]
-        command = ["python", "-c", "import time; time.sleep(60)"]
-        kind = "service"
-        stop_grace = 1
-    """)
+    long = sleeping_service(tmp_path, "long")
     done = subprocess.run([*CLI, "--workspace", str(ws), "run", str(long), "--detach", "--json"],
                           capture_output=True, text=True, timeout=60)
     run_id = json.loads(done.stdout.strip().splitlines()[-1])["run_id"]
@@ -278,14 +276,7 @@ def test_detach_attach_and_stop_through_the_cli(tmp_path: Path) -> None:
 
 
 def test_stop_when_the_supervisor_is_gone_stops_the_verified_jobs(tmp_path: Path) -> None:
-    recipe = write(tmp_path, "orphan.toml", """
-        [run]
-        name = "orphan"
-        [jobs.svc]
-        command = ["python", "-c", "import time; time.sleep(60)"]
-        kind = "service"
-        stop_grace = 1
-    """)
+    recipe = sleeping_service(tmp_path, "orphan")
     prepared = prepare(recipe, workspace=tmp_path / "ws")
     log = RunLog.open(prepared.workspace)
     run_id = start_detached(prepared, log)
