@@ -162,6 +162,10 @@ def test_train_cli_records_run_and_checkpoint(tmp_path, learnable, regen):
     result = CliRunner().invoke(cli, ["--workspace", str(ws), "train", "draft", "--method", "dflash", "--target",
                                       str(tiny_llama), "--data", str(bad), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "bad.jsonl:1" in result.output
+    result = CliRunner().invoke(cli, ["--workspace", str(ws), "train", "draft", "--method", "dflash", "--target",
+                                      str(tiny_llama), "--data", str(regen), "--out", str(tmp_path / "o"),
+                                      "--init", str(out), "--init-from-target"])
+    assert result.exit_code == 2 and "--init-from-target" in result.output and "--init " in result.output
 
 
 def test_torchrun_data_parallel_on_cpu(tmp_path, learnable, regen):

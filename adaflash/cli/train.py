@@ -78,7 +78,7 @@ def common_options(func):
               help="Score only the N most frequent tokens of --data (a draft vocabulary): drafting and training "
                    "cost N/V of the full lm_head. Default: the whole vocabulary.")
 @click.option("--init-from-target/--random-init", default=False, show_default=True,
-              help="A new drafter copies the target layers after its deepest feature layer (ignored with --init).")
+              help="A new drafter copies the target layers after its deepest feature layer (not with --init).")
 @click.option("--loss", type=click.Choice(["ce", "rkl-mix", "fkl"]), default="ce", show_default=True)
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.8, show_default=True)
 @click.option("--kl-temperature", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True)
@@ -111,6 +111,8 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
                           batch_tokens=batch_tokens, blocks_per_seq=blocks_per_seq, ttt_length=ttt_length, layers=layers,
                           block_size=block_size, steps_chain=chain_steps, length_head=length_head, init_from_target=init_from_target, save_every=save_every,
                           eval_every=eval_every, seed=seed, resume=resume, max_minutes=max_minutes, loss=loss_cfg)
+        if init and init_from_target:
+            raise ValueError("--init-from-target starts a new drafter from the target; --init continues an existing one")
         vocab = None
         if draft_vocab is not None:
             if init:
