@@ -107,12 +107,12 @@ def init_from_target(drafter: Drafter, target: TargetModel) -> list[int]:
     layers = drafter.layers if isinstance(drafter, DFlashDrafter) else [drafter.midlayer]
     copied: list[int] = []
     for i, layer in enumerate(layers):
-        src = target.model.layers[min(deepest + 1 + i, n - 1)]
-        theirs, ours = src.state_dict(), layer.state_dict()
+        index = min(deepest + 1 + i, n - 1)
+        theirs, ours = target.model.layers[index].state_dict(), layer.state_dict()
         if any(key in ours and ours[key].shape != value.shape for key, value in theirs.items()):
             return copied
         layer.load_state_dict(theirs, strict=False)  # q/k norms (the target has none) stay at 1
-        copied.append(min(deepest + 1 + i, n - 1))
+        copied.append(index)
     drafter.norm.load_state_dict(target.model.norm.state_dict())
     if isinstance(drafter, DFlashDrafter):
         hidden = drafter.cfg.hidden_size

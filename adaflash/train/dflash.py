@@ -94,10 +94,10 @@ def dflash_loss(
     flat_hidden = hidden.reshape(b * n * size, -1)
     student = drafter.draft_logits(flat_hidden[sel], target)
     weights = position_decay(size, loss_cfg.gamma, device).expand(b, n, size).flatten()[sel]
-    teacher = None
-    if need_teacher:
-        rows = torch.arange(b, device=device)[:, None, None].expand(b, n, size).flatten()[sel]
-        teacher = teacher_logits(target, final, rows, (pos - 1).clamp(min=0).flatten()[sel])
+    # each selected position's row, and the position whose target output predicts it
+    rows = torch.arange(b, device=device)[:, None, None].expand(b, n, size).flatten()[sel]
+    before = (pos - 1).clamp(min=0).flatten()[sel]
+    teacher = teacher_logits(target, final, rows, before) if need_teacher else None
     chosen = labels.flatten()[sel]
     d_labels, d_teacher, weights = to_draft_vocab(drafter.draft_vocab, target.cfg.vocab_size, chosen, teacher, weights)
     loss, stats = distill_loss(student, d_labels, d_teacher, weights,
@@ -107,8 +107,7 @@ def dflash_loss(
         if teacher is not None:
             reference = teacher.argmax(-1)
         elif greedy is not None:
-            rows = torch.arange(b, device=device)[:, None, None].expand(b, n, size).flatten()[sel]
-            reference = greedy(ids, lens)[rows, (pos - 1).clamp(min=0).flatten()[sel]]
+            reference = greedy(ids, lens)[rows, before]
         else:
             reference = chosen
         hit = torch.zeros(b * n * size, dtype=torch.bool, device=device)
