@@ -250,9 +250,9 @@ class Engine:
 
     @torch.no_grad()
     def _decode(self, seqs: list[_Seq]) -> list[StepEvent]:
-        rows = torch.tensor([s.slot for s in seqs], device=self.device)
-        pending = torch.tensor([s.pending for s in seqs], device=self.device)
-        lens = torch.tensor([s.length for s in seqs], device=self.device)
+        # One host-to-device copy for the three per-row inputs.
+        rows, pending, lens = torch.tensor([[s.slot for s in seqs], [s.pending for s in seqs],
+                                            [s.length for s in seqs]], device=self.device).unbind(0)
         longest = max(s.length for s in seqs)
         t0 = time.perf_counter()
         drafts, verify_n = self.passes.draft(rows, pending, lens, longest, steps=self._draft_steps(),
@@ -260,10 +260,14 @@ class Engine:
         t1 = time.perf_counter()
         k = drafts.shape[1]
         block = torch.cat([pending[:, None], drafts], dim=1)
-        logits, feats = self.passes.verify(rows, block, lens, longest)
         params = [s.request.params for s in seqs]
-        posterior = sample_for(logits.reshape(-1, logits.shape[-1]), params, self.generator, repeat=k + 1)
-        posterior = posterior.view(len(seqs), k + 1)
+        greedy = all(p.temperature == 0 for p in params)
+        out, feats = self.passes.verify(rows, block, lens, longest, greedy=greedy)
+        if greedy:
+            posterior = out
+        else:
+            posterior = sample_for(out.reshape(-1, out.shape[-1]), params, self.generator, repeat=k + 1)
+            posterior = posterior.view(len(seqs), k + 1)
         accepted = accepted_prefix(drafts, posterior, verify_n)
         bonus = posterior.gather(1, accepted[:, None]).squeeze(1)
         # The accepted drafts, then the bonus token, which becomes the new pending token.
@@ -271,7 +275,8 @@ class Engine:
         emitted.scatter_(1, accepted[:, None], bonus[:, None])
         self.passes.commit(rows, lens, accepted, emitted, feats, longest)
         # The one host sync of a step: how many tokens each row accepted.
-        acc_list, n_list, emit_list = accepted.tolist(), verify_n.tolist(), emitted.tolist()
+        packed = torch.cat([accepted[:, None], verify_n[:, None], emitted], dim=1).tolist()
+        acc_list, n_list, emit_list = [r[0] for r in packed], [r[1] for r in packed], [r[2:] for r in packed]
         t2 = time.perf_counter()
         if self.drafter is not None:
             self.passes.extend_drafter(rows, lens, accepted + 1, longest, max(acc_list) + 1)

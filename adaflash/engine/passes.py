@@ -210,7 +210,8 @@ class DevicePasses:
                 for w in widths:
                     if kv - w < 0:
                         continue
-                    self.verify(rows, zeros(b, w), zeros(b) + kv - w, kv - w)
+                    for greedy in (True, False):
+                        self.verify(rows, zeros(b, w), zeros(b) + kv - w, kv - w, greedy=greedy)
                     if self.drafter is not None:
                         self.extend_drafter(rows, zeros(b) + kv - w, zeros(b) + 1, kv - w, w)
                 if self.drafter is not None:
@@ -244,9 +245,13 @@ class DevicePasses:
             extend(*inputs)
         self.draft_cache.lens[rows] = start + count
 
-    def verify(self, rows: torch.Tensor, block: torch.Tensor, lens: torch.Tensor,
-               longest: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Target pass over [pending, drafts] at each row's positions: logits and drafter features."""
+    def verify(self, rows: torch.Tensor, block: torch.Tensor, lens: torch.Tensor, longest: int, *,
+               greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Target pass over [pending, drafts] at each row's positions, and the drafter's features.
+
+        Returns logits [b, w, V], or with `greedy` the target's argmax tokens [b, w], taken inside
+        the replayed graph: no logits leave it (at batch 32, 3 MB a step not copied).
+        """
         b, width = block.shape
         b_pad, w_pad, kv = self._dims(b, width, longest)
         rows_p = self._pad_rows(rows, b_pad)
@@ -255,11 +260,11 @@ class DevicePasses:
 
         def verify(block_p, positions, rows_p):
             logits, feats = model(block_p, positions, cache, rows_p, capture=capture, kv_len=kv)
-            return logits, (torch.cat(feats, dim=-1) if feats else None)
+            return logits.argmax(-1) if greedy else logits, (torch.cat(feats, dim=-1) if feats else None)
 
-        logits, feats = self.graphs.run(("verify", b_pad, w_pad, kv), verify,
-                                        [self._pad(block, b_pad, w_pad), positions, rows_p])
-        return logits[:b, :width], (feats[:b, :width] if feats is not None else None)
+        out, feats = self.graphs.run(("verify", b_pad, w_pad, kv, greedy), verify,
+                                     [self._pad(block, b_pad, w_pad), positions, rows_p])
+        return out[:b, :width], (feats[:b, :width] if feats is not None else None)
 
     def draft(self, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor, longest: int, *,
               steps: int | None, choose: LengthChooser | None) -> tuple[torch.Tensor, torch.Tensor]:

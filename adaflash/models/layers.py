@@ -84,22 +84,47 @@ class DecoderConfig:
         return out
 
 
-class Linear(nn.Linear):
-    """nn.Linear whose skinny CPU products run as W @ xᵀ.
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, except that skinny CPU products run as W @ xᵀ.
 
     Decoding multiplies 1-16 rows by each weight. On AVX2 machines MKL's GEMM streams the weight
     up to twice as fast in that orientation once there are 2+ rows (measured on SmolLM2's shapes),
     which is what keeps verifying a few drafted tokens about as cheap as decoding one on a CPU.
     """
+    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    if x.device.type != "cpu" or torch.is_grad_enabled() or not 2 <= rows <= 16:
+        return F.linear(x, weight, bias)
+    out = (weight @ x.reshape(rows, x.shape[-1]).T).T
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+class Linear(nn.Linear):
+    """nn.Linear through `linear` (the skinny-CPU orientation)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.numel() else 0
-        if x.device.type != "cpu" or torch.is_grad_enabled() or not 2 <= rows <= 16:
-            return F.linear(x, self.weight, self.bias)
-        out = (self.weight @ x.reshape(rows, x.shape[-1]).T).T
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return linear(x, self.weight, self.bias)
+
+
+def fuse_linears(*layers: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One [sum of outputs, in] weight (and bias) whose row blocks the layers' parameters become.
+
+    Frozen inference only: the layers keep their own parameters (so state_dicts, checkpoints and
+    `load_state_dict` are unchanged), but as views of the fused tensor, so one GEMM serves them
+    all and no memory is duplicated.
+    """
+    weight = torch.cat([layer.weight.detach() for layer in layers])
+    with_bias = all(layer.bias is not None for layer in layers)
+    bias = torch.cat([layer.bias.detach() for layer in layers]) if with_bias else None  # type: ignore[union-attr]
+    start = 0
+    for layer in layers:
+        end = start + layer.out_features
+        layer.weight = nn.Parameter(weight[start:end], requires_grad=False)
+        if bias is not None:
+            layer.bias = nn.Parameter(bias[start:end], requires_grad=False)
+        start = end
+    return weight, bias
 
 
 class RMSNorm(nn.Module):
@@ -159,6 +184,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     return x * cos.unsqueeze(2) + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin.unsqueeze(2)
 
 
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask (True = may attend) as the 0 / -inf bias attention adds."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: DecoderConfig, in_features: int | None = None) -> None:
         super().__init__()
@@ -173,6 +203,24 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by `fuse`
+
+    def fuse(self) -> None:
+        """One GEMM for q, k and v, and one rope for q and k together (frozen inference only)."""
+        if self.qkv is None:
+            self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+
+    def project_qkv(self, x: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [b, n, heads, d], k and v [b, n, kv, d], roped; fused when `fuse` was called."""
+        if self.qkv is None or self.cfg.qk_norm:
+            return (self.project_q(x, cos, sin), *self.project_kv(x, cos, sin))
+        b, n, _ = x.shape
+        out = linear(x, *self.qkv)
+        width = (self.num_heads + self.num_kv) * self.head_dim
+        qk = apply_rope(out[..., :width].reshape(b, n, self.num_heads + self.num_kv, self.head_dim), cos, sin)
+        v = out[..., width:].reshape(b, n, self.num_kv, self.head_dim)
+        return qk[:, :, : self.num_heads], qk[:, :, self.num_heads:], v
 
     def project_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, q, _ = x.shape
@@ -192,7 +240,8 @@ class Attention(nn.Module):
         return apply_rope(k, cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q: [b, q, h, d]; k, v: [b, s, kv, d]; mask: bool [b, q, s] (True = may attend)."""
+        """q: [b, q, h, d]; k, v: [b, s, kv, d]; mask [b, q, s]: bool (True = may attend) or additive
+        (`additive_mask`, made once per forward rather than converted by every layer)."""
         b, nq = q.shape[:2]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -207,9 +256,18 @@ class MLP(nn.Module):
         self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up: torch.Tensor | None = None  # set by `fuse`
+
+    def fuse(self) -> None:
+        """One GEMM for gate and up (frozen inference only)."""
+        if self.gate_up is None:
+            self.gate_up = fuse_linears(self.gate_proj, self.up_proj)[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from adaflash.models.cache import KVCache
-from adaflash.models.layers import DecoderConfig, DecoderLayer, Linear, RMSNorm, Rotary
+from adaflash.models.layers import DecoderConfig, DecoderLayer, Linear, RMSNorm, Rotary, additive_mask
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -58,6 +58,16 @@ class TargetModel(nn.Module):
         return KVCache(c.num_hidden_layers, slots, max_len, c.num_key_value_heads, c.head_dim,
                        device=self.device, dtype=self.dtype, static=static)
 
+    def fuse_projections(self) -> None:
+        """q/k/v and gate/up each become one GEMM (views of one weight; state_dict unchanged).
+
+        Frozen inference only: a decode step of a small model is launch-bound, and this removes
+        three of every layer's seven GEMMs. Call it after the last dtype/device change.
+        """
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids)
 
@@ -87,14 +97,13 @@ class TargetModel(nn.Module):
         cos, sin = self.rotary(positions, h.dtype)
         kv_len = int(positions.max()) + 1 if kv_len is None else kv_len
         cache.reserve(kv_len)
-        mask = causal_mask(positions, kv_len)
+        mask = additive_mask(causal_mask(positions, kv_len), h.dtype)
         wanted = {layer: i for i, layer in enumerate(capture)}
         captured: list[torch.Tensor | None] = [None] * len(capture)
         for index, layer in enumerate(self.model.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q = attn.project_q(x, cos, sin)
-            k, v = attn.project_kv(x, cos, sin)
+            q, k, v = attn.project_qkv(x, cos, sin)
             cache.write(index, rows, positions, k, v)
             keys, values = cache.read(index, rows, kv_len)
             h = h + attn.attend(q, keys, values, mask)
@@ -143,4 +152,6 @@ def load_target_model(folder: str | Path, *, device: str = "cpu", dtype: torch.d
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.rotary = Rotary(cfg).to(device)
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    model.fuse_projections()  # the target is frozen everywhere: engine, regeneration, training features
+    return model
