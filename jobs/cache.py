@@ -37,7 +37,7 @@ from jobs.recipe import JobSpec
 RECORDS_DIR = ".jobs"
 CONTENT_LIMIT = 64 * 1024 * 1024
 KEY_VERSION = 1
-_CODE_SUFFIXES = (".py", ".json", ".toml", ".jinja")
+_CODE_SUFFIXES = (".py", ".json", ".toml", ".jinja", ".safetensors")  # built-in drafters are code too
 _code_cache: dict[str, str] = {}
 
 

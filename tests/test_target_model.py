@@ -66,3 +66,42 @@ def test_unsupported_family_is_refused(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(ValueError, match="gpt2.*not supported"):
         load_target_model(tmp_path)
+
+
+def test_fused_projections_keep_the_state_dict_and_share_its_storage(tiny_llama):
+    """Fusing q/k/v and gate/up changes no parameter name or value; loading weights into the fused
+    model reaches the fused GEMMs (the parameters are views of them), so the outputs follow."""
+    fused = load_target_model(tiny_llama)  # the loader fuses
+    attn = fused.model.layers[0].self_attn
+    assert attn.qkv is not None and fused.model.layers[0].mlp.gate_up is not None
+    unfused_keys = {k for k in fused.state_dict()}
+    assert {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"} <= unfused_keys
+    assert not any("qkv" in k or "gate_up" in k for k in unfused_keys)
+    assert attn.k_proj.weight.data_ptr() == attn.qkv[0][attn.q_proj.out_features:].data_ptr()
+
+    ids = torch.randint(0, 1000, (1, 7))
+    pos = torch.arange(7)[None]
+    before, _ = fused(ids, pos, fused.new_cache(1, 16), torch.tensor([0]))
+    state = {k: v.clone() for k, v in fused.state_dict().items()}
+    with torch.no_grad():
+        state["model.layers.0.self_attn.v_proj.weight"].mul_(3.0)
+        state["model.layers.1.mlp.up_proj.weight"].mul_(-1.0)
+    fused.load_state_dict(state)
+    after, _ = fused(ids, pos, fused.new_cache(1, 16), torch.tensor([0]))
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(attn.qkv[0][-attn.v_proj.out_features:], state["model.layers.0.self_attn.v_proj.weight"])
+
+
+def test_fused_projections_give_the_unfused_logits(tiny_qwen3, tiny_llama):
+    for folder in (tiny_llama, tiny_qwen3):
+        fused = load_target_model(folder)
+        plain = load_target_model(folder)
+        for layer in plain.model.layers:  # back to three GEMMs (and two for the MLP)
+            layer.self_attn.qkv = None
+            layer.mlp.gate_up = None
+        ids = torch.randint(0, 1000, (2, 9))
+        pos = torch.arange(9).expand(2, 9)
+        rows = torch.tensor([0, 1])
+        a, _ = fused(ids, pos, fused.new_cache(2, 16), rows)
+        b, _ = plain(ids, pos, plain.new_cache(2, 16), rows)
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

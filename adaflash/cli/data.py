@@ -106,6 +106,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 @click.option("--dataset", "dataset_file", required=True, type=click.Path(dir_okay=False),
               help='JSONL of normalized rows (`adaflash data prepare`) or {"prompt": ...} rows.')
 @click.option("--num-samples", type=click.IntRange(1), default=None, help="Answer the first N prompts [default: all].")
+@click.option("--skip", type=click.IntRange(0), default=0, show_default=True,
+              help="Leave out the first N prompts (e.g. those a drafter was already trained on).")
 @click.option("--max-new-tokens", type=click.IntRange(1, 32768), default=256, show_default=True)
 @click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True)
@@ -121,8 +123,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
 def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, dataset_file: str,
-               num_samples: int | None, max_new_tokens: int, temperature: float, top_p: float, batch_size: int,
-               chat: bool, seed: int, max_len: int | None, device: str, dtype: str, out_file: str,
+               num_samples: int | None, skip: int, max_new_tokens: int, temperature: float, top_p: float,
+               batch_size: int, chat: bool, seed: int, max_len: int | None, device: str, dtype: str, out_file: str,
                as_json: bool) -> None:
     """Answer the prompts of a dataset with the target; rows keep the exact prompt string it saw."""
     from rich.console import Console
@@ -139,7 +141,7 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
 
     try:
         check_method(method, draft)
-        prompts = read_prompt_file(dataset_file, num_samples)
+        prompts = read_prompt_file(dataset_file, num_samples, skip)
     except (PromptFileError, ValueError) as err:
         fail(str(err))
     try:
@@ -153,7 +155,7 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
     log = runlog_of(ctx)
     run_id = log.create_run("data", name="regenerate", method=method, target=target, draft=draft,
                             dataset=str(dataset_file), run_dir=str(Path(out_file).expanduser().resolve().parent),
-                            config={"command": "regenerate", "out": str(out_file), "num_samples": len(prompts),
+                            config={"command": "regenerate", "out": str(out_file), "num_samples": len(prompts), "skip": skip,
                                     "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
                                     "chat": chat, "seed": seed, "batch_size": batch_size, "max_len": engine.max_len,
                                     "device": str(engine.device)})

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from adaflash.cli.common import fail
+from adaflash.cli.common import emit_rows, fail, output_format_option
 
 
 @click.group()
@@ -80,3 +80,14 @@ def info(folder: str, target: str | None, as_json: bool) -> None:
                "length_head": getattr(drafter, "length_head", None) is not None,
                "parameters": sum(p.numel() for p in drafter.parameters()), "adaflash": cfg.get("adaflash", {})}
     click.echo(json.dumps(summary, indent=None if as_json else 2))
+
+
+@draft.command("builtins")
+@output_format_option()
+def builtins(fmt: str) -> None:
+    """The drafters shipped inside adaflash: pass a name wherever a drafter folder goes."""
+    from adaflash.models.registry import BUILTIN_DRAFTERS
+
+    rows = [{"name": d.name, "target": d.target, "installed": (d.folder / "config.json").is_file(),
+             "folder": str(d.folder), "description": d.description} for d in BUILTIN_DRAFTERS.values()]
+    emit_rows(rows, ["name", "target", "installed", "folder", "description"], fmt)

@@ -28,7 +28,7 @@ PRESETS = {
 
 @click.group(invoke_without_command=True)
 @click.option("--target", default="smollm2-135m", show_default=True)
-@click.option("--draft", type=click.Path(file_okay=False), help="Initial drafter (offline-trained DFlash).")
+@click.option("--draft", help="Initial drafter (offline-trained DFlash): a folder or a built-in drafter's name.")
 @click.option("--data", type=click.Path(dir_okay=False), help="Prompts (normalized rows or {\"prompt\"} rows).")
 @click.option("--infer-gpus", default="cpu", show_default=True, help="'cpu' or GPU indices for the inference worker.")
 @click.option("--train-gpus", default="cpu", show_default=True, help="'cpu' or GPU indices (several = torchrun).")
@@ -75,8 +75,11 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
 
     if not draft or not data:
         fail("--draft DIR and --data FILE are required (see `adaflash pipeline --help`)")
+    from adaflash.models.registry import resolve_drafter
+
+    draft = str(resolve_drafter(draft))
     if not Path(draft).is_dir():
-        fail(f"--draft {draft}: no such drafter folder")
+        fail(f"--draft {draft}: no such drafter folder (nor a built-in drafter)")
     if not Path(data).is_file():
         fail(f"--data {data}: no such file")
     if skip:

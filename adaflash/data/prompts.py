@@ -46,14 +46,22 @@ def row_to_prompt(row: Any, where: str) -> PromptRow:
     raise PromptFileError(f"{where}: expected a string 'prompt' or a non-empty 'conversations' list")
 
 
-def read_prompt_file(path: str | Path, limit: int | None = None) -> list[PromptRow]:
+def read_prompt_file(path: str | Path, limit: int | None = None, skip: int = 0) -> list[PromptRow]:
+    """Prompts `skip` .. `skip + limit` of the file (every row read is checked)."""
     from adaflash.data.io import read_jsonl
 
     rows: list[PromptRow] = []
+    seen = 0
     for where, raw in read_jsonl(path, PromptFileError):
-        rows.append(row_to_prompt(raw, where))
+        row = row_to_prompt(raw, where)
+        seen += 1
+        if seen <= skip:
+            continue
+        rows.append(row)
         if limit and len(rows) >= limit:
             break
+    if not rows and skip:
+        raise PromptFileError(f"{path}: holds {seen} prompts, none left after skipping {skip} (--skip)")
     if not rows:
         raise PromptFileError(f"{path}: holds no prompts")
     return rows

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from adaflash.models.drafters import ChainDrafter, DFlashDrafter, Drafter
 from adaflash.models.layers import DecoderConfig
+from adaflash.models.registry import resolve_drafter
 from adaflash.models.target import TargetModel
 
 ARCHITECTURES = {"dflash": "DFlashDraftModel", "eagle3": "LlamaForCausalLMEagle3", "mtp": "AdaFlashMTPModel"}
@@ -218,7 +219,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def read_drafter_config(folder: str | Path) -> dict[str, Any]:
-    folder = Path(folder)
+    folder = resolve_drafter(folder)
     path = folder / "config.json"
     if not path.is_file():
         raise DrafterError(f"{folder}: no config.json (not a drafter folder)")
@@ -239,8 +240,9 @@ def drafter_method(cfg: dict[str, Any], where: str) -> str:
 
 
 def load_drafter(folder: str | Path, target: DecoderConfig | None = None) -> Drafter:
-    """Build a drafter from its folder, checking it fits `target` (hidden size, vocab, layer ids)."""
-    folder = Path(folder)
+    """Build a drafter from its folder (or a built-in drafter's name), checking it fits `target`
+    (hidden size, vocab, layer ids)."""
+    folder = resolve_drafter(folder)
     cfg = read_drafter_config(folder)
     where = str(folder / "config.json")
     method = drafter_method(cfg, where)

@@ -1,0 +1,51 @@
+"""The built-in drafter: a name that resolves to the folder shipped inside adaflash, everywhere a
+drafter folder is accepted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from adaflash.cli.main import cli
+from adaflash.data.prompts import PromptFileError, read_prompt_file
+from adaflash.models.drafter_io import load_drafter
+from adaflash.models.drafters import DFlashDrafter
+from adaflash.models.registry import BUILTIN_DRAFTERS, resolve_drafter
+
+
+def test_the_builtin_drafter_loads_by_name_with_its_length_head():
+    drafter = load_drafter("smollm2-135m-dflash")
+    assert isinstance(drafter, DFlashDrafter)
+    assert drafter.block_size == 4 and drafter.length_head is not None
+    assert resolve_drafter("smollm2-135m-dflash") == BUILTIN_DRAFTERS["smollm2-135m-dflash"].folder
+
+
+def test_a_name_that_is_not_builtin_stays_a_path(tmp_path):
+    assert resolve_drafter(str(tmp_path / "mine")) == tmp_path / "mine"
+
+
+def test_draft_builtins_lists_it_as_installed():
+    result = CliRunner().invoke(cli, ["draft", "builtins", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["name"]: r for r in json.loads(result.output)}
+    assert rows["smollm2-135m-dflash"]["installed"] is True
+    assert rows["smollm2-135m-dflash"]["target"] == "smollm2-135m"
+
+
+def test_train_init_names_the_option_when_the_drafter_does_not_exist(tmp_path):
+    (tmp_path / "x.jsonl").write_text(json.dumps({"prompt": "q"}) + "\n")
+    result = CliRunner().invoke(cli, ["--workspace", str(tmp_path), "train", "draft", "--method", "dflash",
+                                      "--data", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "o"),
+                                      "--init", "no-such-drafter"])
+    assert result.exit_code == 2
+    assert "--init" in result.output and "no-such-drafter" in result.output
+
+
+def test_prompt_files_skip_leading_prompts(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(5)))
+    assert [r.prompt for r in read_prompt_file(path, 2, skip=2)] == ["q2", "q3"]
+    with pytest.raises(PromptFileError, match="none left after skipping 5"):
+        read_prompt_file(path, skip=5)
