@@ -103,3 +103,16 @@ def test_capture_graphs_covers_every_shape_decoding_meets(tiny_target, method):
         engine.generate(make_requests(tiny_target, n=n, max_new_tokens=40, ignore_eos=True))
     assert engine.graphs.keys, "decoding went through the runner"
     assert engine.graphs.keys <= captured, engine.graphs.keys - captured
+
+
+def test_a_greedy_padded_step_is_one_pass_after_drafting(tiny_target):
+    """Greedy decoding on padded shapes verifies, accepts, commits and extends in ONE pass (one
+    graph on a GPU); sampled requests keep the separate verify and extend passes."""
+    drafter = drafter_for("dflash", tiny_target)
+    engine = Engine(tiny_target, "dflash", drafter, max_batch=3, max_len=256, pad_shapes=True)
+    engine.graphs = _RecordingRunner()
+    engine.generate(make_requests(tiny_target, n=2, max_new_tokens=16, ignore_eos=True))
+    assert {key[0] for key in engine.graphs.keys} == {"draft", "greedy_step"}
+    engine.graphs.keys.clear()
+    engine.generate(make_requests(tiny_target, n=2, max_new_tokens=16, ignore_eos=True, temperature=0.8))
+    assert {key[0] for key in engine.graphs.keys} == {"draft", "verify", "extend"}

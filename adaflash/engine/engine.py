@@ -258,29 +258,19 @@ class Engine:
         drafts, verify_n = self.passes.draft(rows, pending, lens, longest, steps=self._draft_steps(),
                                              choose=self._length_chooser())
         t1 = time.perf_counter()
-        k = drafts.shape[1]
-        block = torch.cat([pending[:, None], drafts], dim=1)
         params = [s.request.params for s in seqs]
-        greedy = all(p.temperature == 0 for p in params)
-        out, feats = self.passes.verify(rows, block, lens, longest, greedy=greedy)
-        if greedy:
-            posterior = out
+        if self.passes.padded and all(p.temperature == 0 for p in params):
+            # Greedy on padded shapes (a GPU): verify, accept, commit and extend as one replayed pass.
+            packed = self.passes.greedy_step(rows, pending, drafts, verify_n, lens, longest).tolist()
+            t2 = t3 = time.perf_counter()
         else:
-            posterior = sample_for(out.reshape(-1, out.shape[-1]), params, self.generator, repeat=k + 1)
-            posterior = posterior.view(len(seqs), k + 1)
-        accepted = accepted_prefix(drafts, posterior, verify_n)
-        bonus = posterior.gather(1, accepted[:, None]).squeeze(1)
-        # The accepted drafts, then the bonus token, which becomes the new pending token.
-        emitted = torch.cat([drafts, bonus[:, None]], dim=1)
-        emitted.scatter_(1, accepted[:, None], bonus[:, None])
-        self.passes.commit(rows, lens, accepted, emitted, feats, longest)
-        # The one host sync of a step: how many tokens each row accepted.
-        packed = torch.cat([accepted[:, None], verify_n[:, None], emitted], dim=1).tolist()
+            accepted, packed = self._verify(rows, pending, drafts, verify_n, lens, longest, params)
+            t2 = time.perf_counter()
+            if self.drafter is not None:
+                self.passes.extend_drafter(rows, lens, accepted + 1, longest, max(r[0] for r in packed) + 1)
+            t3 = time.perf_counter()
+        # Per row: accepted drafts, verified drafts, then the emitted tokens.
         acc_list, n_list, emit_list = [r[0] for r in packed], [r[1] for r in packed], [r[2:] for r in packed]
-        t2 = time.perf_counter()
-        if self.drafter is not None:
-            self.passes.extend_drafter(rows, lens, accepted + 1, longest, max(acc_list) + 1)
-        t3 = time.perf_counter()
         events = []
         for i, seq in enumerate(seqs):
             seq.verify_ct += 1
@@ -290,6 +280,27 @@ class Engine:
             n_acc = acc_list[i]
             events.append(self._emit(seq, emit_list[i][: n_acc + 1], accepted=n_acc, proposed=n_list[i]))
         return events
+
+    def _verify(self, rows: torch.Tensor, pending: torch.Tensor, drafts: torch.Tensor, verify_n: torch.Tensor,
+                lens: torch.Tensor, longest: int, params: list) -> tuple[torch.Tensor, list[list[int]]]:
+        """The general verify (any sampling, exact shapes): accepted [b] and the packed host rows."""
+        k = drafts.shape[1]
+        block = torch.cat([pending[:, None], drafts], dim=1)
+        greedy = all(p.temperature == 0 for p in params)
+        out, feats = self.passes.verify(rows, block, lens, longest, greedy=greedy)
+        if greedy:
+            posterior = out
+        else:
+            posterior = sample_for(out.reshape(-1, out.shape[-1]), params, self.generator, repeat=k + 1)
+            posterior = posterior.view(len(params), k + 1)
+        accepted = accepted_prefix(drafts, posterior, verify_n)
+        bonus = posterior.gather(1, accepted[:, None]).squeeze(1)
+        # The accepted drafts, then the bonus token, which becomes the new pending token.
+        emitted = torch.cat([drafts, bonus[:, None]], dim=1)
+        emitted.scatter_(1, accepted[:, None], bonus[:, None])
+        self.passes.commit(rows, lens, accepted, emitted, feats, longest)
+        # The one host sync of a step: how many tokens each row accepted.
+        return accepted, torch.cat([accepted[:, None], verify_n[:, None], emitted], dim=1).tolist()
 
     # -- drafting policy ----------------------------------------------------------------------
     def _draft_steps(self) -> int | None:

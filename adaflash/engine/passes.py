@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from adaflash.engine.graphs import GraphRunner, bucket
+from adaflash.engine.sampling import accepted_prefix
 from adaflash.models.cache import KVCache
 from adaflash.models.drafters import DFlashDrafter, Drafter
 from adaflash.models.target import TargetModel
@@ -129,16 +130,22 @@ class DevicePasses:
     def commit(self, rows: torch.Tensor, lens: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor,
                feats: torch.Tensor | None, longest: int) -> None:
         """Keep a verify pass's accepted positions; rejected ones roll back via the cache length."""
+        if self.drafter is not None:
+            self.ensure_feats(longest + emitted.shape[1])
+        self._commit(rows, lens, accepted, emitted, feats)
+
+    def _commit(self, rows: torch.Tensor, lens: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor,
+                feats: torch.Tensor | None) -> None:
+        """`commit` without host work, so it can run inside a replayed graph."""
         k = emitted.shape[1] - 1
         self.cache.lens[rows] = lens + accepted + 1
         # tokens[p] holds the token at position p: the accepted drafts, then the bonus token,
         # which becomes the new pending token. Writes past it are overwritten before any read.
         idx = (lens[:, None] + torch.arange(1, k + 2, device=self.device)).clamp(max=self.max_len)
         self.tokens[rows[:, None], idx] = emitted
-        if self.drafter is not None:
+        if self.drafter is not None and feats is not None:
             assert self.feats is not None
             fidx = (lens[:, None] + torch.arange(k + 1, device=self.device)).clamp(max=self.max_len - 1)
-            self.ensure_feats(longest + k + 1)
             self.feats[rows[:, None], fidx] = feats
 
     # -- padding to captured shapes ----------------------------------------------------------------
@@ -210,8 +217,9 @@ class DevicePasses:
                 for w in widths:
                     if kv - w < 0:
                         continue
-                    for greedy in (True, False):
-                        self.verify(rows, zeros(b, w), zeros(b) + kv - w, kv - w, greedy=greedy)
+                    # Greedy requests take the fused step; sampled ones verify, then extend.
+                    self.greedy_step(rows, zeros(b), zeros(b, w - 1), zeros(b), zeros(b) + kv - w, kv - w)
+                    self.verify(rows, zeros(b, w), zeros(b) + kv - w, kv - w)
                     if self.drafter is not None:
                         self.extend_drafter(rows, zeros(b) + kv - w, zeros(b) + 1, kv - w, w)
                 if self.drafter is not None:
@@ -299,6 +307,53 @@ class DevicePasses:
             return drafts[:, : int(verify_n.max())], verify_n
         return drafts, torch.full((b,), k, dtype=torch.long, device=self.device)
 
+
+    def greedy_step(self, rows: torch.Tensor, pending: torch.Tensor, drafts: torch.Tensor, verify_n: torch.Tensor,
+                    lens: torch.Tensor, longest: int) -> torch.Tensor:
+        """A greedy decode step after drafting, as ONE replayed pass: verify, accept, commit, extend.
+
+        Returns [b, 2 + w]: per row the accepted draft count, the verified count, then the accepted
+        drafts with the bonus token (the target's own token after them) at column 2 + accepted. On a GPU the
+        host launches one graph and reads one small tensor, where the unfused step ran some
+        forty small eager ops around three graphs: at batch 1 those launches, not the math, are
+        what a speculative step costs more than a Vanilla one.
+        """
+        b, width = rows.shape[0], drafts.shape[1] + 1
+        b_pad, w_pad, kv = self._dims(b, width, longest)
+        if self.drafter is not None:
+            self.ensure_feats(longest + w_pad + 1)
+        self.cache.reserve(kv)
+        block = torch.cat([pending[:, None], drafts], dim=1)
+        inputs = [self._pad_rows(rows, b_pad), self._pad(block, b_pad, w_pad), self._pad(lens, b_pad),
+                  self._pad(verify_n, b_pad)]
+        out = self.graphs.run(("greedy_step", b_pad, w_pad, kv), self._greedy_step_fn(kv), inputs)
+        return out[:b]
+
+    def _greedy_step_fn(self, kv: int) -> Callable[..., torch.Tensor]:
+        model, cache, capture, drafter = self.model, self.cache, self.capture, self.drafter
+
+        def step(rows_p: torch.Tensor, block_p: torch.Tensor, lens_p: torch.Tensor,
+                 verify_n_p: torch.Tensor) -> torch.Tensor:
+            w = block_p.shape[1]
+            positions = lens_p[:, None] + torch.arange(w, device=lens_p.device)
+            logits, feats = model(block_p, positions, cache, rows_p, capture=capture, kv_len=kv)
+            posterior = logits.argmax(-1)
+            drafts_p = block_p[:, 1:]
+            accepted = accepted_prefix(drafts_p, posterior, verify_n_p)
+            bonus = posterior.gather(1, accepted[:, None])
+            emitted = torch.cat([drafts_p, bonus], dim=1).scatter(1, accepted[:, None], bonus)
+            self._commit(rows_p, lens_p, accepted, emitted, torch.cat(feats, dim=-1) if feats else None)
+            if drafter is not None:
+                # The drafter's context gains the accepted positions and the bonus position.
+                assert self.feats is not None
+                safe = positions.clamp(max=self.feats.shape[1] - 1)
+                count = accepted + 1
+                drafter.extend(self.draft_cache, rows_p, positions, self.feats[rows_p[:, None], safe],
+                               self.tokens[rows_p[:, None], (safe + 1).clamp(max=self.max_len)], count, model, kv)
+                self.draft_cache.lens[rows_p] = lens_p + count
+            return torch.cat([accepted[:, None], verify_n_p[:, None], emitted], dim=1)
+
+        return step
 
 def _same_shapes(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
