@@ -75,7 +75,9 @@ def info(folder: str, target: str | None, as_json: bool) -> None:
         cfg = read_drafter_config(folder)
     except (DrafterError, FileNotFoundError) as err:
         fail(str(err))
-    summary = {"folder": folder, "method": drafter.method, "kind": drafter.kind, "block_size": drafter.block_size,
+    from adaflash.models.registry import resolve_drafter
+
+    summary = {"folder": str(resolve_drafter(folder)), "method": drafter.method, "kind": drafter.kind, "block_size": drafter.block_size,
                "target_layer_ids": drafter.target_layer_ids,
                "length_head": getattr(drafter, "length_head", None) is not None,
                "parameters": sum(p.numel() for p in drafter.parameters()), "adaflash": cfg.get("adaflash", {})}
