@@ -49,3 +49,27 @@ def test_prompt_files_skip_leading_prompts(tmp_path):
     assert [r.prompt for r in read_prompt_file(path, 2, skip=2)] == ["q2", "q3"]
     with pytest.raises(PromptFileError, match="none left after skipping 5"):
         read_prompt_file(path, skip=5)
+
+
+def test_the_drafter_recipe_exports_the_trained_drafter_in_bf16(tmp_path):
+    """`adaflash run smollm2-drafter-h200` ends by writing what ships in adaflash/drafters/: the same
+    drafter, its floating-point weights in bf16, loading like the built-in one."""
+    import subprocess
+
+    import torch
+    from safetensors.torch import load_file
+
+    from adaflash.models.drafter_io import save_drafter
+    from jobs.recipe import load_recipe
+
+    source = load_drafter("smollm2-135m-dflash")
+    save_drafter(source.float(), tmp_path / "run" / "dflash", {"target": "smollm2-135m"})
+    recipe = load_recipe("smollm2-drafter-h200", context={"run_id": "R", "run_dir": str(tmp_path / "run"),
+                                                          "workspace": str(tmp_path)})
+    done = subprocess.run(recipe.jobs["export"].argv(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    exported = load_file(str(tmp_path / "run" / "export" / "model.safetensors"))
+    assert {v.dtype for v in exported.values() if v.is_floating_point()} == {torch.bfloat16}
+    again = load_drafter(tmp_path / "run" / "export")
+    for (name, a), (_, b) in zip(source.state_dict().items(), again.state_dict().items()):
+        torch.testing.assert_close(a.float(), b.float(), msg=name)
