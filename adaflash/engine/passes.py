@@ -312,11 +312,11 @@ class DevicePasses:
                     lens: torch.Tensor, longest: int) -> torch.Tensor:
         """A greedy decode step after drafting, as ONE replayed pass: verify, accept, commit, extend.
 
-        Returns [b, 2 + w]: per row the accepted draft count, the verified count, then the accepted
-        drafts with the bonus token (the target's own token after them) at column 2 + accepted. On a GPU the
-        host launches one graph and reads one small tensor, where the unfused step ran some
-        forty small eager ops around three graphs: at batch 1 those launches, not the math, are
-        what a speculative step costs more than a Vanilla one.
+        Returns [b, 2 + w]: per row the accepted draft count, the verified count, then the
+        accepted drafts with the bonus token (the target's own token after them) at column
+        2 + accepted. On a GPU the host launches one graph and reads one small tensor, where the
+        unfused step ran some forty small eager ops around three graphs: at batch 1 those
+        launches, not the math, are what a speculative step costs more than a Vanilla one.
         """
         b, width = rows.shape[0], drafts.shape[1] + 1
         b_pad, w_pad, kv = self._dims(b, width, longest)
