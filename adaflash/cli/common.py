@@ -78,6 +78,18 @@ def fmt_cell(value: Any) -> str:
     return str(value)
 
 
+def drafter_folder(option: str, value: str | None) -> str | None:
+    """A drafter folder or built-in drafter name → the folder, checked before any model loads."""
+    from adaflash.models.registry import resolve_drafter
+
+    if value is None:
+        return None
+    folder = resolve_drafter(value)
+    if not folder.is_dir():
+        raise click.BadParameter(f"{value}: no such drafter folder (nor a built-in drafter)", param_hint=option)
+    return str(folder)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print a clear error (no traceback) and exit."""
     click.secho(f"error: {message}", fg="red", err=True)

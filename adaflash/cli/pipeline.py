@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from adaflash.cli.common import (
+    drafter_folder,
     emit_rows,
     fail,
     fmt_cell,
@@ -75,11 +76,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
 
     if not draft or not data:
         fail("--draft DIR and --data FILE are required (see `adaflash pipeline --help`)")
-    from adaflash.models.registry import resolve_drafter
-
-    draft = str(resolve_drafter(draft))
-    if not Path(draft).is_dir():
-        fail(f"--draft {draft}: no such drafter folder (nor a built-in drafter)")
+    draft = drafter_folder("--draft", draft)
     if not Path(data).is_file():
         fail(f"--data {data}: no such file")
     if skip:

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, runlog_of
+from adaflash.cli.common import drafter_folder, emit_rows, fail, runlog_of
 
 
 def _progress(description: str, enabled: bool = True):
@@ -60,22 +60,10 @@ def common_options(func):
     return func
 
 
-def _drafter_folder(option: str, value: str | None) -> str | None:
-    """A drafter folder or built-in name → the folder, checked before any model loads."""
-    from adaflash.models.registry import resolve_drafter
-
-    if value is None:
-        return None
-    folder = resolve_drafter(value)
-    if not folder.is_dir():
-        raise click.BadParameter(f"{value}: no such drafter folder (nor a built-in drafter)", param_hint=option)
-    return str(folder)
-
-
 @train.command("draft")
 @click.option("--method", type=click.Choice(["dflash", "eagle3", "mtp"]), required=True)
 @common_options
-@click.option("--init", callback=lambda _c, _p, v: _drafter_folder("--init", v), default=None,
+@click.option("--init", callback=lambda _c, _p, v: drafter_folder("--init", v), default=None,
               help="Start from this drafter: a folder or a built-in drafter's name (`adaflash draft builtins`).")
 @click.option("--epochs", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--steps", type=click.IntRange(1), default=None, help="Stop after this many steps (overrides --epochs).")
@@ -199,7 +187,7 @@ def _device(device: str, rank: int, world: int) -> str:
 
 @train.command("length-head")
 @common_options
-@click.option("--draft", "draft", required=True, callback=lambda _c, _p, v: _drafter_folder("--draft", v),
+@click.option("--draft", "draft", required=True, callback=lambda _c, _p, v: drafter_folder("--draft", v),
               help="The trained DFlash drafter: a folder or a built-in drafter's name.")
 @click.option("--steps", type=click.IntRange(1), default=200, show_default=True)
 @click.option("--lr", type=float, default=1e-3, show_default=True)

@@ -28,7 +28,7 @@ import torch
 from adaflash.engine.graphs import GraphRunner
 from adaflash.engine.params import Output, Request
 from adaflash.engine.passes import DevicePasses, LengthChooser
-from adaflash.engine.sampling import accepted_prefix, sample_for
+from adaflash.engine.sampling import accept, sample_for
 from adaflash.models.cache import KVCache
 from adaflash.models.drafters import Drafter
 from adaflash.models.loading import Target
@@ -259,12 +259,13 @@ class Engine:
                                              choose=self._length_chooser())
         t1 = time.perf_counter()
         params = [s.request.params for s in seqs]
-        if self.passes.padded and all(p.temperature == 0 for p in params):
+        greedy = all(p.temperature == 0 for p in params)
+        if greedy and self.passes.padded:
             # Greedy on padded shapes (a GPU): verify, accept, commit and extend as one replayed pass.
             packed = self.passes.greedy_step(rows, pending, drafts, verify_n, lens, longest).tolist()
             t2 = t3 = time.perf_counter()
         else:
-            accepted, packed = self._verify(rows, pending, drafts, verify_n, lens, longest, params)
+            accepted, packed = self._verify(rows, pending, drafts, verify_n, lens, longest, params, greedy)
             t2 = time.perf_counter()
             if self.drafter is not None:
                 self.passes.extend_drafter(rows, lens, accepted + 1, longest, max(r[0] for r in packed) + 1)
@@ -282,22 +283,18 @@ class Engine:
         return events
 
     def _verify(self, rows: torch.Tensor, pending: torch.Tensor, drafts: torch.Tensor, verify_n: torch.Tensor,
-                lens: torch.Tensor, longest: int, params: list) -> tuple[torch.Tensor, list[list[int]]]:
+                lens: torch.Tensor, longest: int, params: list,
+                greedy: bool) -> tuple[torch.Tensor, list[list[int]]]:
         """The general verify (any sampling, exact shapes): accepted [b] and the packed host rows."""
         k = drafts.shape[1]
         block = torch.cat([pending[:, None], drafts], dim=1)
-        greedy = all(p.temperature == 0 for p in params)
         out, feats = self.passes.verify(rows, block, lens, longest, greedy=greedy)
         if greedy:
             posterior = out
         else:
             posterior = sample_for(out.reshape(-1, out.shape[-1]), params, self.generator, repeat=k + 1)
             posterior = posterior.view(len(params), k + 1)
-        accepted = accepted_prefix(drafts, posterior, verify_n)
-        bonus = posterior.gather(1, accepted[:, None]).squeeze(1)
-        # The accepted drafts, then the bonus token, which becomes the new pending token.
-        emitted = torch.cat([drafts, bonus[:, None]], dim=1)
-        emitted.scatter_(1, accepted[:, None], bonus[:, None])
+        accepted, emitted = accept(drafts, posterior, verify_n)
         self.passes.commit(rows, lens, accepted, emitted, feats, longest)
         # The one host sync of a step: how many tokens each row accepted.
         return accepted, torch.cat([accepted[:, None], verify_n[:, None], emitted], dim=1).tolist()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from adaflash.engine.graphs import GraphRunner, bucket
-from adaflash.engine.sampling import accepted_prefix
+from adaflash.engine.sampling import accept
 from adaflash.models.cache import KVCache
 from adaflash.models.drafters import DFlashDrafter, Drafter
 from adaflash.models.target import TargetModel
@@ -239,9 +239,7 @@ class DevicePasses:
         b_pad, w_pad, kv = self._dims(b, width, base) if graph else (b, width, base + width)
         rows_p = self._pad_rows(rows, b_pad)
         positions = self._positions(start, b_pad, w_pad)
-        safe = positions.clamp(max=self.feats.shape[1] - 1)
-        inputs = [rows_p, positions, self.feats[rows_p[:, None], safe], self.tokens[rows_p[:, None], safe + 1],
-                  self._pad(count, b_pad, fill=1)]
+        inputs = [rows_p, positions, *self._context_inputs(rows_p, positions), self._pad(count, b_pad, fill=1)]
         drafter, cache, model = self.drafter, self.draft_cache, self.model
 
         def extend(rows_p, positions, feats, next_tokens, count_p):
@@ -252,6 +250,13 @@ class DevicePasses:
         else:
             extend(*inputs)
         self.draft_cache.lens[rows] = start + count
+
+    def _context_inputs(self, rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the drafter's context reads at `positions`: the target features there, and the
+        token after each (the bonus token after the last accepted one)."""
+        assert self.feats is not None
+        safe = positions.clamp(max=self.feats.shape[1] - 1)
+        return self.feats[rows[:, None], safe], self.tokens[rows[:, None], safe + 1]
 
     def verify(self, rows: torch.Tensor, block: torch.Tensor, lens: torch.Tensor, longest: int, *,
                greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -337,19 +342,13 @@ class DevicePasses:
             w = block_p.shape[1]
             positions = lens_p[:, None] + torch.arange(w, device=lens_p.device)
             logits, feats = model(block_p, positions, cache, rows_p, capture=capture, kv_len=kv)
-            posterior = logits.argmax(-1)
-            drafts_p = block_p[:, 1:]
-            accepted = accepted_prefix(drafts_p, posterior, verify_n_p)
-            bonus = posterior.gather(1, accepted[:, None])
-            emitted = torch.cat([drafts_p, bonus], dim=1).scatter(1, accepted[:, None], bonus)
+            accepted, emitted = accept(block_p[:, 1:], logits.argmax(-1), verify_n_p)
             self._commit(rows_p, lens_p, accepted, emitted, torch.cat(feats, dim=-1) if feats else None)
             if drafter is not None:
                 # The drafter's context gains the accepted positions and the bonus position.
-                assert self.feats is not None
-                safe = positions.clamp(max=self.feats.shape[1] - 1)
                 count = accepted + 1
-                drafter.extend(self.draft_cache, rows_p, positions, self.feats[rows_p[:, None], safe],
-                               self.tokens[rows_p[:, None], (safe + 1).clamp(max=self.max_len)], count, model, kv)
+                drafter.extend(self.draft_cache, rows_p, positions, *self._context_inputs(rows_p, positions), count,
+                               model, kv)
                 self.draft_cache.lens[rows_p] = lens_p + count
             return torch.cat([accepted[:, None], verify_n_p[:, None], emitted], dim=1)
 

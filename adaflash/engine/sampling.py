@@ -71,3 +71,13 @@ def accepted_prefix(drafts: torch.Tensor, posterior: torch.Tensor, verify_n: tor
     valid = torch.arange(k, device=drafts.device)[None, :] < verify_n[:, None]
     match = (drafts == posterior[:, :k]) & valid
     return match.long().cumprod(dim=1).sum(dim=1)
+
+
+def accept(drafts: torch.Tensor, posterior: torch.Tensor,
+           verify_n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accepted draft count [b] and the emitted row [b, k + 1]: the drafts with the bonus token
+    (the target's own token after the accepted ones, the new pending token) at column `accepted`.
+    Device ops only, so a replayed graph can hold it."""
+    accepted = accepted_prefix(drafts, posterior, verify_n)
+    bonus = posterior.gather(1, accepted[:, None])
+    return accepted, torch.cat([drafts, bonus], dim=1).scatter(1, accepted[:, None], bonus)
