@@ -209,13 +209,18 @@ def test_memo_greedy_tokens_give_the_length_head_the_same_labels_as_teacher_logi
     for row, n in enumerate(lens.tolist()):
         assert torch.equal(greedy[row, :n], target.logits(final[row, :n]).argmax(-1))
     # and the loss (drafter CE + the head's MSE on acceptance) is the same either way
+    # a memo past its budget stores nothing and makes features and greedy tokens in one target pass
+    full = FeatureMemo(target, drafter.target_layer_ids, budget_bytes=0, keep_greedy=True)
+    full.used = 1
+    over = full.source([id(s) for s in sequences])
     stats = []
-    for features in (direct, source):
+    for features in (direct, source, over):
         loss, stat = dflash_loss(drafter, target, ids, lens, starts, blocks_per_seq=4, loss_cfg=LossConfig("ce"),
                                  gen=torch.Generator().manual_seed(0), train_head=True, features=features)
         stats.append((float(loss), stat["block_accept_len"], stat["loss_length_head"]))
-    assert stats[0] == pytest.approx(stats[1], rel=1e-5)
+    assert stats[0] == pytest.approx(stats[1], rel=1e-5) and stats[0] == pytest.approx(stats[2], rel=1e-5)
     assert len(memo.greedy_ids) == len(sequences)  # kept: later epochs run no lm_head for them
+    assert not full.store and full.batch_greedy is not None  # over budget: the batch's pass, nothing kept
 
 
 def test_init_from_target_copies_the_layers_after_the_deepest_feature(learnable):

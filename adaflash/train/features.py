@@ -51,12 +51,14 @@ class FeatureMemo:
     the memo stops storing and features are computed per batch as before.
     """
 
-    def __init__(self, target: TargetModel, layer_ids: list[int], budget_bytes: float = 4e9,
+    def __init__(self, target: TargetModel, layer_ids: list[int], budget_bytes: float | None = None,
                  keep_greedy: bool = False) -> None:
         self.target = target
         self.layer_ids = list(layer_ids)
-        self.budget = budget_bytes
+        self.budget = default_budget(next(target.parameters()).device) if budget_bytes is None else budget_bytes
         self.used = 0
+        # Over budget, the last batch's greedy tokens, from the one target pass that made its features.
+        self.batch_greedy: tuple[list[int], torch.Tensor] | None = None
         self.store: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         # The target's greedy next token at every position, kept when only its argmax is needed
         # (CE training of a length head): the full lm_head then runs once per sequence, not per step.
@@ -72,7 +74,10 @@ class FeatureMemo:
         """Features of the padded batch `ids` whose rows are the sequences `keys`."""
         missing = [i for i, k in enumerate(keys) if k not in self.store or (with_last and self.store[k][1] is None)]
         if missing and self.used > self.budget:
-            return target_features(self.target, ids, self.layer_ids, with_last=with_last)
+            feats, final = target_features(self.target, ids, self.layer_ids, with_last=with_last or self.keep_greedy)
+            if self.keep_greedy and final is not None:
+                self.batch_greedy = (list(keys), greedy_tokens(self.target, final.flatten(0, 1)).view(ids.shape))
+            return feats, final if with_last else None
         if missing:
             width = int(lens[missing].max())
             need_last = with_last or self.keep_greedy
@@ -97,6 +102,8 @@ class FeatureMemo:
 
     def greedy(self, keys: list[int], ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         """[b, width] the target's greedy next token after each position of the padded batch."""
+        if self.batch_greedy is not None and self.batch_greedy[0] == list(keys):
+            return self.batch_greedy[1]
         if any(k not in self.greedy_ids for k in keys):  # not kept (over budget, or asked late)
             _, final = target_features(self.target, ids, self.layer_ids, with_last=True)
             assert final is not None
@@ -119,6 +126,18 @@ class MemoSource:
 
     def greedy(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         return self.memo.greedy(self.keys, ids, lens)
+
+
+def default_budget(device: torch.device) -> float:
+    """How many bytes of features to keep: 4 GB on a CPU, a third of what is free on a GPU.
+
+    A GPU holds a whole GSM8K-sized set (about 6 GB for five SmolLM2 layers in bf16); past the
+    budget each batch pays a full target pass again.
+    """
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free / 3
+    return 4e9
 
 
 @torch.no_grad()
