@@ -132,6 +132,13 @@ def test_draft_dir_layout_and_mismatched_drafter(workspace, tiny_llama, drafts, 
         "adaflash": str(tmp_path / "d" / "adaflash-init")}
     with pytest.raises(EngineBenchError, match="--draft-dir .* holds no eagle3/"):
         resolve_drafts(["eagle3"], str(tmp_path / "d"), {})
+    # a built-in drafter's name stands for its folder inside the package
+    from adaflash.models.registry import BUILTIN_DRAFTERS
+
+    assert resolve_drafts(["dflash"], None, {"dflash": "smollm2-135m-dflash"}) == {
+        "dflash": str(BUILTIN_DRAFTERS["smollm2-135m-dflash"].folder)}
+    with pytest.raises(EngineBenchError, match="built-in drafter"):
+        resolve_drafts(["dflash"], None, {"dflash": str(tmp_path / "nowhere")})
     # A DFlash drafter without a length head cannot run AdaFlash: caught before anything is measured.
     result = _invoke("--target", str(tiny_llama), "--prompts", str(prompt_file), "--methods", "vanilla,adaflash",
                      "--draft", f"adaflash={drafts / 'dflash'}", "--device", "cpu")

@@ -31,6 +31,7 @@ from typing import Any
 
 from adaflash.bench.prompts import BenchPrompt
 from adaflash.engine.params import METHODS
+from adaflash.models.registry import resolve_drafter
 
 HF_GENERATE = "hf-generate"
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
@@ -100,7 +101,7 @@ def resolve_drafts(methods: list[str], draft_dir: str | None, explicit: dict[str
         if method == "vanilla":
             continue
         if method in explicit:
-            drafts[method] = explicit[method]
+            drafts[method] = str(resolve_drafter(explicit[method]))
             continue
         found = None
         if draft_dir:
@@ -122,7 +123,8 @@ def resolve_drafts(methods: list[str], draft_dir: str | None, explicit: dict[str
     for method, folder in drafts.items():
         if not (Path(folder).expanduser() / "config.json").is_file():
             raise EngineBenchError(f"--draft {method}={folder}: no drafter there (no config.json); "
-                                   "create one with `adaflash draft new` or `adaflash train draft`")
+                                   "create one with `adaflash draft new` or `adaflash train draft`, "
+                                   "or name a built-in drafter (`adaflash draft builtins`)")
     return drafts
 
 
