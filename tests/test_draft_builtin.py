@@ -63,7 +63,7 @@ def test_the_drafter_recipe_exports_the_trained_drafter_in_bf16(tmp_path):
     from jobs.recipe import load_recipe
 
     source = load_drafter("smollm2-135m-dflash")
-    save_drafter(source.float(), tmp_path / "run" / "dflash", {"target": "smollm2-135m"})
+    save_drafter(source.float(), tmp_path / "run" / "dflash-more", {"target": "smollm2-135m"})
     recipe = load_recipe("smollm2-drafter-h200", context={"run_id": "R", "run_dir": str(tmp_path / "run"),
                                                           "workspace": str(tmp_path)})
     done = subprocess.run(recipe.jobs["export"].argv(), capture_output=True, text=True, timeout=120)

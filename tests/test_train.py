@@ -240,3 +240,28 @@ def test_init_from_target_copies_the_layers_after_the_deepest_feature(learnable)
     chunk = drafter.target_layer_ids.index(deepest) * target.cfg.hidden_size
     expected = src.input_layernorm(feats[..., chunk : chunk + target.cfg.hidden_size])
     assert torch.allclose(drafter.context(feats), expected, atol=1e-6)
+
+
+def test_periodic_evaluation_keeps_the_best_drafter_beside_the_latest(tmp_path, learnable, regen):
+    """With --eval-every, OUT-best holds the drafter of the highest evaluated τ, and the summary names it."""
+    from adaflash.models.drafter_io import load_drafter
+    from adaflash.runlog import RunLog
+
+    ws, out = tmp_path / "ws", tmp_path / "draft"
+    result = CliRunner().invoke(cli, ["--workspace", str(ws), "train", "draft", "--method", "dflash", "--target",
+                                      str(learnable.folder), "--data", str(regen), "--out", str(out), "--steps", "4",
+                                      "--lr", "3e-3", "--block-size", "8", "--blocks-per-seq", "4",
+                                      "--eval-prompts", "2", "--eval-every", "1"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    log = RunLog.open(ws)
+    run_id = log.list_runs(kind="train")[0]["id"]
+    taus = [m["value"] for m in log.metrics_since(0, run_id=run_id) if m["name"] == "eval_tau"]
+    assert summary["best_eval_tau"] == pytest.approx(max(taus)) and 1 <= summary["best_step"] <= 4
+    best = tmp_path / "draft-best"
+    assert summary["best"] == str(best)
+    config = json.loads((best / "config.json").read_text())
+    assert config["adaflash"]["step"] == summary["best_step"]
+    assert config["adaflash"]["eval_tau"] == pytest.approx(summary["best_eval_tau"])
+    load_drafter(best, learnable.model.cfg)  # a whole drafter, loadable like the latest one
+    assert str(best) in {c["path"] for c in log.checkpoints(run_id)}

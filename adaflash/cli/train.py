@@ -86,7 +86,8 @@ def common_options(func):
 @click.option("--clip", type=click.FloatRange(0, min_open=True), default=0.01, show_default=True)
 @click.option("--gamma", type=click.FloatRange(0, min_open=True), default=7.0, show_default=True)
 @click.option("--save-every", type=click.IntRange(1), default=100, show_default=True)
-@click.option("--eval-every", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--eval-every", type=click.IntRange(0), default=0, show_default=True,
+              help="Evaluate τ every N steps; the best evaluated drafter is kept in OUT-best.")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out, bit for bit.")
 @click.option("--max-minutes", type=click.FloatRange(0, min_open=True), default=None,
               help="Wall-clock budget: stop, evaluate and save when it runs out.")
@@ -99,7 +100,14 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
     from adaflash.models.drafter_io import DrafterError, frequent_tokens
     from adaflash.models.loading import load_target
     from adaflash.train.data import TrainDataError, load_sequences
-    from adaflash.train.loop import TrainConfig, Trainer, build_drafter, rank_world, setup_distributed
+    from adaflash.train.loop import (
+        TrainConfig,
+        Trainer,
+        best_folder,
+        build_drafter,
+        rank_world,
+        setup_distributed,
+    )
     from adaflash.train.losses import LossConfig
 
     rank, world = rank_world()
@@ -162,6 +170,11 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
         log.finish_run(run_id)
         summary = {"run": run_id, "steps": trainer.state.step, "loss": final.get("loss"),
                    "eval_tau_before": before.get("eval_tau"), "eval_tau_after": final.get("eval_tau")}
+        if trainer.state.best_step:
+            best = str(best_folder(out))
+            log.add_checkpoint(run_id, best, kind=method, step=trainer.state.best_step,
+                               metrics={"eval_tau": trainer.state.best_eval_tau})
+            summary.update(best=best, best_step=trainer.state.best_step, best_eval_tau=trainer.state.best_eval_tau)
         click.echo(json.dumps(summary))
 
 

@@ -81,11 +81,6 @@ def load_target(spec: str, *, device: str | None = None, dtype: str | None = Non
 
     folder = local_folder(spec)
     dev = pick_device(device)
-    if dev.startswith("cuda"):
-        # cuDNN's attention builds a plan per new shape (measured: about 0.2 s a call, 0.5 s of a
-        # 0.87 s training step). Training batches and prefills change shape at every call; the
-        # flash and memory-efficient kernels plan nothing.
-        torch.backends.cuda.enable_cudnn_sdp(False)
     model = load_target_model(folder, device=dev, dtype=pick_dtype(dev, dtype))
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     eos: list[int] = []

@@ -69,6 +69,14 @@ class TrainState:
     batch_index: int = 0
     tokens: int = 0
     consumed: int = 0  # on-policy: swap-buffer rows this state has learned from
+    best_eval_tau: float = 0.0  # the best evaluation so far, kept in best_folder(out)
+    best_step: int = 0
+
+
+def best_folder(out: str | Path) -> Path:
+    """Where the drafter of the best periodic evaluation is kept: beside --out, which each save replaces."""
+    out = Path(out)
+    return out.with_name(f"{out.name}-best")
 
 
 def rank_world() -> tuple[int, int]:
@@ -149,6 +157,11 @@ class Trainer:
         self.mixed = self.device.type == "cuda"
         if self.mixed:
             torch.backends.cuda.matmul.allow_tf32 = True
+            # cuDNN's attention builds a plan for every new shape: 0.5 s of a 0.87 s step on an H200,
+            # where each batch has its own width. The flash and memory-efficient kernels plan
+            # nothing. Only training turns it off: the engine's fixed-shape graphs run 1.6x faster
+            # with it (bench engine, batch 1: 541.7 against 330.8 tok/s).
+            torch.backends.cuda.enable_cudnn_sdp(False)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.mixed else contextlib.nullcontext()
@@ -268,6 +281,7 @@ class Trainer:
                 last["epoch"] = self.state.epoch
                 if eval_prompts and cfg.eval_every and self.state.step % cfg.eval_every == 0 and rank == 0:
                     last.update(self.evaluate(eval_prompts))
+                    self.keep_best(last)
                 if rank == 0 and (self.state.step % cfg.save_every == 0 or self.state.step == total or out_of_time()):
                     self.save()
                 on_step(self.state.step, total, last)
@@ -277,7 +291,23 @@ class Trainer:
         if rank == 0 and eval_prompts:
             last.update(self.evaluate(eval_prompts))
             self.save({"eval_tau": last.get("eval_tau")})
+            if cfg.eval_every:
+                self.keep_best(last)
         return last
+
+    def keep_best(self, stats: dict[str, float]) -> None:
+        """A long run on little data overfits: its best evaluation is kept apart from its latest state.
+
+        Measured on an H200: a drafter trained 8,700 steps on 1.1 M tokens reached evaluation τ
+        1.88 at step 3,000 and 1.83 at 7,500 while its training acceptance still rose.
+        """
+        tau = stats.get("eval_tau")
+        if tau is None or tau <= self.state.best_eval_tau:
+            return
+        self.state.best_eval_tau, self.state.best_step = float(tau), self.state.step
+        save_drafter(self.drafter, best_folder(self.cfg.out),
+                     {"target": self.target.name, "num_target_layers": self.target.model.cfg.num_hidden_layers,
+                      "step": self.state.step, "eval_tau": float(tau)})
 
     def evaluate(self, prompts: list[str]) -> dict[str, float]:
         self.drafter.eval()
