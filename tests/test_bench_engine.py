@@ -144,3 +144,29 @@ def test_draft_dir_layout_and_mismatched_drafter(workspace, tiny_llama, drafts, 
                      "--draft", f"adaflash={drafts / 'dflash'}", "--device", "cpu")
     assert result.exit_code == 2
     assert f"--draft adaflash={drafts / 'dflash'}" in result.output and "length head" in result.output
+
+
+def test_length_rate_and_min_length_reach_the_engine_and_the_run_config(workspace, tiny_llama, drafts, prompt_file,
+                                                                         monkeypatch):
+    import adaflash.engine.build as build
+    from adaflash.runlog import RunLog
+
+    seen: list[dict] = []
+    real = build.build_engine
+
+    def spy(target, method="vanilla", draft=None, **kw):
+        seen.append({"method": method, **kw})
+        return real(target, method, draft, **kw)
+
+    monkeypatch.setattr(build, "build_engine", spy)
+    result = _invoke("--target", str(tiny_llama), "--methods", "vanilla,adaflash", "--draft-dir", str(drafts),
+                     "--prompts", str(prompt_file), "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu",
+                     "--length-rate", "1.7", "--min-length", "3", "--format", "json")
+    assert result.exit_code == 0, result.output
+    measured = [s for s in seen if "length_rate" in s]
+    assert {s["method"] for s in measured} == {"vanilla", "adaflash"}
+    assert all(s["length_rate"] == 1.7 and s["min_length"] == 3 for s in measured)
+    run = RunLog.open(workspace).get_run(json.loads(result.stdout)["run_id"])
+    assert run["config"]["length_rate"] == 1.7 and run["config"]["min_length"] == 3
+    bad = _invoke("--target", str(tiny_llama), "--prompts", str(prompt_file), "--length-rate", "0")
+    assert bad.exit_code == 2 and "--length-rate" in bad.output

@@ -63,6 +63,8 @@ class EngineBenchSpec:
     prompt_lookup_tokens: int = 10
     label: str | None = None
     warmup: str = "auto"  # auto (full on CUDA, short elsewhere), short, full or none
+    length_rate: float = 1.0  # AdaFlash: scale on the head's predicted length
+    min_length: int = 2  # AdaFlash: fewest block positions verified
 
     def config(self) -> dict[str, Any]:
         return {"bench": "engine", **{k: getattr(self, k) for k in self.__dataclass_fields__}}
@@ -329,7 +331,9 @@ class EngineBench:
         from adaflash.engine.params import Request, SamplingParams
 
         spec = self.spec
-        engine = build_engine(self.target, method, spec.drafts.get(method), max_batch=batch, max_len=self.max_len)
+        engine = build_engine(self.target, method, spec.drafts.get(method), max_batch=batch, max_len=self.max_len,
+                              length_rate=spec.length_rate, min_length=spec.min_length)
+
         def requests() -> list[Request]:
             return [Request(list(ids), SamplingParams(max_new_tokens=spec.max_new_tokens, temperature=0.0),
                             prompt_text=p.text) for p, ids in zip(self.prompts, self.ids)]

@@ -329,6 +329,10 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.option("--warmup", type=click.Choice(["auto", "short", "full", "none"]), default="auto", show_default=True,
               help="Unmeasured pass per engine: short (a few tokens per slot), full (the measured requests once, "
                    "so every CUDA graph is captured before timing); auto = full on CUDA, short elsewhere.")
+@click.option("--length-rate", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
+              help="AdaFlash: scale on the predicted length.")
+@click.option("--min-length", type=click.IntRange(1), default=2, show_default=True,
+              help="AdaFlash: fewest block positions verified.")
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the target's chat template.")
 @click.option("--seed", type=int, default=None, help="Sample the prompts with this seed (default: the first N).")
 @click.option("--label", default=None, help="A name for this run (shown in comparisons).")
@@ -337,7 +341,8 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.pass_context
 def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None, drafts: tuple[str, ...], dataset: str,
            num_prompts: int, batch_sizes: str, max_new_tokens: int, device: str, dtype: str, compare_hf: bool,
-           prompt_lookup_tokens: int, warmup: str, chat: bool, seed: int | None, label: str | None, fmt: str) -> None:
+           prompt_lookup_tokens: int, warmup: str, length_rate: float, min_length: int, chat: bool, seed: int | None,
+           label: str | None, fmt: str) -> None:
     """Measure every method through the embedded engine side by side, greedy, on the same prompts.
 
     Per batch size: output tok/s, τ and whether greedy output is identical to our Vanilla's; with
@@ -374,7 +379,8 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     name, prompts = _prompts(ctx, dataset, num_prompts, seed, chat, target)
     spec = EngineBenchSpec(target=target, methods=method_list, batch_sizes=sizes, drafts=draft_map, dataset=name,
                            max_new_tokens=max_new_tokens, device=device, dtype=dtype, compare_hf=compare_hf,
-                           prompt_lookup_tokens=prompt_lookup_tokens, label=label, warmup=warmup)
+                           prompt_lookup_tokens=prompt_lookup_tokens, label=label, warmup=warmup,
+                           length_rate=length_rate, min_length=min_length)
     log = runlog_of(ctx)
     events = EngineBenchEvents(message=lambda m: click.echo(m, err=True))
     try:
