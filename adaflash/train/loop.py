@@ -179,11 +179,14 @@ class Trainer:
             "config": {k: v for k, v in asdict(self.cfg).items() if k != "loss"},
         }
 
+    def meta(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What a saved drafter's config records about its training."""
+        return {"target": self.target.name, "num_target_layers": self.target.model.cfg.num_hidden_layers,
+                "step": self.state.step, **(extra or {})}
+
     def save(self, extra: dict[str, Any] | None = None, out: str | None = None) -> Path:
         state = self.state_blob()
-        meta = {"target": self.target.name, "num_target_layers": self.target.model.cfg.num_hidden_layers,
-                "step": self.state.step, **(extra or {})}
-        return save_drafter(self.drafter, out or self.cfg.out, meta,
+        return save_drafter(self.drafter, out or self.cfg.out, self.meta(extra),
                             extra_files={STATE_FILE: lambda path: torch.save(state, path)})
 
     def restore(self, folder: str) -> None:
@@ -305,9 +308,7 @@ class Trainer:
         if tau is None or tau <= self.state.best_eval_tau:
             return
         self.state.best_eval_tau, self.state.best_step = float(tau), self.state.step
-        save_drafter(self.drafter, best_folder(self.cfg.out),
-                     {"target": self.target.name, "num_target_layers": self.target.model.cfg.num_hidden_layers,
-                      "step": self.state.step, "eval_tau": float(tau)})
+        save_drafter(self.drafter, best_folder(self.cfg.out), self.meta({"eval_tau": float(tau)}))
 
     def evaluate(self, prompts: list[str]) -> dict[str, float]:
         self.drafter.eval()
