@@ -166,6 +166,15 @@ def test_train_cli_records_run_and_checkpoint(tmp_path, learnable, regen):
                                       str(tiny_llama), "--data", str(regen), "--out", str(tmp_path / "o"),
                                       "--init", str(out), "--init-from-target"])
     assert result.exit_code == 2 and "--init-from-target" in result.output and "--init " in result.output
+    # --block-size with --init: the same weights, trained and saved at the new block
+    wider = tmp_path / "wider"
+    result = CliRunner().invoke(cli, ["--workspace", str(ws), "train", "draft", "--method", "dflash", "--target",
+                                      str(tiny_llama), "--data", str(regen), "--out", str(wider), "--init", str(out),
+                                      "--block-size", "12", "--steps", "1", "--blocks-per-seq", "2",
+                                      "--eval-prompts", "0"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((wider / "config.json").read_text())["block_size"] == 12
+    assert json.loads((out / "config.json").read_text())["block_size"] == 8
 
 
 def test_torchrun_data_parallel_on_cpu(tmp_path, learnable, regen):

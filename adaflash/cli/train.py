@@ -70,7 +70,9 @@ def common_options(func):
 @click.option("--lr", type=float, default=3e-4, show_default=True)
 @click.option("--warmup-steps", type=click.IntRange(0), default=10, show_default=True)
 @click.option("--layers", type=click.IntRange(1, 8), default=1, show_default=True)
-@click.option("--block-size", type=click.IntRange(2, 64), default=16, show_default=True)
+@click.option("--block-size", type=click.IntRange(2, 64), default=None,
+              help="DFlash block (drafted tokens + 1). Default: 16, or the --init drafter's; given with --init, "
+                   "the drafter is trained at this block (its weights do not depend on it).")
 @click.option("--blocks-per-seq", type=click.IntRange(1), default=16, show_default=True, help="DFlash: anchors per sequence.")
 @click.option("--ttt-length", type=click.IntRange(1, 16), default=4, show_default=True, help="EAGLE-3/MTP: unrolled steps.")
 @click.option("--chain-steps", type=click.IntRange(1, 32), default=6, show_default=True, help="EAGLE-3/MTP: draft steps at inference.")

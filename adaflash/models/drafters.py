@@ -12,11 +12,10 @@ Two families, one engine interface:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from adaflash.models.cache import KVCache
-from adaflash.models.layers import DecoderConfig, DecoderLayer, RMSNorm, Rotary
+from adaflash.models.layers import DecoderConfig, DecoderLayer, Linear, RMSNorm, Rotary, linear
 from adaflash.models.length_head import LengthHead
 from adaflash.models.target import TargetModel, causal_mask
 
@@ -67,7 +66,7 @@ class Drafter(nn.Module):
         weight = self.head_weight
         if weight is None or weight.dtype != hidden.dtype or weight.device != hidden.device:
             weight = self.bind_head(target, hidden.dtype)
-        return F.linear(hidden, weight)
+        return linear(hidden, weight)
 
     def to_target_ids(self, index: torch.Tensor) -> torch.Tensor:
         return index if self.draft_vocab is None else self.draft_vocab[index]
@@ -114,7 +113,7 @@ class DFlashDrafter(Drafter):
         super().__init__(cfg, target_layer_ids, block_size, draft_vocab_size)
         hidden = cfg.hidden_size
         self.mask_token_id = mask_token_id
-        self.fc = nn.Linear(len(target_layer_ids) * hidden, hidden, bias=False)
+        self.fc = Linear(len(target_layer_ids) * hidden, hidden, bias=False)
         self.hidden_norm = RMSNorm(hidden, cfg.rms_norm_eps)
         self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(hidden, cfg.rms_norm_eps)
@@ -193,14 +192,14 @@ class ChainDrafter(Drafter):
         hidden = cfg.hidden_size
         self.method = method
         if method == "eagle3":
-            self.fc = nn.Linear(len(target_layer_ids) * hidden, hidden, bias=False)
+            self.fc = Linear(len(target_layer_ids) * hidden, hidden, bias=False)
             self.midlayer = DecoderLayer(cfg, attn_in_features=2 * hidden)
         elif method == "mtp":
             if len(target_layer_ids) != 1:
                 raise ValueError("an MTP module reads exactly one target layer (the last)")
             self.enorm = RMSNorm(hidden, cfg.rms_norm_eps)
             self.hnorm = RMSNorm(hidden, cfg.rms_norm_eps)
-            self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
+            self.eh_proj = Linear(2 * hidden, hidden, bias=False)
             self.midlayer = DecoderLayer(cfg)
         else:
             raise ValueError(f"unknown chain drafter method {method!r}")

@@ -85,16 +85,22 @@ class DecoderConfig:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, except that skinny CPU products run as W @ xᵀ.
+    """F.linear, except that skinny CPU products run as W @ xᵀ with x's rows dense.
 
-    Decoding multiplies 1-16 rows by each weight. On AVX2 machines MKL's GEMM streams the weight
-    up to twice as fast in that orientation once there are 2+ rows (measured on SmolLM2's shapes),
-    which is what keeps verifying a few drafted tokens about as cheap as decoding one on a CPU.
+    Decoding multiplies 1-16 rows by each weight, and on a CPU the weights stream from memory. MKL's
+    GEMV/GEMM reach that bandwidth only in this orientation, and only from 2 rows on: one row goes to
+    a GEMV that streams at about half speed, so a lone row is paired with a copy of itself (measured on
+    SmolLM2's shapes, AVX2: the 49152-row lm_head takes 10.5 ms for 1 row through F.linear, 8 ms as
+    W @ [x, x]ᵀ, and 4 rows 27 ms through F.linear against 7.7 ms here). Verifying a few drafted
+    tokens then costs about what decoding one does, on both sides of the comparison.
     """
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if x.device.type != "cpu" or torch.is_grad_enabled() or not 2 <= rows <= 16:
+    if x.device.type != "cpu" or torch.is_grad_enabled() or not 1 <= rows <= 16:
         return F.linear(x, weight, bias)
-    out = (weight @ x.reshape(rows, x.shape[-1]).T).T
+    flat = x.reshape(rows, x.shape[-1]).contiguous()  # W @ xᵀ is fast only with xᵀ a transposed view
+    if rows == 1:
+        flat = flat.expand(2, -1).contiguous()
+    out = (weight @ flat.T)[:, :rows].T
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])

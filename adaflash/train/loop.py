@@ -49,7 +49,7 @@ class TrainConfig:
     blocks_per_seq: int = 16
     ttt_length: int = 4
     layers: int = 1
-    block_size: int = 16
+    block_size: int | None = None  # DFlash; None: 16, or the --init drafter's
     steps_chain: int = 6
     length_head: bool = False
     init_from_target: bool = False  # a new drafter starts from the target's own layers
@@ -107,8 +107,12 @@ def build_drafter(cfg: TrainConfig, target: Target, draft_vocab: torch.Tensor | 
             from adaflash.models.length_head import LengthHead
 
             drafter.length_head = LengthHead(target.model.cfg.hidden_size)
+        if cfg.block_size is not None and cfg.block_size != drafter.block_size:
+            if not isinstance(drafter, DFlashDrafter):
+                raise ValueError(f"--block-size applies to DFlash drafters; {cfg.init} is a {drafter.kind} drafter")
+            drafter.block_size = cfg.block_size  # no weight depends on B: positions past the old block learn here
         return drafter
-    drafter = new_drafter(cfg.method, target.model.cfg, layers=cfg.layers, block_size=cfg.block_size,
+    drafter = new_drafter(cfg.method, target.model.cfg, layers=cfg.layers, block_size=cfg.block_size or 16,
                           length_head=cfg.length_head, steps=cfg.steps_chain, seed=cfg.seed, draft_vocab=draft_vocab)
     if cfg.init_from_target:
         init_from_target(drafter, target.model)
