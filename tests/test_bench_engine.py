@@ -170,3 +170,37 @@ def test_length_rate_and_min_length_reach_the_engine_and_the_run_config(workspac
     assert run["config"]["length_rate"] == 1.7 and run["config"]["min_length"] == 3
     bad = _invoke("--target", str(tiny_llama), "--prompts", str(prompt_file), "--length-rate", "0")
     assert bad.exit_code == 2 and "--length-rate" in bad.output
+
+
+def test_interleaved_order_takes_turns_and_measures_the_same_tokens(workspace, tiny_llama, drafts, prompt_file,
+                                                                    monkeypatch):
+    """--order interleaved: the methods alternate per group of batch-size prompts (rotating who goes first),
+    every prompt is still measured once per method, in prompt order, and greedy output matches sequential."""
+    from adaflash.bench.engine_bench import EngineBench
+    from adaflash.runlog import RunLog
+
+    turns: list[tuple[str, list[int]]] = []
+    real = EngineBench._timed
+
+    def spy(self, engine, indices):
+        turns.append((engine.method, list(indices)))
+        return real(self, engine, indices)
+
+    monkeypatch.setattr(EngineBench, "_timed", spy)
+    common = ("--target", str(tiny_llama), "--methods", "vanilla,dflash", "--draft-dir", str(drafts),
+              "--prompts", str(prompt_file), "--num-prompts", "3", "--batch-sizes", "2", "--max-new-tokens", "5",
+              "--device", "cpu", "--format", "json")
+    result = _invoke(*common, "--order", "interleaved")
+    assert result.exit_code == 0, result.output
+    assert turns == [("vanilla", [0, 1]), ("dflash", [0, 1]), ("dflash", [2]), ("vanilla", [2])]
+    inter = json.loads(result.stdout)
+    assert all(r["order"] == "interleaved" and r["completed"] == 3 for r in inter["records"])
+    assert RunLog.open(workspace).get_run(inter["run_id"])["config"]["order"] == "interleaved"
+    turns.clear()
+    result = _invoke(*common, "--order", "sequential")
+    assert result.exit_code == 0, result.output
+    assert turns == [("vanilla", [0, 1, 2]), ("dflash", [0, 1, 2])]
+    seq = json.loads(result.stdout)
+    tokens = {r["method"]: r["total_output_tokens"] for r in seq["records"]}
+    assert {r["method"]: r["total_output_tokens"] for r in inter["records"]} == tokens
+    assert all(r["identical"] in (None, True) for r in inter["records"] + seq["records"])

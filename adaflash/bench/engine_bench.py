@@ -9,6 +9,13 @@ engine's `spec_verify_ct`). The warm-up is where lazy allocation and CUDA-graph 
 requests once, and since greedy decoding repeats itself exactly, every graph the timed run needs
 (per batch, block and context bucket) is captured before the clock starts.
 
+Order: "sequential" measures one method after the other, every prompt queued at once (continuous
+batching, as a server sees them). "interleaved" builds every method's engine first, then lets the
+methods take turns on each group of `batch` prompts, in a rotating order, so that a machine whose
+speed drifts (a laptop's clock, a shared CPU: ±20% within minutes here) slows every row alike and
+the speed-up column stays a like-for-like ratio; a group runs as one static batch. "auto" picks
+interleaved on a CPU and sequential on a GPU, whose speed holds still and whose engines are big.
+
 Greedy only, so every row can be checked token for token against our Vanilla row of the same batch
 size (`identical`, `mismatches`); the Vanilla rows themselves are checked against Vanilla at the
 smallest batch size (batching must not change greedy output either). With `compare_hf`, transformers'
@@ -65,6 +72,7 @@ class EngineBenchSpec:
     warmup: str = "auto"  # auto (full on CUDA, short elsewhere), short, full or none
     length_rate: float = 1.0  # AdaFlash: scale on the head's predicted length
     min_length: int = 2  # AdaFlash: fewest block positions verified
+    order: str = "auto"  # auto (interleaved on CPU, sequential on CUDA), interleaved or sequential
 
     def config(self) -> dict[str, Any]:
         return {"bench": "engine", **{k: getattr(self, k) for k in self.__dataclass_fields__}}
@@ -231,6 +239,11 @@ class EngineBench:
             self.warmup = "full" if str(self.target.device).startswith("cuda") else "short"
         if self.warmup not in ("short", "full", "none"):
             raise EngineBenchError(f"--warmup must be auto, short, full or none, got {spec.warmup!r}")
+        self.order = spec.order
+        if self.order == "auto":
+            self.order = "sequential" if str(self.target.device).startswith("cuda") else "interleaved"
+        if self.order not in ("interleaved", "sequential"):
+            raise EngineBenchError(f"--order must be auto, interleaved or sequential, got {spec.order!r}")
         # Build every speculative engine once at batch 1 before measuring anything, so a drafter
         # that does not fit the target (or the method) fails in seconds, not after the first rows.
         for method in spec.methods:
@@ -251,7 +264,7 @@ class EngineBench:
             "bench-matrix", name=spec.label or f"bench-engine-{spec.dataset}", target=spec.target,
             dataset=spec.dataset, config={**spec.config(), "num_prompts": len(self.prompts),
                                           "hardware": self.hardware, "max_len": self.max_len,
-                                          "warmup": self.warmup})
+                                          "warmup": self.warmup, "order": self.order})
         expected = len(spec.methods) * len(spec.batch_sizes)
         if spec.compare_hf:
             expected += len(spec.batch_sizes) + (1 if 1 in spec.batch_sizes else 0)
@@ -282,16 +295,24 @@ class EngineBench:
             if batch > len(self.prompts):
                 self.say(f"note: batch {batch} with {len(self.prompts)} prompts: at most {len(self.prompts)} "
                          "run at once")
+            measured = self._interleaved(batch) if self.order == "interleaved" else None
             vanilla: list[list[int]] | None = None
             for method in spec.methods:
-                outputs = self._engine_cell(method, batch,
-                                            reference=first_vanilla if method == "vanilla" else vanilla,
-                                            reference_name=f"vanilla@b{spec.batch_sizes[0]}" if method == "vanilla"
-                                            else f"vanilla@b{batch}")
+                reference = first_vanilla if method == "vanilla" else vanilla
+                name = f"vanilla@b{spec.batch_sizes[0]}" if method == "vanilla" else f"vanilla@b{batch}"
+                if measured is not None:
+                    outputs, duration = measured[method]
+                else:
+                    engine = self._ready_engine(method, batch)
+                    outputs, duration = self._timed(engine, list(range(len(self.prompts))))
+                    del engine
+                    _free(self.target.device)
+                ids = [list(o.output_ids) for o in outputs]
+                self._record(method, batch, self._metrics(outputs, duration), ids, reference, name, "embedded")
                 if method == "vanilla":
-                    vanilla = outputs
+                    vanilla = ids
                     if first_vanilla is None:
-                        first_vanilla = outputs
+                        first_vanilla = ids
             if spec.compare_hf:
                 self._hf_cell(HF_GENERATE, batch, vanilla)
                 if batch == 1:
@@ -299,6 +320,23 @@ class EngineBench:
         if spec.compare_hf and 1 not in spec.batch_sizes:
             self.say(f"note: {HF_PROMPT_LOOKUP} runs at batch 1 only (transformers' assisted generation allows "
                      "no more); add 1 to --batch-sizes to measure it")
+
+    def _interleaved(self, batch: int) -> dict[str, tuple[list[Any], float]]:
+        """Every method's (outputs in prompt order, summed wall time), the methods taking turns per group."""
+        methods = self.spec.methods
+        engines = {method: self._ready_engine(method, batch) for method in methods}
+        outputs: dict[str, list[Any]] = {method: [] for method in methods}
+        seconds = dict.fromkeys(methods, 0.0)
+        for turn, start in enumerate(range(0, len(self.prompts), batch)):
+            group = list(range(start, min(start + batch, len(self.prompts))))
+            shift = turn % len(methods)
+            for method in methods[shift:] + methods[:shift]:
+                done, duration = self._timed(engines[method], group)
+                outputs[method] += done
+                seconds[method] += duration
+        del engines
+        _free(self.target.device)
+        return {method: (outputs[method], seconds[method]) for method in methods}
 
     def _record(self, method: str, batch: int, metrics: dict[str, Any], outputs: list[list[int]],
                 reference: list[list[int]] | None, reference_name: str | None, backend: str) -> dict[str, Any]:
@@ -313,6 +351,7 @@ class EngineBench:
             "dtype": str(self.target.model.dtype).removeprefix("torch."), "matrix_run": self.run_id,
             "identical": None if count is None else count == 0, "mismatches": count, "mismatched_ids": bad[:10],
             "identical_reference": reference_name if reference is not None else None, "warmup": self.warmup,
+            "order": self.order if backend == "embedded" else "sequential",
         }
         self.log.add_bench_result(self.run_id, record)
         self.records.append(record)
@@ -325,29 +364,36 @@ class EngineBench:
             self.events.row(record)
         return record
 
-    def _engine_cell(self, method: str, batch: int, *, reference: list[list[int]] | None,
-                     reference_name: str) -> list[list[int]]:
+    def _ready_engine(self, method: str, batch: int) -> Any:
+        """The method's engine at this batch size, warmed up (allocation, CUDA-graph capture) off the clock."""
         from adaflash.engine.build import build_engine
         from adaflash.engine.params import Request, SamplingParams
 
         spec = self.spec
         engine = build_engine(self.target, method, spec.drafts.get(method), max_batch=batch, max_len=self.max_len,
                               length_rate=spec.length_rate, min_length=spec.min_length)
-
-        def requests() -> list[Request]:
-            return [Request(list(ids), SamplingParams(max_new_tokens=spec.max_new_tokens, temperature=0.0),
-                            prompt_text=p.text) for p, ids in zip(self.prompts, self.ids)]
-
         if self.warmup == "full":
-            engine.generate(requests())
+            engine.generate(self._requests(list(range(len(self.prompts)))))
         elif self.warmup == "short":
             warm_params = SamplingParams(max_new_tokens=_warmup_tokens(spec.max_new_tokens))
             engine.generate([Request(list(self.ids[i % len(self.ids)]), warm_params) for i in range(batch)])
+        return engine
+
+    def _requests(self, indices: list[int]) -> list[Any]:
+        from adaflash.engine.params import Request, SamplingParams
+
+        params = SamplingParams(max_new_tokens=self.spec.max_new_tokens, temperature=0.0)
+        return [Request(list(self.ids[i]), params, prompt_text=self.prompts[i].text) for i in indices]
+
+    def _timed(self, engine: Any, indices: list[int]) -> tuple[list[Any], float]:
+        """The prompts at `indices`, all queued at once: (outputs in that order, wall seconds)."""
         _sync(self.target.device)
         started = time.perf_counter()
-        outputs = engine.generate(requests())
+        outputs = engine.generate(self._requests(indices))
         _sync(self.target.device)
-        duration = time.perf_counter() - started
+        return outputs, time.perf_counter() - started
+
+    def _metrics(self, outputs: list[Any], duration: float) -> dict[str, Any]:
         metas = [o.meta_info for o in outputs]
         steps = sum(int(m["spec_verify_ct"]) for m in metas)
         metrics = _summary([int(m["completion_tokens"]) for m in metas], [int(m["prompt_tokens"]) for m in metas],
@@ -355,18 +401,14 @@ class EngineBench:
         proposed = sum(int(m.get("spec_num_proposed_drafts") or 0) for m in metas)
         correct = sum(int(m.get("spec_num_correct_drafts") or 0) for m in metas)
         metrics["accept_rate"] = correct / proposed if proposed else None
-        # Every prompt is queued at once, so TTFT includes waiting for a free slot (as in bench_serving).
+        # Every prompt of a group is queued at once, so TTFT includes waiting for a free slot (as in bench_serving).
         for name, values in (("e2e_latency", [float(m["e2e_latency"]) * 1000 for m in metas]),
                              ("ttft", [float(m["ttft"]) * 1000 for m in metas]),
                              ("tpot", [(float(m["e2e_latency"]) - float(m["ttft"])) * 1000
                                        / max(int(m["completion_tokens"]) - 1, 1) for m in metas])):
             metrics[f"median_{name}_ms"] = statistics.median(values)
             metrics[f"p99_{name}_ms"] = _pct(values, 0.99)
-        ids = [list(o.output_ids) for o in outputs]
-        del engine
-        _free(self.target.device)
-        self._record(method, batch, metrics, ids, reference, reference_name, "embedded")
-        return ids
+        return metrics
 
     # -- transformers ----------------------------------------------------------------------------
     def _hf(self) -> Any:

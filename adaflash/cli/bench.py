@@ -333,6 +333,10 @@ def _supervised_launcher(log, workspace: str, spec):
               help="AdaFlash: scale on the predicted length.")
 @click.option("--min-length", type=click.IntRange(1), default=2, show_default=True,
               help="AdaFlash: fewest block positions verified.")
+@click.option("--order", type=click.Choice(["auto", "interleaved", "sequential"]), default="auto", show_default=True,
+              help="interleaved: the methods take turns on each group of batch-size prompts, so a drifting machine "
+                   "slows every row alike; sequential: one method after the other, all prompts queued at once; "
+                   "auto = interleaved on CPU, sequential on CUDA.")
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the target's chat template.")
 @click.option("--seed", type=int, default=None, help="Sample the prompts with this seed (default: the first N).")
 @click.option("--label", default=None, help="A name for this run (shown in comparisons).")
@@ -341,8 +345,8 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.pass_context
 def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None, drafts: tuple[str, ...], dataset: str,
            num_prompts: int, batch_sizes: str, max_new_tokens: int, device: str, dtype: str, compare_hf: bool,
-           prompt_lookup_tokens: int, warmup: str, length_rate: float, min_length: int, chat: bool, seed: int | None,
-           label: str | None, fmt: str) -> None:
+           prompt_lookup_tokens: int, warmup: str, length_rate: float, min_length: int, order: str, chat: bool,
+           seed: int | None, label: str | None, fmt: str) -> None:
     """Measure every method through the embedded engine side by side, greedy, on the same prompts.
 
     Per batch size: output tok/s, τ and whether greedy output is identical to our Vanilla's; with
@@ -380,7 +384,7 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     spec = EngineBenchSpec(target=target, methods=method_list, batch_sizes=sizes, drafts=draft_map, dataset=name,
                            max_new_tokens=max_new_tokens, device=device, dtype=dtype, compare_hf=compare_hf,
                            prompt_lookup_tokens=prompt_lookup_tokens, label=label, warmup=warmup,
-                           length_rate=length_rate, min_length=min_length)
+                           length_rate=length_rate, min_length=min_length, order=order)
     log = runlog_of(ctx)
     events = EngineBenchEvents(message=lambda m: click.echo(m, err=True))
     try:
