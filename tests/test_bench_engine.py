@@ -161,15 +161,18 @@ def test_length_rate_and_min_length_reach_the_engine_and_the_run_config(workspac
     monkeypatch.setattr(build, "build_engine", spy)
     result = _invoke("--target", str(tiny_llama), "--methods", "vanilla,adaflash", "--draft-dir", str(drafts),
                      "--prompts", str(prompt_file), "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu",
-                     "--length-rate", "1.7", "--min-length", "3", "--format", "json")
+                     "--length-rate", "1.7", "--min-length", "3", "--length-policy", "cost", "--format", "json")
     assert result.exit_code == 0, result.output
     measured = [s for s in seen if "length_rate" in s]
     assert {s["method"] for s in measured} == {"vanilla", "adaflash"}
-    assert all(s["length_rate"] == 1.7 and s["min_length"] == 3 for s in measured)
+    assert all(s["length_rate"] == 1.7 and s["min_length"] == 3 and s["length_policy"] == "cost" for s in measured)
     run = RunLog.open(workspace).get_run(json.loads(result.stdout)["run_id"])
     assert run["config"]["length_rate"] == 1.7 and run["config"]["min_length"] == 3
+    assert run["config"]["length_policy"] == "cost"
     bad = _invoke("--target", str(tiny_llama), "--prompts", str(prompt_file), "--length-rate", "0")
     assert bad.exit_code == 2 and "--length-rate" in bad.output
+    bad = _invoke("--target", str(tiny_llama), "--prompts", str(prompt_file), "--length-policy", "fastest")
+    assert bad.exit_code == 2 and "--length-policy" in bad.output
 
 
 def test_interleaved_order_takes_turns_and_measures_the_same_tokens(workspace, tiny_llama, drafts, prompt_file,
@@ -195,7 +198,11 @@ def test_interleaved_order_takes_turns_and_measures_the_same_tokens(workspace, t
     assert turns == [("vanilla", [0, 1]), ("dflash", [0, 1]), ("dflash", [2]), ("vanilla", [2])]
     inter = json.loads(result.stdout)
     assert all(r["order"] == "interleaved" and r["completed"] == 3 for r in inter["records"])
-    assert RunLog.open(workspace).get_run(inter["run_id"])["config"]["order"] == "interleaved"
+    assert all(r["accuracy"] is None for r in inter["records"])  # these prompts carry no reference answer
+    log = RunLog.open(workspace)
+    assert log.get_run(inter["run_id"])["config"]["order"] == "interleaved"
+    done = [m["step"] for m in log.metrics_since(0, run_id=inter["run_id"]) if m["name"] == "prompts_done"]
+    assert done == [2, 3]  # progress: prompts every method has answered
     turns.clear()
     result = _invoke(*common, "--order", "sequential")
     assert result.exit_code == 0, result.output
@@ -204,3 +211,17 @@ def test_interleaved_order_takes_turns_and_measures_the_same_tokens(workspace, t
     tokens = {r["method"]: r["total_output_tokens"] for r in seq["records"]}
     assert {r["method"]: r["total_output_tokens"] for r in inter["records"]} == tokens
     assert all(r["identical"] in (None, True) for r in inter["records"] + seq["records"])
+
+
+def test_accuracy_is_scored_against_the_reference_answers(workspace, tiny_llama, tmp_path):
+    """GSM8K-style references: the tiny model answers none right, and the column says 0%, not N/A."""
+    rows = [{"id": "a", "prompt": "What is 2 + 3?", "reference": "5"},
+            {"id": "b", "prompt": "What is 4 + 4?", "reference": "#### 8"}]
+    path = tmp_path / "math.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = _invoke("--target", str(tiny_llama), "--prompts", str(path), "--num-prompts", "2", "--max-new-tokens", "3",
+                     "--device", "cpu", "--format", "json")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)["records"][0]
+    assert record["accuracy"] == 0.0
+

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adaflash.bench.metrics import accuracy
 from adaflash.bench.prompts import BenchPrompt
 from adaflash.engine.params import METHODS
 from adaflash.models.registry import resolve_drafter
@@ -72,6 +73,7 @@ class EngineBenchSpec:
     warmup: str = "auto"  # auto (full on CUDA, short elsewhere), short, full or none
     length_rate: float = 1.0  # AdaFlash: scale on the head's predicted length
     min_length: int = 2  # AdaFlash: fewest block positions verified
+    length_policy: str = "rate"  # AdaFlash: rate (the design's rule) or cost (measured step cost)
     order: str = "auto"  # auto (interleaved on CPU, sequential on CUDA), interleaved or sequential
 
     def config(self) -> dict[str, Any]:
@@ -334,6 +336,8 @@ class EngineBench:
                 done, duration = self._timed(engines[method], group)
                 outputs[method] += done
                 seconds[method] += duration
+            # progress for displays (a recipe's step bar): prompts every method has answered
+            self.log.log_metrics(self.run_id, {"prompts_done": group[-1] + 1}, step=group[-1] + 1)
         del engines
         _free(self.target.device)
         return {method: (outputs[method], seconds[method]) for method in methods}
@@ -352,6 +356,8 @@ class EngineBench:
             "identical": None if count is None else count == 0, "mismatches": count, "mismatched_ids": bad[:10],
             "identical_reference": reference_name if reference is not None else None, "warmup": self.warmup,
             "order": self.order if backend == "embedded" else "sequential",
+            "accuracy": accuracy(spec.dataset, [(self.target.decode(out), p.reference)
+                                                for out, p in zip(outputs, self.prompts)]),
         }
         self.log.add_bench_result(self.run_id, record)
         self.records.append(record)
@@ -371,7 +377,8 @@ class EngineBench:
 
         spec = self.spec
         engine = build_engine(self.target, method, spec.drafts.get(method), max_batch=batch, max_len=self.max_len,
-                              length_rate=spec.length_rate, min_length=spec.min_length)
+                              length_rate=spec.length_rate, min_length=spec.min_length,
+                              length_policy=spec.length_policy)
         if self.warmup == "full":
             engine.generate(self._requests(list(range(len(self.prompts)))))
         elif self.warmup == "short":

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from adaflash.cli.common import fail, runlog_of, workspace_of
+from adaflash.cli.common import fail, length_policy_option, runlog_of, workspace_of
 from adaflash.engine.params import METHODS
 
 SUMMARY = [("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
@@ -331,6 +331,7 @@ def _supervised_launcher(log, workspace: str, spec):
                    "so every CUDA graph is captured before timing); auto = full on CUDA, short elsewhere.")
 @click.option("--length-rate", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
               help="AdaFlash: scale on the predicted length.")
+@length_policy_option
 @click.option("--min-length", type=click.IntRange(1), default=2, show_default=True,
               help="AdaFlash: fewest block positions verified.")
 @click.option("--order", type=click.Choice(["auto", "interleaved", "sequential"]), default="auto", show_default=True,
@@ -345,7 +346,7 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.pass_context
 def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None, drafts: tuple[str, ...], dataset: str,
            num_prompts: int, batch_sizes: str, max_new_tokens: int, device: str, dtype: str, compare_hf: bool,
-           prompt_lookup_tokens: int, warmup: str, length_rate: float, min_length: int, order: str, chat: bool,
+           prompt_lookup_tokens: int, warmup: str, length_rate: float, length_policy: str, min_length: int, order: str, chat: bool,
            seed: int | None, label: str | None, fmt: str) -> None:
     """Measure every method through the embedded engine side by side, greedy, on the same prompts.
 
@@ -384,7 +385,8 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     spec = EngineBenchSpec(target=target, methods=method_list, batch_sizes=sizes, drafts=draft_map, dataset=name,
                            max_new_tokens=max_new_tokens, device=device, dtype=dtype, compare_hf=compare_hf,
                            prompt_lookup_tokens=prompt_lookup_tokens, label=label, warmup=warmup,
-                           length_rate=length_rate, min_length=min_length, order=order)
+                           length_rate=length_rate, min_length=min_length, order=order,
+                           length_policy=length_policy)
     log = runlog_of(ctx)
     events = EngineBenchEvents(message=lambda m: click.echo(m, err=True))
     try:

@@ -120,3 +120,12 @@ def run_guard(log: RunLog, run_id: str, expected: tuple[type[BaseException], ...
         log.finish_run(run_id, "stopped" if isinstance(err, KeyboardInterrupt) else "failed",
                        note=f"{type(err).__name__}: {err}")
         raise
+
+
+def length_policy_option(func):
+    """`--length-policy`: how AdaFlash turns the head's prediction into a verify length."""
+    return click.option(
+        "--length-policy", type=click.Choice(["rate", "cost"]), default="rate", show_default=True,
+        help="AdaFlash: rate = verify round(pred·B·rate) positions (the design's rule); cost = the width that "
+             "maximizes expected tokens per second, from step times this engine measures as it runs.")(func)
+

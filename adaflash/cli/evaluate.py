@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, run_guard, runlog_of
+from adaflash.cli.common import emit_rows, fail, length_policy_option, run_guard, runlog_of
 
 
 def _parse_methods(specs: tuple[str, ...]) -> list[tuple[str, str | None]]:
@@ -26,6 +26,7 @@ def _parse_methods(specs: tuple[str, ...]) -> list[tuple[str, str | None]]:
 @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
 @click.option("--chat/--no-chat", default=True, show_default=True)
 @click.option("--length-rate", type=float, default=1.0, show_default=True)
+@length_policy_option
 @click.option("--min-length", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--dtype", default="auto", show_default=True)
@@ -33,7 +34,7 @@ def _parse_methods(specs: tuple[str, ...]) -> list[tuple[str, str | None]]:
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown"]), default="table", show_default=True)
 @click.pass_context
 def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_size, max_new_tokens, temperature, chat,
-             length_rate, min_length, device, dtype, label, fmt) -> None:
+             length_rate, length_policy, min_length, device, dtype, label, fmt) -> None:
     """Measure τ and throughput of each method on the same prompts, offline (one run, same hardware)."""
     from pathlib import Path
 
@@ -62,7 +63,8 @@ def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_si
     results = []
     for method, draft in _parse_methods(methods):
         try:
-            engine = build_engine(tgt, method, draft, max_batch=batch_size, length_rate=length_rate, min_length=min_length)
+            engine = build_engine(tgt, method, draft, max_batch=batch_size, length_rate=length_rate, min_length=min_length,
+                                  length_policy=length_policy)
         except (DrafterError, ValueError) as err:
             log.finish_run(run_id, "failed", note=str(err))
             fail(str(err))

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from adaflash.cli.common import fail, run_guard, runlog_of
+from adaflash.cli.common import fail, length_policy_option, run_guard, runlog_of
 from adaflash.engine.params import METHODS
 
 
@@ -28,6 +28,7 @@ from adaflash.engine.params import METHODS
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the chat template.")
 @click.option("--batch-size", type=click.IntRange(1, 1024), default=16, show_default=True)
 @click.option("--length-rate", type=float, default=1.0, show_default=True, help="AdaFlash: scale on the predicted length.")
+@length_policy_option
 @click.option("--min-length", type=click.IntRange(1), default=2, show_default=True, help="AdaFlash: fewest block positions verified.")
 @click.option("--steps", type=click.IntRange(1), default=None, help="Chain drafters: draft steps (default from the drafter).")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
@@ -37,7 +38,7 @@ from adaflash.engine.params import METHODS
 @click.pass_context
 def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_file: str | None, limit: int | None,
              method: str, draft: str | None, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
-             stop: tuple[str, ...], chat: bool, batch_size: int, length_rate: float, min_length: int,
+             stop: tuple[str, ...], chat: bool, batch_size: int, length_rate: float, length_policy: str, min_length: int,
              steps: int | None, device: str, dtype: str, seed: int, as_json: bool) -> None:
     """Generate with a target (and a drafter) through the embedded engine."""
     from adaflash.data.prompts import PromptFileError, PromptRow, read_prompt_file
@@ -56,7 +57,8 @@ def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_
         fail("give --prompt TEXT or --prompts FILE.jsonl")
     try:
         engine = build_engine(target, method, draft, device=device, dtype=dtype, max_batch=batch_size,
-                              length_rate=length_rate, min_length=min_length, num_steps=steps, seed=seed)
+                              length_rate=length_rate, min_length=min_length, num_steps=steps, seed=seed,
+                              length_policy=length_policy)
     except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))
     tgt = engine.target

@@ -13,7 +13,7 @@ import time
 
 import click
 
-from adaflash.cli.common import fail, runlog_of
+from adaflash.cli.common import fail, length_policy_option, runlog_of
 from adaflash.engine.params import METHODS
 
 
@@ -34,6 +34,7 @@ from adaflash.engine.params import METHODS
 @click.option("--context-length", type=click.IntRange(16), default=None,
               help="Embedded: tokens per sequence slot (prompt + answer); default min(model context, 4096).")
 @click.option("--length-rate", type=float, default=1.0, show_default=True, help="AdaFlash: scale on the predicted length.")
+@length_policy_option
 @click.option("--min-length", type=click.IntRange(1), default=2, show_default=True,
               help="AdaFlash: fewest block positions verified.")
 @click.option("--steps", type=click.IntRange(1), default=None, help="Chain drafters (EAGLE-3, MTP): draft steps.")
@@ -48,7 +49,7 @@ from adaflash.engine.params import METHODS
 @click.pass_context
 def serve(ctx: click.Context, method: str, target: str, draft: str | None, engine_kind: str, host: str, port: int,
           api_key: str | None, gpus: str | None, max_batch: int | None, max_new_tokens_limit: int | None,
-          context_length: int | None, length_rate: float, min_length: int, steps: int | None, block_size: int | None,
+          context_length: int | None, length_rate: float, length_policy: str, min_length: int, steps: int | None, block_size: int | None,
           device: str, dtype: str, seed: int, sglang_args: tuple[str, ...], dry_run: bool) -> None:
     """Serve a method over HTTP in SGLang's dialect (/generate, /health, /get_server_info, ...).
 
@@ -79,7 +80,8 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
                 click.secho(f"note: the embedded engine uses one GPU; serving on GPU {gpu_ids[0]}", fg="yellow", err=True)
     config = {"engine": "embedded", "method": method, "target": target, "draft": draft, "host": host, "port": port,
               "max_batch": max_batch or 16, "max_new_tokens_limit": max_new_tokens_limit,
-              "context_length": context_length, "length_rate": length_rate, "min_length": min_length, "steps": steps,
+              "context_length": context_length, "length_rate": length_rate, "length_policy": length_policy, "min_length": min_length,
+              "steps": steps,
               "device": device, "dtype": dtype, "gpus": gpus, "api_key": bool(api_key)}
     if dry_run:
         click.echo(json.dumps(config, indent=2))
@@ -99,6 +101,7 @@ def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed:
         engine = build_engine(config["target"], config["method"], config["draft"], device=config["device"],
                               dtype=config["dtype"], max_batch=config["max_batch"], max_len=config["context_length"],
                               length_rate=config["length_rate"], min_length=config["min_length"],
+                              length_policy=config["length_policy"],
                               num_steps=config["steps"], seed=seed)
     except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from adaflash.engine.graphs import GraphRunner
+from adaflash.engine.length_policy import POLICIES, CostRule
 from adaflash.engine.params import Output, Request
 from adaflash.engine.passes import DevicePasses, LengthChooser
 from adaflash.engine.sampling import accept, sample_for
@@ -81,6 +82,7 @@ class Engine:
         max_len: int | None = None,
         length_rate: float = 1.0,
         min_length: int = 2,
+        length_policy: str = "rate",
         num_steps: int | None = None,
         use_length_head: bool | None = None,
         verify_length: int | None = None,
@@ -104,6 +106,10 @@ class Engine:
         self.max_len = int(max_len or min(target.max_context, 4096))
         self.length_rate = length_rate
         self.min_length = min_length
+        if length_policy not in POLICIES:
+            raise ValueError(f"length policy must be one of {', '.join(POLICIES)}, got {length_policy!r}")
+        self.length_policy = length_policy
+        self.cost_rule: CostRule | None = None  # made for the drafter's block on first use
         self.num_steps = num_steps
         self.use_length_head = (method == "adaflash") if use_length_head is None else use_length_head
         self.verify_length = verify_length  # a fixed block length to verify (baseline for the head)
@@ -272,6 +278,8 @@ class Engine:
             t3 = time.perf_counter()
         # Per row: accepted drafts, verified drafts, then the emitted tokens.
         acc_list, n_list, emit_list = [r[0] for r in packed], [r[1] for r in packed], [r[2:] for r in packed]
+        if self.cost_rule is not None and self._length_chooser() is not None:
+            self.cost_rule.record(len(seqs), max(n_list) + 1, t3 - t0)
         events = []
         for i, seq in enumerate(seqs):
             seq.verify_ct += 1
@@ -311,8 +319,13 @@ class Engine:
         return self._choose_lengths if self.use_length_head and self.verify_length is None else None
 
     def _choose_lengths(self, length_pred: torch.Tensor, k: int) -> torch.Tensor:
-        """The length head's ratio → drafted tokens to verify per row (at least min_length - 1)."""
+        """The length head's ratio → drafted tokens to verify per row (at least min_length - 1), by the
+        design's rate rule or by measured step cost (`length_policy`, see engine/length_policy.py)."""
         block = self.drafter.block_size if self.drafter is not None else k + 1
+        if self.length_policy == "cost":
+            if self.cost_rule is None or self.cost_rule.block != block:
+                self.cost_rule = CostRule(block, self.min_length)
+            return self.cost_rule.choose(length_pred, k)
         want = torch.round(length_pred.float() * block * self.length_rate).long()
         return (want.clamp(min=self.min_length, max=block) - 1).clamp(max=k)
 

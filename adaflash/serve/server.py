@@ -469,6 +469,7 @@ class EmbeddedServer:
             "completion_tokens": engine.stats["completion_tokens"],
             "verify_ct": engine.stats["verify_ct"],
             "length_rate": engine.length_rate,
+            "length_policy": engine.length_policy,
             "min_length": engine.min_length,
             "device": str(engine.device),
             "hardware": self.hardware,

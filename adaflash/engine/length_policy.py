@@ -1,0 +1,90 @@
+"""How many drafted tokens AdaFlash verifies, from the length head's prediction.
+
+Two rules. "rate" is the design card's: verify `round(pred · B · rate)` block positions. "cost"
+weighs what verifying costs on this machine: it times the engine's own speculative steps by verify
+width and picks, per row, the width that maximizes expected tokens per second. Why both: whether a
+shorter verify saves anything depends on the hardware. On a 2-core CPU, SmolLM2 verifies 4 tokens
+in about the time of 1 (the weights stream from memory either way), so any cut only loses τ; on a
+GPU at batch 32, or on a CPU at block 8, the cost does grow with the width and the cuts pay.
+
+The cost rule reads the head's prediction as the mean tokens a step would yield verifying the whole
+block, m = pred · B, and models acceptance as geometric: each further draft is accepted with the
+same probability a, so verifying L positions yields E_L = (1 - a^L) / (1 - a) tokens on average
+(a solved from E_B = m). Step times are learned while serving: every width is first tried a few
+times (outputs stay exact whatever the width), then the median of recent steps stands for each,
+and the least recently measured width is retried now and then, since contexts grow.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+import torch
+
+POLICIES = ("rate", "cost")
+_GRID = 2001  # acceptance probabilities tried when solving E_B(a) = m
+
+
+class CostRule:
+    """Per-row verify lengths maximizing E_L / step_seconds(L), with step times measured online."""
+
+    def __init__(self, block: int, min_length: int, *, tries: int = 3, window: int = 16, refresh: int = 64) -> None:
+        self.block = block
+        self.min_length = max(1, min(min_length, block))
+        self.tries = tries
+        self.window = window
+        self.refresh = refresh
+        self.samples: dict[tuple[int, int], deque[float]] = {}
+        self.last_seen: dict[tuple[int, int], int] = {}
+        self.steps = 0
+        a = torch.linspace(0.0, 0.999, _GRID, dtype=torch.float64)
+        lengths = torch.arange(1, block + 1, dtype=torch.float64)
+        self._a_grid = a
+        self._yield = (1 - a[:, None] ** lengths) / (1 - a[:, None])  # [grid, B]: E_L for each a
+
+    def widths(self) -> range:
+        return range(self.min_length, self.block + 1)
+
+    def record(self, batch: int, width: int, seconds: float) -> None:
+        """One speculative step of `batch` rows that verified `width` positions took `seconds`."""
+        key = (batch, width)
+        self.samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
+        self.steps += 1
+        self.last_seen[key] = self.steps
+
+    def cost(self, batch: int) -> dict[int, float] | None:
+        """Median step seconds per width at this batch size, once every width has its tries."""
+        table = {}
+        for width in self.widths():
+            seen = self.samples.get((batch, width))
+            if seen is None or len(seen) < self.tries:
+                return None
+            table[width] = statistics.median(seen)
+        return table
+
+    def probe(self, batch: int) -> int | None:
+        """A width to try now: one still short of its tries, or the stalest every `refresh` steps."""
+        for width in self.widths():
+            seen = self.samples.get((batch, width))
+            if seen is None or len(seen) < self.tries:
+                return width
+        if self.refresh and self.steps % self.refresh == 0:
+            return min(self.widths(), key=lambda w: self.last_seen.get((batch, w), 0))
+        return None
+
+    def choose(self, pred: torch.Tensor, k: int) -> torch.Tensor:
+        """Drafted tokens to verify per row (the verify width minus the pending token), at most k."""
+        batch = int(pred.shape[0])
+        forced = self.probe(batch)
+        if forced is not None:
+            return torch.full_like(pred, forced - 1, dtype=torch.long).clamp(max=k)
+        table = self.cost(batch)
+        assert table is not None  # probe() returns a width until every width has its tries
+        mean = (pred.detach().double().cpu() * self.block).clamp(1.0, float(self.block))
+        # a from E_B(a) = m: E_B rises with a, so the first grid point reaching m
+        index = torch.searchsorted(self._yield[:, -1].contiguous(), mean).clamp(max=_GRID - 1)
+        expected = self._yield[index][:, self.min_length - 1:]  # [b, widths]
+        seconds = torch.tensor([table[w] for w in self.widths()], dtype=torch.float64)
+        best = (expected / seconds).argmax(-1) + self.min_length
+        return (best - 1).clamp(max=k).to(device=pred.device, dtype=torch.long)

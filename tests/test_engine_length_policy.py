@@ -1,0 +1,69 @@
+"""AdaFlash's verify-length rules: the design's rate rule and the measured-cost rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaflash.engine.engine import Engine
+from adaflash.engine.length_policy import CostRule
+from tests.test_engine_lossless import make_requests, oracle_engine, vanilla
+
+
+def trained(rule: CostRule, batch: int, seconds) -> CostRule:
+    """Feed every width its tries at the given cost (a function of the width)."""
+    while (width := rule.probe(batch)) is not None:
+        rule.record(batch, width, seconds(width))
+    return rule
+
+
+def test_probes_every_width_its_tries_before_choosing():
+    rule = CostRule(block=4, min_length=2, tries=2)
+    chosen = []
+    for _ in range(6):
+        n = int(rule.choose(torch.tensor([0.9]), k=3)[0])
+        chosen.append(n + 1)
+        rule.record(1, n + 1, 1.0)
+    assert sorted(chosen) == [2, 2, 3, 3, 4, 4]
+    assert rule.cost(1) == {2: 1.0, 3: 1.0, 4: 1.0}
+    assert rule.cost(2) is None and rule.probe(2) == 2  # each batch size learns its own costs
+
+
+def test_flat_cost_verifies_the_whole_block_and_steep_cost_follows_the_prediction():
+    preds = torch.tensor([0.3, 0.6, 0.95])  # predicted tokens per full-block step: 2.4, 4.8, 7.6 of 8
+    flat = trained(CostRule(block=8, min_length=2), 3, lambda w: 1.0)
+    assert flat.choose(preds, k=7).tolist() == [7, 7, 7]
+    steep = trained(CostRule(block=8, min_length=2), 3, lambda w: 1.0 + 0.5 * w)
+    lengths = steep.choose(preds, k=7).tolist()
+    assert lengths == sorted(lengths) and lengths[0] < lengths[-1]  # more expected acceptance, longer verify
+    assert lengths[0] <= 2 and lengths[-1] == 7
+    assert trained(CostRule(block=8, min_length=3), 1, lambda w: w).choose(torch.tensor([0.1]), k=7).item() == 2
+
+
+def test_refresh_retries_the_stalest_width():
+    rule = trained(CostRule(block=4, min_length=2, tries=1, refresh=5), 1, lambda w: 1.0)
+    rule.record(1, 4, 1.0)
+    rule.record(1, 3, 1.0)  # 5 steps so far; width 2 was measured longest ago
+    assert rule.steps % rule.refresh == 0 and rule.probe(1) == 2
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_cost_policy_is_lossless_and_learns_the_widths(tiny_target, batch):
+    reference = vanilla(tiny_target, make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))
+    drafter = oracle_engine(tiny_target, make_requests(tiny_target), reference, "adaflash").drafter
+    engine = Engine(tiny_target, "adaflash", drafter, max_batch=batch, max_len=512, length_policy="cost")
+    drafter.engine = engine
+    outputs = engine.generate(make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+    rule = engine.cost_rule
+    assert rule is not None and rule.block == 8
+    timed = {width for _, width in rule.samples}
+    if batch == 1:
+        assert timed == set(rule.widths()) and rule.cost(1) is not None  # every width timed, then chosen by cost
+    else:
+        assert {2, 3, 4} <= timed  # widths are tried in turn (fewer steps here: 4 rows share each)
+
+
+def test_unknown_policy_is_refused(tiny_target):
+    with pytest.raises(ValueError, match="length policy"):
+        Engine(tiny_target, "vanilla", max_batch=1, max_len=64, length_policy="fast")
