@@ -26,7 +26,9 @@ def test_probes_every_width_its_tries_before_choosing():
         rule.record(1, n + 1, 1.0)
     assert sorted(chosen) == [2, 2, 3, 3, 4, 4]
     assert rule.cost(1) == {2: 1.0, 3: 1.0, 4: 1.0}
-    assert rule.cost(2) is None and rule.probe(2) == 2  # each batch size learns its own costs
+    assert rule.cost(2) is None and rule.probe(2) == 2  # each batch size learns its own costs ...
+    trained(rule, 3, lambda w: 2.0)
+    assert rule.cost(4) == {2: 2.0, 3: 2.0, 4: 2.0}  # ... by power of two: 3 and 4 rows share theirs
 
 
 def test_flat_cost_verifies_the_whole_block_and_steep_cost_follows_the_prediction():

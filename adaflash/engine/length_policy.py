@@ -23,6 +23,11 @@ from collections import deque
 import torch
 
 POLICIES = ("rate", "cost")
+
+
+def batch_bucket(batch: int) -> int:
+    """Batch sizes share step times by power of two, so continuous batching does not re-learn each size."""
+    return 1 << max(0, batch - 1).bit_length()
 _GRID = 2001  # acceptance probabilities tried when solving E_B(a) = m
 
 
@@ -48,14 +53,14 @@ class CostRule:
 
     def record(self, batch: int, width: int, seconds: float) -> None:
         """One speculative step of `batch` rows that verified `width` positions took `seconds`."""
-        key = (batch, width)
+        key = (batch_bucket(batch), width)
         self.samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
         self.steps += 1
         self.last_seen[key] = self.steps
 
     def cost(self, batch: int) -> dict[int, float] | None:
         """Median step seconds per width at this batch size, once every width has its tries."""
-        table = {}
+        table, batch = {}, batch_bucket(batch)
         for width in self.widths():
             seen = self.samples.get((batch, width))
             if seen is None or len(seen) < self.tries:
@@ -65,6 +70,7 @@ class CostRule:
 
     def probe(self, batch: int) -> int | None:
         """A width to try now: one still short of its tries, or the stalest every `refresh` steps."""
+        batch = batch_bucket(batch)
         for width in self.widths():
             seen = self.samples.get((batch, width))
             if seen is None or len(seen) < self.tries:
