@@ -137,3 +137,33 @@ def test_training_worker_restart_resumes_after_last_published_sample(tmp_path, t
     state = torch.load(store.folder(store.latest_version()) / "trainer_state.pt", weights_only=False)
     assert state["state"]["consumed"] == 8
     assert state["state"]["step"] == 3  # 4 + 2 rows, then the 2 new ones: no sample learned twice
+
+
+def test_gpu_indices_count_the_visible_gpus():
+    """Under CUDA_VISIBLE_DEVICES=2,3, `--infer-gpus 0` is GPU 2 (the CUDA/torch convention), not GPU 0."""
+    from adaflash.pipeline.launch import parse_gpus
+
+    assert parse_gpus("0,1", "--train-gpus", environ={}) == ["0", "1"]
+    assert parse_gpus("1", "--infer-gpus", environ={"CUDA_VISIBLE_DEVICES": "2,3"}) == ["3"]
+    assert parse_gpus("cpu", "--infer-gpus", environ={"CUDA_VISIBLE_DEVICES": ""}) == []
+    with pytest.raises(ValueError, match=r"--infer-gpus 2: CUDA_VISIBLE_DEVICES='2,3' leaves 2 GPU"):
+        parse_gpus("2", "--infer-gpus", environ={"CUDA_VISIBLE_DEVICES": "2,3"})
+    with pytest.raises(ValueError, match="leaves 0 GPU"):
+        parse_gpus("0", "--infer-gpus", environ={"CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_length_policy_reaches_the_inference_worker(tmp_path):
+    import json as _json
+
+    rows = tmp_path / "p.jsonl"
+    rows.write_text('{"prompt": "hi"}\n')
+    draft = tmp_path / "d"
+    made = CliRunner().invoke(cli, ["draft", "new", "--method", "dflash", "--length-head", "--target", "smollm2-135m",
+                                    "--block-size", "4", "--out", str(draft)])
+    assert made.exit_code == 0, made.output
+    result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "pipeline", "--draft", str(draft), "--data",
+                                      str(rows), "--length-policy", "cost", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("inference:"))
+    payload = _json.loads(line[line.index("'{") + 1: line.rindex("}'") + 1])
+    assert payload["length_policy"] == "cost"

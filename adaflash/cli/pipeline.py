@@ -15,6 +15,7 @@ from adaflash.cli.common import (
     emit_rows,
     fail,
     fmt_cell,
+    length_policy_option,
     output_format_option,
     run_or_fail,
     runlog_of,
@@ -61,11 +62,12 @@ PRESETS = {
 @click.option("--keep", type=click.IntRange(1), default=3, show_default=True, help="Versions kept on disk.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
+@length_policy_option
 @click.option("--dry-run", is_flag=True, help="Print the worker command lines and exit.")
 @click.pass_context
 def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, train_procs, preset, loss, length_head, alpha,
              kl_temperature, clip, lr, swap_dir, max_samples, skip, loop, max_minutes, duration, min_buffer, batch_size,
-             train_batch, publish_every, keep, max_new_tokens, temperature, dry_run) -> None:
+             train_batch, publish_every, keep, max_new_tokens, temperature, length_policy, dry_run) -> None:
     """Run the async on-policy pipeline: inference worker → swap buffer → training worker(s) → hot swap."""
     if ctx.invoked_subcommand is not None:
         return
@@ -114,6 +116,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     infer = InferenceConfig(target=target, draft=str(Path(draft).resolve()), data=str(Path(data).resolve()), swap_dir=swap,
                             run_id=run_id, workspace=workspace, method="adaflash" if chosen["length_head"] else "dflash",
                             batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
+                            length_policy=length_policy,
                             max_samples=max_samples, skip=skip, loop=loop, duration=duration, device=device(infer_list),
                             deadline=deadline)
     train = TrainingConfig(target=target, draft=str(Path(draft).resolve()), swap_dir=swap, run_id=run_id, workspace=workspace,

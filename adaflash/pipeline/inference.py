@@ -39,6 +39,7 @@ class InferenceConfig:
     batch_size: int = 16
     max_new_tokens: int = 256
     temperature: float = 0.0
+    length_policy: str = "rate"  # AdaFlash's verify length: rate or cost (engine/length_policy.py)
     max_samples: int | None = None
     skip: int = 0  # leading prompts left out (the ones the offline drafter was trained on)
     loop: bool = False
@@ -66,7 +67,7 @@ def run_inference(cfg: InferenceConfig) -> int:
     version = loaded[0] if loaded else 0
     method = cfg.method if getattr(drafter, "length_head", None) is not None or cfg.method != "adaflash" else "dflash"
     engine = Engine(target, method, drafter, max_batch=cfg.batch_size, seed=cfg.seed,
-                    max_len=min(target.max_context, 4096))
+                    max_len=min(target.max_context, 4096), length_policy=cfg.length_policy)
     engine.drafter_version = version
     prompts = [(row.id, target.render(row.prompt, chat=cfg.chat)) for row in read_prompt_file(cfg.data)][cfg.skip:]
     if not prompts:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,15 +27,27 @@ from adaflash.pipeline.training import TrainingConfig
 from adaflash.runlog import RunLog
 
 
-def parse_gpus(value: str, flag: str) -> list[str]:
-    """`cpu`, or comma-separated GPU indices."""
+def parse_gpus(value: str, flag: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """`cpu`, or comma-separated GPU indices, as the CUDA_VISIBLE_DEVICES its worker gets.
+
+    Indices count the GPUs this process may see, as in CUDA and torch: under CUDA_VISIBLE_DEVICES=2,3,
+    `--infer-gpus 0` is GPU 2. (Launched by `adaflash run`, the variable is unset and indices are physical.)
+    """
     value = value.strip()
     if value == "cpu":
         return []
     items = [v.strip() for v in value.split(",") if v.strip()]
     if not items or not all(v.isdigit() for v in items):
         raise ValueError(f"{flag} must be 'cpu' or comma-separated GPU indices, got {value!r}")
-    return items
+    visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return items
+    shown = [v.strip() for v in visible.split(",") if v.strip()]
+    beyond = [i for i in items if int(i) >= len(shown)]
+    if beyond:
+        raise ValueError(f"{flag} {value}: CUDA_VISIBLE_DEVICES={visible!r} leaves {len(shown)} GPU(s) visible "
+                         f"(indices count those), so {', '.join(beyond)} does not exist; use 'cpu' or unset it")
+    return [shown[int(i)] for i in items]
 
 
 def worker_env(gpus: list[str]) -> dict[str, str]:
