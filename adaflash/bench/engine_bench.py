@@ -38,7 +38,7 @@ from typing import Any
 
 from adaflash.bench.metrics import accuracy
 from adaflash.bench.prompts import BenchPrompt
-from adaflash.engine.params import METHODS
+from adaflash.engine.params import DRAFT_MARGIN, METHODS
 from adaflash.models.registry import resolve_drafter
 
 HF_GENERATE = "hf-generate"
@@ -49,8 +49,6 @@ BENCH_METHODS = METHODS
 DRAFT_SUBDIRS = {"dflash": ("dflash",), "adaflash": ("adaflash", "adaflash-online", "adaflash-init"), "osd": ("osd",),
                  "eagle3": ("eagle3",), "mtp": ("mtp",)}
 WARMUP_TOKENS = 8  # at most; never more than half of max_new_tokens (prefill + a few decode/verify steps)
-# Room for the drafted block beyond prompt + max_new_tokens (block sizes and chain steps stay ≤ 64).
-DRAFT_MARGIN = 72
 
 
 class EngineBenchError(ValueError):

@@ -9,6 +9,10 @@ from typing import Any
 METHODS = ("vanilla", "dflash", "adaflash", "eagle3", "mtp", "osd")
 _ids = itertools.count()
 
+# Room for the drafted block beyond prompt + max_new_tokens when sizing caches (block sizes and chain steps
+# stay ≤ 64).
+DRAFT_MARGIN = 72
+
 
 @dataclass
 class SamplingParams:

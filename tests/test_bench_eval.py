@@ -1,0 +1,35 @@
+"""`adaflash eval`: τ and throughput of several methods on the same prompts, recorded in one run."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from adaflash.cli.main import cli
+
+
+def test_eval_measures_each_method_and_records_one_run(workspace, tiny_llama, tmp_path):
+    from adaflash.runlog import RunLog
+
+    draft = tmp_path / "d"
+    made = CliRunner().invoke(cli, ["draft", "new", "--method", "dflash", "--length-head", "--target", str(tiny_llama),
+                                    "--block-size", "4", "--out", str(draft)])
+    assert made.exit_code == 0, made.output
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("What is 2 + 3?", "Name a prime.")))
+    result = CliRunner().invoke(cli, ["eval", "--target", str(tiny_llama), "--method", "vanilla",
+                                      "--method", f"dflash={draft}", "--method", f"adaflash={draft}",
+                                      "--dataset", str(prompts), "--num-prompts", "2", "--batch-size", "2",
+                                      "--max-new-tokens", "6", "--device", "cpu", "--length-policy", "cost",
+                                      "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["method"] for r in rows] == ["vanilla", "dflash", "adaflash"]
+    assert rows[0]["speedup"] == 1.0 and rows[0]["accept_length"] == 1.0
+    assert all(r["completed"] == 2 and r["total_output_tokens"] > 0 for r in rows)
+    assert all(1.0 <= r["accept_length"] <= 4.0 for r in rows[1:])
+    runs = RunLog.open(workspace).list_runs(kind="bench")
+    assert len(runs) == 1 and len(RunLog.open(workspace).bench_results([runs[0]["id"]])) == 3
+    bad = CliRunner().invoke(cli, ["eval", "--target", str(tiny_llama), "--method", "vanilla", "--dataset", "nowhere"])
+    assert bad.exit_code == 2 and "--dataset nowhere" in bad.output
