@@ -274,3 +274,19 @@ def test_periodic_evaluation_keeps_the_best_drafter_beside_the_latest(tmp_path, 
     assert config["adaflash"]["eval_tau"] == pytest.approx(summary["best_eval_tau"])
     load_drafter(best, learnable.model.cfg)  # a whole drafter, loadable like the latest one
     assert str(best) in {c["path"] for c in log.checkpoints(run_id)}
+
+
+def test_length_head_follows_the_drafter_schedule_at_its_own_peak(tmp_path, learnable, regen):
+    """A warmup step at a quarter of the drafter's rate runs the head at a quarter of its peak, and a
+    trained head barely moves at a tiny rate (fresh Adam state takes sign-sized first steps otherwise)."""
+    from adaflash.train.loop import HEAD_LR
+
+    trainer = Trainer(_cfg(tmp_path, length_head=True, lr=1e-4), learnable)
+    sequences = load_sequences(regen, learnable, 256)[:4]
+    before = [p.detach().clone() for p in trainer.drafter.length_head.parameters()]
+    trainer.step_on(sequences, 1e-4 / 4)
+    assert trainer.head_opt.param_groups[0]["lr"] == pytest.approx(HEAD_LR / 4)
+    trainer.step_on(sequences, 1e-4 * 1e-4)
+    assert trainer.head_opt.param_groups[0]["lr"] == pytest.approx(HEAD_LR * 1e-4)
+    moved = max(float((p - q).abs().max()) for p, q in zip(trainer.drafter.length_head.parameters(), before))
+    assert 0 < moved <= 1.1 * (HEAD_LR / 4 + HEAD_LR * 1e-4)  # Adam moves each weight by at most ~lr per step

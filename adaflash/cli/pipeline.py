@@ -44,6 +44,8 @@ PRESETS = {
 @click.option("--kl-temperature", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True)
 @click.option("--clip", type=click.FloatRange(0, min_open=True), default=0.01, show_default=True)
 @click.option("--lr", type=float, default=1e-4, show_default=True)
+@click.option("--warmup-steps", type=click.IntRange(0), default=16, show_default=True,
+              help="Training steps over which the learning rate (drafter and length head) ramps up to --lr.")
 @click.option("--swap-dir", type=click.Path(file_okay=False), default=None, help="Buffer + weights [default: RUN_DIR/swap].")
 @click.option("--max-samples", type=click.IntRange(1), default=None, help="Stop after this many trajectories.")
 @click.option("--skip", type=click.IntRange(0), default=0, show_default=True,
@@ -66,8 +68,8 @@ PRESETS = {
 @click.option("--dry-run", is_flag=True, help="Print the worker command lines and exit.")
 @click.pass_context
 def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, train_procs, preset, loss, length_head, alpha,
-             kl_temperature, clip, lr, swap_dir, max_samples, skip, loop, max_minutes, duration, min_buffer, batch_size,
-             train_batch, publish_every, keep, max_new_tokens, temperature, length_policy, dry_run) -> None:
+             kl_temperature, clip, lr, warmup_steps, swap_dir, max_samples, skip, loop, max_minutes, duration, min_buffer,
+             batch_size, train_batch, publish_every, keep, max_new_tokens, temperature, length_policy, dry_run) -> None:
     """Run the async on-policy pipeline: inference worker → swap buffer → training worker(s) → hot swap."""
     if ctx.invoked_subcommand is not None:
         return
@@ -121,7 +123,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
                             deadline=deadline)
     train = TrainingConfig(target=target, draft=str(Path(draft).resolve()), swap_dir=swap, run_id=run_id, workspace=workspace,
                            loss=chosen["loss"], alpha=alpha, kl_temperature=kl_temperature, clip=clip,
-                           length_head=chosen["length_head"], lr=lr, min_buffer=min_buffer, train_batch=train_batch,
+                           length_head=chosen["length_head"], lr=lr, warmup_steps=warmup_steps, min_buffer=min_buffer, train_batch=train_batch,
                            publish_every=publish_every, keep=keep, device=device(train_list), deadline=deadline)
     runner = Pipeline(log, run_id, run_dir, infer, train, infer_list, train_list, deadline=deadline,
                       train_procs=train_procs)

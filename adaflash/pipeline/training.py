@@ -46,6 +46,7 @@ class TrainingConfig:
     clip: float = 0.01
     length_head: bool = True
     lr: float = 1e-4
+    warmup_steps: int = 16  # the drafter arrives trained while Adam's state is fresh: ramp the rate up
     min_buffer: int = 8
     train_batch: int = 8
     publish_every: int = 2
@@ -158,7 +159,8 @@ def run_training(cfg: TrainingConfig) -> int:
             usable.append(seq is not None)
             if seq is not None:
                 sequences.append(seq)
-        stats = trainer.step_on(sequences, cfg.lr, loss_cfg)
+        stats = trainer.step_on(sequences, cfg.lr * min(1.0, (trainer.state.step + 1) / max(cfg.warmup_steps, 1)),
+                                loss_cfg)
         seconds = time.perf_counter() - began
         # what every rank took and spent: [rows trained, tokens, seconds, loss·rows, then its seqs (-1 pad)]
         width = math.ceil(take / world)

@@ -32,6 +32,8 @@ from adaflash.train.losses import LossConfig
 
 STATE_FILE = "trainer_state.pt"
 
+HEAD_LR = 1e-3  # the length head's peak learning rate (its own AdamW), whatever the drafter's
+
 
 @dataclass
 class TrainConfig:
@@ -152,7 +154,7 @@ class Trainer:
         head_ids = {id(p) for p in head}
         body = [p for p in self.drafter.parameters() if id(p) not in head_ids]
         self.opt = torch.optim.AdamW(body, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-        self.head_opt = torch.optim.AdamW(head, lr=1e-3) if head else None
+        self.head_opt = torch.optim.AdamW(head, lr=HEAD_LR) if head else None
         self.state = TrainState()
         self.gen = torch.Generator().manual_seed(cfg.seed + 7919 * rank_world()[0])
         self.memo: FeatureMemo | None = None  # offline runs reuse target features across epochs
@@ -226,6 +228,11 @@ class Trainer:
             return None
         for group in self.opt.param_groups:
             group["lr"] = lr
+        if self.head_opt:
+            # the head follows the drafter's schedule (warmup, decay) at its own peak: fresh Adam state on a
+            # trained head takes sign-sized first steps, which a warmup keeps from knocking it off
+            for group in self.head_opt.param_groups:
+                group["lr"] = HEAD_LR * lr / self.cfg.lr if self.cfg.lr > 0 else HEAD_LR
         self.opt.zero_grad(set_to_none=True)
         if self.head_opt:
             self.head_opt.zero_grad(set_to_none=True)
