@@ -49,8 +49,8 @@ from adaflash.engine.params import METHODS
 @click.pass_context
 def serve(ctx: click.Context, method: str, target: str, draft: str | None, engine_kind: str, host: str, port: int,
           api_key: str | None, gpus: str | None, max_batch: int | None, max_new_tokens_limit: int | None,
-          context_length: int | None, length_rate: float, length_policy: str, min_length: int, steps: int | None, block_size: int | None,
-          device: str, dtype: str, seed: int, sglang_args: tuple[str, ...], dry_run: bool) -> None:
+          context_length: int | None, length_rate: float, length_policy: str, min_length: int, steps: int | None,
+          block_size: int | None, device: str, dtype: str, seed: int, sglang_args: tuple[str, ...], dry_run: bool) -> None:
     """Serve a method over HTTP in SGLang's dialect (/generate, /health, /get_server_info, ...).
 
     The embedded engine batches requests from every client together; `--engine sglang` runs SGLang
@@ -80,9 +80,8 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
                 click.secho(f"note: the embedded engine uses one GPU; serving on GPU {gpu_ids[0]}", fg="yellow", err=True)
     config = {"engine": "embedded", "method": method, "target": target, "draft": draft, "host": host, "port": port,
               "max_batch": max_batch or 16, "max_new_tokens_limit": max_new_tokens_limit,
-              "context_length": context_length, "length_rate": length_rate, "length_policy": length_policy, "min_length": min_length,
-              "steps": steps,
-              "device": device, "dtype": dtype, "gpus": gpus, "api_key": bool(api_key)}
+              "context_length": context_length, "length_rate": length_rate, "length_policy": length_policy,
+              "min_length": min_length, "steps": steps, "device": device, "dtype": dtype, "gpus": gpus, "api_key": bool(api_key)}
     if dry_run:
         click.echo(json.dumps(config, indent=2))
         return

@@ -324,7 +324,7 @@ class Engine:
         block = self.drafter.block_size if self.drafter is not None else k + 1
         if self.length_policy == "cost":
             if self.cost_rule is None or self.cost_rule.block != block:
-                self.cost_rule = CostRule(block, self.min_length)
+                self.cost_rule = CostRule(block, self.min_length, max_batch=self.max_batch)
             return self.cost_rule.choose(length_pred, k)
         want = torch.round(length_pred.float() * block * self.length_rate).long()
         return (want.clamp(min=self.min_length, max=block) - 1).clamp(max=k)

@@ -22,20 +22,19 @@ from collections import deque
 
 import torch
 
+from adaflash.engine.graphs import bucket
+
 POLICIES = ("rate", "cost")
-
-
-def batch_bucket(batch: int) -> int:
-    """Batch sizes share step times by power of two, so continuous batching does not re-learn each size."""
-    return 1 << max(0, batch - 1).bit_length()
 _GRID = 2001  # acceptance probabilities tried when solving E_B(a) = m
 
 
 class CostRule:
     """Per-row verify lengths maximizing E_L / step_seconds(L), with step times measured online."""
 
-    def __init__(self, block: int, min_length: int, *, tries: int = 3, window: int = 16, refresh: int = 64) -> None:
+    def __init__(self, block: int, min_length: int, *, max_batch: int = 1024, tries: int = 3, window: int = 16,
+                 refresh: int = 64) -> None:
         self.block = block
+        self.max_batch = max_batch
         self.min_length = max(1, min(min_length, block))
         self.tries = tries
         self.window = window
@@ -45,22 +44,27 @@ class CostRule:
         self.steps = 0
         a = torch.linspace(0.0, 0.999, _GRID, dtype=torch.float64)
         lengths = torch.arange(1, block + 1, dtype=torch.float64)
-        self._a_grid = a
         self._yield = (1 - a[:, None] ** lengths) / (1 - a[:, None])  # [grid, B]: E_L for each a
+        self._full_block = self._yield[:, -1].contiguous()  # E_B, rising with a: searched per step
+
+    def _batch(self, batch: int) -> int:
+        """Batch sizes share step times by the engine's power-of-two buckets (those of its CUDA graphs),
+        so continuous batching does not re-learn every size."""
+        return bucket(batch, self.max_batch)
 
     def widths(self) -> range:
         return range(self.min_length, self.block + 1)
 
     def record(self, batch: int, width: int, seconds: float) -> None:
         """One speculative step of `batch` rows that verified `width` positions took `seconds`."""
-        key = (batch_bucket(batch), width)
+        key = (self._batch(batch), width)
         self.samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
         self.steps += 1
         self.last_seen[key] = self.steps
 
     def cost(self, batch: int) -> dict[int, float] | None:
         """Median step seconds per width at this batch size, once every width has its tries."""
-        table, batch = {}, batch_bucket(batch)
+        table, batch = {}, self._batch(batch)
         for width in self.widths():
             seen = self.samples.get((batch, width))
             if seen is None or len(seen) < self.tries:
@@ -70,7 +74,7 @@ class CostRule:
 
     def probe(self, batch: int) -> int | None:
         """A width to try now: one still short of its tries, or the stalest every `refresh` steps."""
-        batch = batch_bucket(batch)
+        batch = self._batch(batch)
         for width in self.widths():
             seen = self.samples.get((batch, width))
             if seen is None or len(seen) < self.tries:
@@ -89,7 +93,7 @@ class CostRule:
         assert table is not None  # probe() returns a width until every width has its tries
         mean = (pred.detach().double().cpu() * self.block).clamp(1.0, float(self.block))
         # a from E_B(a) = m: E_B rises with a, so the first grid point reaching m
-        index = torch.searchsorted(self._yield[:, -1].contiguous(), mean).clamp(max=_GRID - 1)
+        index = torch.searchsorted(self._full_block, mean).clamp(max=_GRID - 1)
         expected = self._yield[index][:, self.min_length - 1:]  # [b, widths]
         seconds = torch.tensor([table[w] for w in self.widths()], dtype=torch.float64)
         best = (expected / seconds).argmax(-1) + self.min_length

@@ -29,7 +29,15 @@ from adaflash.pipeline.ledger import ConsumeLedger
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
 from adaflash.train.data import Sequence, row_to_sequence
-from adaflash.train.loop import STATE_FILE, TrainConfig, Trainer, gather_floats, rank_world, setup_distributed
+from adaflash.train.loop import (
+    STATE_FILE,
+    TrainConfig,
+    Trainer,
+    gather_floats,
+    rank_world,
+    setup_distributed,
+    warmed_up,
+)
 from adaflash.train.losses import LossConfig
 
 
@@ -159,8 +167,7 @@ def run_training(cfg: TrainingConfig) -> int:
             usable.append(seq is not None)
             if seq is not None:
                 sequences.append(seq)
-        stats = trainer.step_on(sequences, cfg.lr * min(1.0, (trainer.state.step + 1) / max(cfg.warmup_steps, 1)),
-                                loss_cfg)
+        stats = trainer.step_on(sequences, warmed_up(cfg.lr, trainer.state.step, cfg.warmup_steps), loss_cfg)
         seconds = time.perf_counter() - began
         # what every rank took and spent: [rows trained, tokens, seconds, loss·rows, then its seqs (-1 pad)]
         width = math.ceil(take / world)

@@ -121,9 +121,14 @@ def build_drafter(cfg: TrainConfig, target: Target, draft_vocab: torch.Tensor | 
     return drafter
 
 
+def warmed_up(lr: float, step: int, warmup_steps: int) -> float:
+    """`lr` ramped linearly over the first `warmup_steps` steps (0-based `step`)."""
+    return lr * min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else lr
+
+
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
+        return warmed_up(cfg.lr, step, cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
