@@ -34,7 +34,11 @@ def test_probes_every_width_its_tries_before_choosing():
 def test_flat_cost_verifies_the_whole_block_and_steep_cost_follows_the_prediction():
     preds = torch.tensor([0.3, 0.6, 0.95])  # predicted tokens per full-block step: 2.4, 4.8, 7.6 of 8
     flat = trained(CostRule(block=8, min_length=2), 3, lambda w: 1.0)
-    assert flat.choose(preds, k=7).tolist() == [7, 7, 7]
+    assert flat.whole_block_cheapest(3) and flat.choose(preds, k=7) is None  # all of it, prediction unread
+    within = trained(CostRule(block=8, min_length=2, slack=0.02), 3, lambda w: 1.0 + 0.001 * w)
+    assert within.choose(preds, k=7) is None  # dearer by less than the slack: still the whole block
+    beyond = trained(CostRule(block=8, min_length=2, slack=0.0), 3, lambda w: 1.0 + 0.001 * w)
+    assert not beyond.whole_block_cheapest(3) and beyond.choose(preds, k=7).tolist() == [7, 7, 7]
     steep = trained(CostRule(block=8, min_length=2), 3, lambda w: 1.0 + 0.5 * w)
     lengths = steep.choose(preds, k=7).tolist()
     assert lengths == sorted(lengths) and lengths[0] < lengths[-1]  # more expected acceptance, longer verify
@@ -69,3 +73,22 @@ def test_cost_policy_is_lossless_and_learns_the_widths(tiny_target, batch):
 def test_unknown_policy_is_refused(tiny_target):
     with pytest.raises(ValueError, match="length policy"):
         Engine(tiny_target, "vanilla", max_batch=1, max_len=64, length_policy="fast")
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_flat_cost_verifies_whole_blocks_through_the_engine(tiny_target, padded):
+    """Once the whole block is measured no dearer, every step verifies all of it, losslessly, on the eager
+    path and on the padded one a GPU takes."""
+    reference = vanilla(tiny_target, make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))
+    drafter = oracle_engine(tiny_target, make_requests(tiny_target), reference, "adaflash").drafter
+    engine = Engine(tiny_target, "adaflash", drafter, max_batch=1, max_len=512, length_policy="cost",
+                    pad_shapes=padded)
+    drafter.engine = engine
+    block = drafter.block_size
+    engine.cost_rule = trained(CostRule(block, engine.min_length, max_batch=1, refresh=0), 1, lambda w: 1.0)
+    outputs = engine.generate(make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+    assert engine.cost_rule.cost(1)[block] < 1.0  # the engine's own steps were recorded at the whole width
+    assert {width for (_, width), seen in engine.cost_rule.samples.items() if len(seen) > 3} == {block}
+    for out in outputs:  # every drafted step proposed the whole block
+        assert out.meta_info["spec_num_proposed_drafts"] == sum(out.meta_info["spec_accept_histogram"]) * (block - 1) > 0

@@ -38,7 +38,7 @@ from typing import Any
 
 from adaflash.bench.metrics import accuracy
 from adaflash.bench.prompts import BenchPrompt
-from adaflash.engine.params import DRAFT_MARGIN, METHODS
+from adaflash.engine.params import DEFAULT_LENGTH_POLICY, DRAFT_MARGIN, METHODS
 from adaflash.models.registry import resolve_drafter
 
 HF_GENERATE = "hf-generate"
@@ -71,7 +71,7 @@ class EngineBenchSpec:
     warmup: str = "auto"  # auto (full on CUDA, short elsewhere), short, full or none
     length_rate: float = 1.0  # AdaFlash: scale on the head's predicted length
     min_length: int = 2  # AdaFlash: fewest block positions verified
-    length_policy: str = "rate"  # AdaFlash: rate (the design's rule) or cost (measured step cost)
+    length_policy: str = DEFAULT_LENGTH_POLICY  # AdaFlash: rate (the design's rule) or cost (measured step cost)
     order: str = "auto"  # auto (interleaved on CPU, sequential on CUDA), interleaved or sequential
 
     def config(self) -> dict[str, Any]:

@@ -124,8 +124,11 @@ def run_guard(log: RunLog, run_id: str, expected: tuple[type[BaseException], ...
 
 def length_policy_option(func):
     """`--length-policy`: how AdaFlash turns the head's prediction into a verify length."""
+    from adaflash.engine.params import DEFAULT_LENGTH_POLICY, LENGTH_POLICIES
+
     return click.option(
-        "--length-policy", type=click.Choice(["rate", "cost"]), default="rate", show_default=True,
-        help="AdaFlash: rate = verify round(pred·B·rate) positions (the design's rule); cost = the width that "
-             "maximizes expected tokens per second, from step times this engine measures as it runs.")(func)
+        "--length-policy", type=click.Choice(LENGTH_POLICIES), default=DEFAULT_LENGTH_POLICY, show_default=True,
+        help="AdaFlash: cost = the width that maximizes expected tokens per second, from step times this engine "
+             "measures as it runs (the whole block, without reading the head, where a shorter verify saves "
+             "nothing); rate = verify round(pred·B·rate) positions (the design card's rule).")(func)
 

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from adaflash.engine.graphs import GraphRunner
-from adaflash.engine.length_policy import POLICIES, CostRule
-from adaflash.engine.params import Output, Request
+from adaflash.engine.length_policy import CostRule
+from adaflash.engine.params import DEFAULT_LENGTH_POLICY, LENGTH_POLICIES, Output, Request
 from adaflash.engine.passes import DevicePasses, LengthChooser
 from adaflash.engine.sampling import accept, sample_for
 from adaflash.models.cache import KVCache
@@ -82,7 +82,7 @@ class Engine:
         max_len: int | None = None,
         length_rate: float = 1.0,
         min_length: int = 2,
-        length_policy: str = "rate",
+        length_policy: str = DEFAULT_LENGTH_POLICY,
         num_steps: int | None = None,
         use_length_head: bool | None = None,
         verify_length: int | None = None,
@@ -106,8 +106,8 @@ class Engine:
         self.max_len = int(max_len or min(target.max_context, 4096))
         self.length_rate = length_rate
         self.min_length = min_length
-        if length_policy not in POLICIES:
-            raise ValueError(f"length policy must be one of {', '.join(POLICIES)}, got {length_policy!r}")
+        if length_policy not in LENGTH_POLICIES:
+            raise ValueError(f"length policy must be one of {', '.join(LENGTH_POLICIES)}, got {length_policy!r}")
         self.length_policy = length_policy
         self.cost_rule: CostRule | None = None  # made for the drafter's block on first use
         self.num_steps = num_steps
@@ -318,7 +318,7 @@ class Engine:
         """The length head decides verify lengths unless it is off or a fixed length is asked for."""
         return self._choose_lengths if self.use_length_head and self.verify_length is None else None
 
-    def _choose_lengths(self, length_pred: torch.Tensor, k: int) -> torch.Tensor:
+    def _choose_lengths(self, length_pred: torch.Tensor, k: int) -> torch.Tensor | None:
         """The length head's ratio → drafted tokens to verify per row (at least min_length - 1), by the
         design's rate rule or by measured step cost (`length_policy`, see engine/length_policy.py)."""
         block = self.drafter.block_size if self.drafter is not None else k + 1

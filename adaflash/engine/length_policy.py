@@ -13,6 +13,11 @@ same probability a, so verifying L positions yields E_L = (1 - a^L) / (1 - a) to
 (a solved from E_B = m). Step times are learned while serving: every width is first tried a few
 times (outputs stay exact whatever the width), then the median of recent steps stands for each,
 and the least recently measured width is retried now and then, since contexts grow.
+
+Where the whole block costs no more than any shorter width (a GPU running this small target: the
+step is bound by kernel launches, not by the width), the whole block wins for every row whatever
+the head says, so the rule answers "verify everything" without reading the prediction. That spares
+the host the sync a per-row choice needs before it can size the verify pass.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ import torch
 
 from adaflash.engine.graphs import bucket
 
-POLICIES = ("rate", "cost")
 _GRID = 2001  # acceptance probabilities tried when solving E_B(a) = m
 
 
@@ -32,13 +36,14 @@ class CostRule:
     """Per-row verify lengths maximizing E_L / step_seconds(L), with step times measured online."""
 
     def __init__(self, block: int, min_length: int, *, max_batch: int = 1024, tries: int = 3, window: int = 16,
-                 refresh: int = 64) -> None:
+                 refresh: int = 64, slack: float = 0.02) -> None:
         self.block = block
         self.max_batch = max_batch
         self.min_length = max(1, min(min_length, block))
         self.tries = tries
         self.window = window
         self.refresh = refresh
+        self.slack = slack  # the whole block stays "no dearer" within this fraction (timing noise)
         self.samples: dict[tuple[int, int], deque[float]] = {}
         self.last_seen: dict[tuple[int, int], int] = {}
         self.steps = 0
@@ -83,12 +88,21 @@ class CostRule:
             return min(self.widths(), key=lambda w: self.last_seen.get((batch, w), 0))
         return None
 
-    def choose(self, pred: torch.Tensor, k: int) -> torch.Tensor:
-        """Drafted tokens to verify per row (the verify width minus the pending token), at most k."""
+    def whole_block_cheapest(self, batch: int) -> bool:
+        """Measured, and the whole block costs at most `slack` more than the cheapest width: then it
+        wins for every row, since the expected yield E_L only grows with L."""
+        table = self.cost(batch)
+        return table is not None and table[self.block] <= min(table.values()) * (1 + self.slack)
+
+    def choose(self, pred: torch.Tensor, k: int) -> torch.Tensor | None:
+        """Drafted tokens to verify per row (the verify width minus the pending token), at most k;
+        None: every row verifies all k (the prediction is not read)."""
         batch = int(pred.shape[0])
         forced = self.probe(batch)
         if forced is not None:
             return torch.full_like(pred, forced - 1, dtype=torch.long).clamp(max=k)
+        if self.whole_block_cheapest(batch):
+            return None
         table = self.cost(batch)
         assert table is not None  # probe() returns a width until every width has its tries
         mean = (pred.detach().double().cpu() * self.block).clamp(1.0, float(self.block))

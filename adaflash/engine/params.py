@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 METHODS = ("vanilla", "dflash", "adaflash", "eagle3", "mtp", "osd")
+# How AdaFlash turns the length head's prediction into a verify length (engine/length_policy.py).
+LENGTH_POLICIES = ("cost", "rate")
+DEFAULT_LENGTH_POLICY = "cost"
 _ids = itertools.count()
 
 # Room for the drafted block beyond prompt + max_new_tokens when sizing caches (block sizes and chain steps

@@ -25,7 +25,8 @@ from adaflash.models.drafters import DFlashDrafter, Drafter
 from adaflash.models.target import TargetModel
 
 # The length head's ratio per row, and the most drafts → how many drafts each row verifies.
-LengthChooser = Callable[[torch.Tensor, int], torch.Tensor]
+# (head prediction [b], drafts per row) → verified drafts per row, or None when every row verifies all.
+LengthChooser = Callable[[torch.Tensor, int], torch.Tensor | None]
 
 
 class DevicePasses:
@@ -294,6 +295,8 @@ class DevicePasses:
             # Eager (CPU): run the block, let the head choose, then pay lm_head only for what is verified.
             hidden = drafter.block_hidden(self.draft_cache, rows, pending, lens, self.model, longest)
             verify_n = choose(drafter.predict_length(hidden), drafter.max_draft)
+            if verify_n is None:
+                verify_n = torch.full((b,), drafter.max_draft, dtype=torch.long, device=self.device)
             return drafter.tokens(hidden, int(verify_n.max()), self.model), verify_n
         b_pad = self._dims(b, 1, longest)[0]
         ctx = self._kv_bucket(longest)
@@ -307,8 +310,8 @@ class DevicePasses:
             [self._pad_rows(rows, b_pad), self._pad(pending, b_pad), self._pad(lens, b_pad)])
         drafts = drafts[:b]
         k = drafts.shape[1]
-        if choose is not None and length_pred is not None:
-            verify_n = choose(length_pred[:b], k)
+        verify_n = choose(length_pred[:b], k) if choose is not None and length_pred is not None else None
+        if verify_n is not None:
             return drafts[:, : int(verify_n.max())], verify_n
         return drafts, torch.full((b,), k, dtype=torch.long, device=self.device)
 

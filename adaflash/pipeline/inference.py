@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from adaflash.data.prompts import read_prompt_file
 from adaflash.engine.engine import Engine
-from adaflash.engine.params import Request, SamplingParams
+from adaflash.engine.params import DEFAULT_LENGTH_POLICY, Request, SamplingParams
 from adaflash.models.drafter_io import DrafterError, load_drafter
 from adaflash.models.loading import load_target
 from adaflash.pipeline.buffer import SwapBuffer
@@ -39,7 +39,7 @@ class InferenceConfig:
     batch_size: int = 16
     max_new_tokens: int = 256
     temperature: float = 0.0
-    length_policy: str = "rate"  # AdaFlash's verify length: rate or cost (engine/length_policy.py)
+    length_policy: str = DEFAULT_LENGTH_POLICY  # AdaFlash's verify length: rate or cost (engine/length_policy.py)
     max_samples: int | None = None
     skip: int = 0  # leading prompts left out (the ones the offline drafter was trained on)
     loop: bool = False
