@@ -116,3 +116,27 @@ def test_a_greedy_padded_step_is_one_pass_after_drafting(tiny_target):
     engine.graphs.keys.clear()
     engine.generate(make_requests(tiny_target, n=2, max_new_tokens=16, ignore_eos=True, temperature=0.8))
     assert {key[0] for key in engine.graphs.keys} == {"draft", "verify", "extend"}
+
+
+def test_a_settled_whole_block_drafts_without_the_length_head(tiny_target):
+    """Once the cost rule has settled on whole blocks, the draft pass leaves the head out (its own graph),
+    and a server's up-front capture covers both draft variants."""
+    from adaflash.engine.length_policy import CostRule
+
+    drafter = drafter_for("adaflash", tiny_target)
+    engine = Engine(tiny_target, "adaflash", drafter, max_batch=3, max_len=256, pad_shapes=True, length_policy="cost")
+    engine.graphs = _RecordingRunner()
+    engine.capture_graphs()
+    captured = {key for key in engine.graphs.keys if key[0] == "draft"}
+    assert {key[-1] for key in captured} == {True, False}  # with and without the head's prediction
+    rule = engine.cost_rule = CostRule(drafter.block_size, engine.min_length, max_batch=3, refresh=0)
+    for batch in (1, 2, 4):
+        while (width := rule.probe(batch)) is not None:
+            rule.record(batch, width, 1.0)
+    calls = []
+    drafter.length_head.register_forward_hook(lambda *_: calls.append(1))
+    engine.graphs.keys.clear()
+    engine.generate(make_requests(tiny_target, n=2, max_new_tokens=16, ignore_eos=True))
+    used = {key for key in engine.graphs.keys if key[0] == "draft"}
+    assert used and {key[-1] for key in used} == {False} and used <= captured
+    assert not calls  # the head never ran

@@ -47,7 +47,7 @@ class OracleDrafter(Drafter):
     def extend(self, *args, **kw):
         pass
 
-    def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None):
+    def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None, predict_length=True):
         out = []
         for row, length in zip(rows.tolist(), lens.tolist()):
             seq = self.engine.tokens[row, : length + 1].tolist()
@@ -59,7 +59,7 @@ class OracleDrafter(Drafter):
                     proposal[i] = (proposal[i] + 1) % 1000
             out.append(proposal)
         lengths = torch.rand(len(out), generator=self.gen)
-        return torch.tensor(out, device=lens.device), lengths
+        return torch.tensor(out, device=lens.device), lengths if predict_length else None
 
 
 def generate_with_swap(engine, requests, drafter, version, at_step=3):
@@ -199,7 +199,7 @@ def test_sampling_matches_the_target_distribution(tiny_target):
     class LikelyDrafter(OracleDrafter):
         """Always proposes the most likely second token: accepted sometimes, rejected sometimes."""
 
-        def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None):
+        def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None, predict_length=True):
             return torch.tensor([[best[1], 0, 0]] * len(rows)), None
 
     drafter = LikelyDrafter(model.cfg, [], block_size=4)

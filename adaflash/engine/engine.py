@@ -154,7 +154,8 @@ class Engine:
 
     def capture_graphs(self, max_context: int | None = None) -> int:
         """Capture every decode graph a server can meet, so no request pays for a capture."""
-        return self.passes.capture_graphs(max_context, steps=self._draft_steps(), choose=self._length_chooser())
+        return self.passes.capture_graphs(max_context, steps=self._draft_steps(),
+                                          choose=self._choose_lengths if self._reads_head() else None)
 
     # -- drafter management -----------------------------------------------------------------
     def swap_drafter(self, drafter: Drafter, version: int | None = None) -> None:
@@ -262,7 +263,7 @@ class Engine:
         longest = max(s.length for s in seqs)
         t0 = time.perf_counter()
         drafts, verify_n = self.passes.draft(rows, pending, lens, longest, steps=self._draft_steps(),
-                                             choose=self._length_chooser())
+                                             choose=self._length_chooser(len(seqs)))
         t1 = time.perf_counter()
         params = [s.request.params for s in seqs]
         greedy = all(p.temperature == 0 for p in params)
@@ -278,8 +279,8 @@ class Engine:
             t3 = time.perf_counter()
         # Per row: accepted drafts, verified drafts, then the emitted tokens.
         acc_list, n_list, emit_list = [r[0] for r in packed], [r[1] for r in packed], [r[2:] for r in packed]
-        if self.cost_rule is not None and self._length_chooser() is not None:
-            self.cost_rule.record(len(seqs), max(n_list) + 1, t3 - t0)
+        if self._reads_head() and self.length_policy == "cost":
+            self._cost_rule().record(len(seqs), max(n_list) + 1, t3 - t0)
         events = []
         for i, seq in enumerate(seqs):
             seq.verify_ct += 1
@@ -314,18 +315,32 @@ class Engine:
             return min(max(self.verify_length - 1, 1), self.drafter.max_draft)
         return self.num_steps
 
-    def _length_chooser(self) -> LengthChooser | None:
+    def _reads_head(self) -> bool:
         """The length head decides verify lengths unless it is off or a fixed length is asked for."""
-        return self._choose_lengths if self.use_length_head and self.verify_length is None else None
+        return self.use_length_head and self.verify_length is None
+
+    def _length_chooser(self, batch: int) -> LengthChooser | None:
+        """How this step's verify lengths are chosen; None: every row verifies the whole block. That is
+        the case where the cost rule has measured the whole block no dearer than a shorter one, and then
+        the drafter need not run its head at all."""
+        if not self._reads_head():
+            return None
+        if self.length_policy == "cost" and self._cost_rule().settled_on_whole_block(batch):
+            return None
+        return self._choose_lengths
+
+    def _cost_rule(self) -> CostRule:
+        block = self.drafter.block_size if self.drafter is not None else 1
+        if self.cost_rule is None or self.cost_rule.block != block:
+            self.cost_rule = CostRule(block, self.min_length, max_batch=self.max_batch)
+        return self.cost_rule
 
     def _choose_lengths(self, length_pred: torch.Tensor, k: int) -> torch.Tensor | None:
         """The length head's ratio → drafted tokens to verify per row (at least min_length - 1), by the
         design's rate rule or by measured step cost (`length_policy`, see engine/length_policy.py)."""
         block = self.drafter.block_size if self.drafter is not None else k + 1
         if self.length_policy == "cost":
-            if self.cost_rule is None or self.cost_rule.block != block:
-                self.cost_rule = CostRule(block, self.min_length, max_batch=self.max_batch)
-            return self.cost_rule.choose(length_pred, k)
+            return self._cost_rule().choose(length_pred, k)
         want = torch.round(length_pred.float() * block * self.length_rate).long()
         return (want.clamp(min=self.min_length, max=block) - 1).clamp(max=k)
 

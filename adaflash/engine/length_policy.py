@@ -94,6 +94,10 @@ class CostRule:
         table = self.cost(batch)
         return table is not None and table[self.block] <= min(table.values()) * (1 + self.slack)
 
+    def settled_on_whole_block(self, batch: int) -> bool:
+        """No width is due for a timing try and the whole block is the cheapest: the prediction is moot."""
+        return self.probe(batch) is None and self.whole_block_cheapest(batch)
+
     def choose(self, pred: torch.Tensor, k: int) -> torch.Tensor | None:
         """Drafted tokens to verify per row (the verify width minus the pending token), at most k;
         None: every row verifies all k (the prediction is not read)."""

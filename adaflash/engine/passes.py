@@ -223,8 +223,9 @@ class DevicePasses:
                     self.verify(rows, zeros(b, w), zeros(b) + kv - w, kv - w)
                     if self.drafter is not None:
                         self.extend_drafter(rows, zeros(b) + kv - w, zeros(b) + 1, kv - w, w)
-                if self.drafter is not None:
-                    self.draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest, steps=steps, choose=choose)
+                if self.drafter is not None:  # with the head, and without it (a whole-block verify)
+                    for chooser in {choose, None}:
+                        self.draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest, steps=steps, choose=chooser)
         return len(self.graphs)
 
     # -- the passes --------------------------------------------------------------------------------
@@ -300,13 +301,14 @@ class DevicePasses:
             return drafter.tokens(hidden, int(verify_n.max()), self.model), verify_n
         b_pad = self._dims(b, 1, longest)[0]
         ctx = self._kv_bucket(longest)
-        cache, model = self.draft_cache, self.model
+        cache, model, predict = self.draft_cache, self.model, choose is not None
 
         def draft(rows_p, pending_p, lens_p):
-            return drafter.draft(cache, rows_p, pending_p, lens_p, model, ctx, steps=steps)
+            return drafter.draft(cache, rows_p, pending_p, lens_p, model, ctx, steps=steps, predict_length=predict)
 
+        # Without a chooser the head's prediction is not read, so its graph leaves the head out.
         drafts, length_pred = self.graphs.run(
-            ("draft", b_pad, ctx, steps), draft,
+            ("draft", b_pad, ctx, steps, predict), draft,
             [self._pad_rows(rows, b_pad), self._pad(pending, b_pad), self._pad(lens, b_pad)])
         drafts = drafts[:b]
         k = drafts.shape[1]

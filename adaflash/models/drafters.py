@@ -94,10 +94,12 @@ class Drafter(nn.Module):
         raise NotImplementedError
 
     def draft(self, cache: KVCache, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor,
-              target: TargetModel, ctx_len: int, steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+              target: TargetModel, ctx_len: int, steps: int | None = None,
+              predict_length: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft `steps` (default max_draft) tokens after `pending`; ctx_len >= every row's length.
 
-        Returns (drafts [b, steps], predicted acceptance ratio [b] or None). Sizes come from the
+        Returns (drafts [b, steps], predicted acceptance ratio [b] or None: no length head, or
+        `predict_length` False because nobody will read it). Sizes come from the
         host so the call never waits on the device and can be replayed as a CUDA graph.
         """
         raise NotImplementedError
@@ -176,9 +178,9 @@ class DFlashDrafter(Drafter):
         """Greedy draft tokens of the first `count` masked positions: lm_head only where needed."""
         return self.to_target_ids(self.draft_logits(hidden[:, 1 : 1 + count], target).argmax(-1))
 
-    def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None):
+    def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None, predict_length=True):
         hidden = self.block_hidden(cache, rows, pending, lens, target, ctx_len)
-        return self.tokens(hidden, steps or self.max_draft, target), self.predict_length(hidden)
+        return self.tokens(hidden, steps or self.max_draft, target), self.predict_length(hidden) if predict_length else None
 
 
 class ChainDrafter(Drafter):
@@ -251,7 +253,7 @@ class ChainDrafter(Drafter):
         last = h[torch.arange(h.shape[0], device=h.device), count - 1]
         cache.last_hidden[rows] = last
 
-    def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None):
+    def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None, predict_length=True):
         steps = steps or self.max_draft
         cache.reserve(ctx_len + steps)
         h = cache.last_hidden[rows]
