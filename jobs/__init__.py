@@ -3,12 +3,20 @@
 Modules (import what you need; nothing here prints, progress is read back from the run log):
 - jobs.gpus:       Inventory / snapshot(): GPUs via NVML (one pass), processes mapped to jobs, host CPU/RAM.
 - jobs.assign:     Assignment of roles to GPUs (validated), GpuLeases (per-host flock'd file) between runs.
-- jobs.recipe:     load_recipe / parse_recipe: TOML recipes -> Recipe + JobSpec; RecipeError with file:line: key.
+- jobs.recipe:     load_recipe / parse_recipe: TOML recipes -> Recipe + JobSpec;
+                   RecipeError with file:line: key.
+  - jobs.recipe_spec: Recipe, JobSpec, ReadyCheck, RestartPolicy, SlurmSpec (validated, serialisable).
+  - jobs.recipe_checker / recipe_jobs / placeholders: how the checks collect problems, one job's checks,
+    `{vars.NAME}`-style placeholders. jobs.overrides: `--set key=value`. jobs.toml_lines: key -> line.
+  - jobs.dag: the `after` graph (order, cycles, ancestors). jobs.argv: `adaflash`/`python`/torchrun argv.
 - jobs.supervisor: Supervisor: start/poll/stop/restart job processes in their own groups, readiness, restarts.
-- jobs.runner:     prepare -> PreparedRun (plan), Runner (foreground), start_detached / launch_detached,
-                   run_view / follow_run (read a run), stop_run, request_job_action (per-job control).
+- jobs.plan:       prepare -> PreparedRun: a run's plan (exact argv, GPUs, cache preview); creates nothing.
+- jobs.runner:     Runner: supervise a run in this process (leases, the loop, cache reuse); RunResult.
+- jobs.detached:   start_detached / launch_detached: the same in a background process; supervise_existing.
+- jobs.watch:      run_view / follow_run: read a run back from the run log (jobs, metrics, events, children).
+- jobs.control:    supervisor_pid, request_job_action (per-job stop/restart), stop_run: from any process.
 - jobs.cache:      JobCache: a finished task with declared outputs is reused by a later run with the same key.
-- jobs.progress:   run_progress: step k of n, each step's own progress and timing, for `adaflash run` displays.
+- jobs.progress:   run_progress: step k of n, each step's own progress and timing, for `adaflash run`.
 - jobs.slurm:      render_script / SlurmRun: the same recipe as an sbatch script, tracked via squeue/sacct.
 - jobs.procs:      pid + create-time identity and verified process-group stops.
 """

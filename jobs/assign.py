@@ -165,7 +165,7 @@ class Assignment:
             errors.append(f"share: expected true or false, got {share_value!r}")
             share_value = False
         excl_value = mapping.get("exclusive", sorted(DEFAULT_EXCLUSIVE)) if exclusive is None else exclusive
-        if isinstance(excl_value, str) or not all(isinstance(r, str) for r in excl_value):
+        if not isinstance(excl_value, (list, tuple, set, frozenset)) or not all(isinstance(r, str) for r in excl_value):
             errors.append(f"exclusive: expected a list of role names, got {excl_value!r}")
             excl_value = DEFAULT_EXCLUSIVE
         for role, value in mapping.items():

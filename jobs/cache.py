@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jobs.recipe import JobSpec
+from jobs.recipe_spec import JobSpec
 
 RECORDS_DIR = ".jobs"
 CONTENT_LIMIT = 64 * 1024 * 1024

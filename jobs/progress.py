@@ -242,7 +242,7 @@ def _metric_progress(runlog: Any, run_ids: list[str], metric: str | None,
 
 def run_progress(runlog: Any, view: Any, *, previous: Mapping[str, float] | None = None,
                  order: Iterable[str] | None = None) -> RunProgress:
-    """The steps of a recipe run (a jobs.runner.RunView) with each one's progress."""
+    """The steps of a recipe run (a jobs.watch.RunView) with each one's progress."""
     config = view.run.get("config") if isinstance(view.run.get("config"), dict) else {}
     specs: dict[str, Any] = config.get("jobs") or {}
     rows = {j["name"]: j for j in view.jobs}

@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from adaflash.runlog import RunLog
-from jobs.recipe import SlurmSpec, torchrun_tail
-from jobs.runner import PreparedRun, RunResult
+from jobs.argv import torchrun_tail
+from jobs.plan import PreparedRun
+from jobs.recipe_spec import Recipe, SlurmSpec
+from jobs.runner import RunResult
 
 SCRIPT_NAME = "sbatch.sh"
 STATE_DIR = ".slurm"
@@ -285,8 +287,6 @@ class SlurmRun:
     @classmethod
     def resume(cls, runlog: RunLog, run_id: str) -> SlurmRun:
         """A tracker for a run submitted earlier (e.g. with --detach), to follow it again."""
-        from jobs.recipe import Recipe
-
         run = runlog.get_run(run_id)
         config = run["config"]
         if not isinstance(config, dict) or config.get("backend") != "slurm":

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import procs
-from jobs.recipe import JobSpec
+from jobs.recipe_spec import JobSpec
 
 ACTIVE = ("starting", "running", "ready")
 TERMINAL = ("finished", "failed", "stopped", "cached")  # cached: reused from an earlier run, never started

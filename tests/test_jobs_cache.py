@@ -13,8 +13,9 @@ import pytest
 
 from adaflash.runlog import RunLog
 from jobs.cache import JobCache, outputs_digest, path_digest
+from jobs.plan import prepare
 from jobs.recipe import RecipeError, load_recipe
-from jobs.runner import Runner, prepare
+from jobs.runner import Runner
 
 CLI = [sys.executable, "-m", "adaflash.cli.main"]
 

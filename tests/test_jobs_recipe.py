@@ -10,15 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.recipe import (
-    Recipe,
-    RecipeError,
-    key_lines,
-    load_recipe,
-    parse_override,
-    parse_recipe,
-    shipped_recipes,
-)
+from jobs.overrides import parse_override
+from jobs.recipe import RecipeError, load_recipe, parse_recipe, shipped_recipes
+from jobs.recipe_spec import Recipe
+from jobs.toml_lines import key_lines
 
 GOOD = """\
 [run]

@@ -18,16 +18,12 @@ import pytest
 from adaflash.runlog import RunLog
 from jobs import procs
 from jobs.assign import AssignmentError, GpuLeases, LeaseError
+from jobs.control import request_job_action, stop_run, supervisor_pid
+from jobs.detached import start_detached
+from jobs.plan import prepare
 from jobs.recipe import RecipeError
-from jobs.runner import (
-    Runner,
-    prepare,
-    request_job_action,
-    run_view,
-    start_detached,
-    stop_run,
-    supervisor_pid,
-)
+from jobs.runner import Runner
+from jobs.watch import run_view
 
 from .test_jobs_supervisor import STUBBORN, wait_for
 
@@ -358,7 +354,7 @@ def test_a_second_sigint_does_not_wait_for_the_grace_period(tmp_path: Path) -> N
 
 
 def test_the_hidden_supervisor_entry_only_takes_pending_runs(tmp_path: Path) -> None:
-    from jobs.runner import supervise_existing
+    from jobs.detached import supervise_existing
 
     log = RunLog.open(tmp_path / "ws")
     run_id = log.create_run("recipe", name="done", status="finished")

@@ -16,7 +16,7 @@ import pytest
 
 from adaflash.runlog import RunLog
 from jobs import slurm
-from jobs.runner import prepare
+from jobs.plan import prepare
 
 CLI = [sys.executable, "-m", "adaflash.cli.main"]
 

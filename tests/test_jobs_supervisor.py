@@ -15,7 +15,7 @@ import pytest
 
 from adaflash.runlog import RunLog
 from jobs import procs
-from jobs.recipe import JobSpec, ReadyCheck, RestartPolicy
+from jobs.recipe_spec import JobSpec, ReadyCheck, RestartPolicy
 from jobs.supervisor import Supervisor
 
 PY = sys.executable

@@ -12,7 +12,8 @@ import pytest
 from textual.widgets import DataTable, Input, Select
 
 from adaflash.runlog import RunLog
-from jobs import runner
+from jobs.control import LIVE_RUN_STATUSES, stop_run, supervisor_pid
+from jobs.detached import launch_detached
 from tests.test_tui_fixtures import (
     GENERATE_RUN,
     MATRIX_RUN,
@@ -65,8 +66,8 @@ def stop_leftovers(workspace: Path) -> None:
     """A failed test must not leave detached runs behind."""
     log = RunLog.open(workspace)
     for run in log.list_runs():
-        if run["status"] in runner.LIVE_RUN_STATUSES:
-            runner.stop_run(log, run["id"], grace=1.0, wait=10.0)
+        if run["status"] in LIVE_RUN_STATUSES:
+            stop_run(log, run["id"], grace=1.0, wait=10.0)
 
 
 async def test_empty_workspace_renders_every_screen(ws: Path) -> None:
@@ -187,7 +188,7 @@ async def test_assign_launch_monitor_and_stop_a_real_cpu_job(ws: Path, leases: P
 
 async def test_quit_while_running_asks_then_leaves_or_stops(ws: Path) -> None:
     recipe = tiny_recipe(ws / "tiny.toml")
-    run_id = runner.launch_detached(recipe, workspace=ws)
+    run_id = launch_detached(recipe, workspace=ws)
     try:
         app = make_app(ws, inventory=FakeInventory(available=False), live=False)
         async with app.run_test(size=SIZE) as pilot:
@@ -205,7 +206,7 @@ async def test_quit_while_running_asks_then_leaves_or_stops(ws: Path) -> None:
             await pilot.pause()
         log = RunLog.open(ws)
         assert log.get_run(run_id)["status"] == "running"
-        assert runner.supervisor_pid(log.get_run(run_id)) is not None
+        assert supervisor_pid(log.get_run(run_id)) is not None
 
         # the next start shows it again; quitting can stop it
         app = make_app(ws, inventory=FakeInventory(available=False), live=False)

@@ -19,11 +19,14 @@ from typing import Any, Protocol
 
 from adaflash.bench import compare
 from adaflash.runlog import RunLog
-from jobs import runner
 from jobs.assign import GpuLeases
+from jobs.control import LIVE_RUN_STATUSES, request_job_action, stop_run, supervisor_pid
+from jobs.detached import start_detached
 from jobs.gpus import Inventory, Snapshot
+from jobs.plan import prepare
 from jobs.recipe import RecipeError, shipped_recipes
 from jobs.supervisor import ACTIVE, tail_text
+from jobs.watch import child_runs
 
 LOG_TAIL_BYTES = 32 * 1024
 METRICS_PAGE = 20_000  # rows per read: bounds one UI-thread fold to ~0.1 s while catching up
@@ -151,9 +154,9 @@ class Backend:
     def initial_run(self) -> str | None:
         """The run to show first: the newest live run, else the newest run."""
         log = self.log("default")
-        for status in runner.LIVE_RUN_STATUSES:
+        for status in LIVE_RUN_STATUSES:
             rows = log.list_runs(status=status, limit=1)
-            if rows and runner.supervisor_pid(rows[0]) is not None:
+            if rows and supervisor_pid(rows[0]) is not None:
                 return rows[0]["id"]
         rows = log.list_runs(limit=1)
         return rows[0]["id"] if rows else None
@@ -167,11 +170,11 @@ class Backend:
         except KeyError:
             return RunState(None, [], [], False, False)
         jobs = log.jobs(run["id"])
-        children = runner.child_runs(log, run, jobs)
+        children = child_runs(log, run, jobs)
         for child in children:
             child["jobs"] = log.jobs(child["id"])
-        alive = runner.supervisor_pid(run) is not None
-        return RunState(run, jobs, children, alive, run["status"] in runner.LIVE_RUN_STATUSES and alive)
+        alive = supervisor_pid(run) is not None
+        return RunState(run, jobs, children, alive, run["status"] in LIVE_RUN_STATUSES and alive)
 
     def live_runs(self, run_ids: list[str]) -> list[dict[str, Any]]:
         """Which of these runs still run (recorded live and supervised by a live process)."""
@@ -180,7 +183,7 @@ class Backend:
         for run_id in run_ids:
             with contextlib.suppress(KeyError):
                 run = log.get_run(run_id)
-                if run["status"] in runner.LIVE_RUN_STATUSES and runner.supervisor_pid(run) is not None:
+                if run["status"] in LIVE_RUN_STATUSES and supervisor_pid(run) is not None:
                     out.append(run)
         return out
 
@@ -198,14 +201,14 @@ class Backend:
     @staticmethod
     def _job_action(log: RunLog, run_id: str, action: str, job: str | None) -> str:
         run = log.get_run(run_id)
-        alive = runner.supervisor_pid(run) is not None
+        alive = supervisor_pid(run) is not None
         if action == "stop-run":
-            result = runner.stop_run(log, run["id"], grace=5.0)
+            result = stop_run(log, run["id"], grace=5.0)
             return f"run {result.run_id} {result.status} ({result.how})"
         if not alive or not run.get("run_dir"):
             raise RuntimeError(f"run {run['id']} has no live supervisor to {action} job {job}; "
                                "stop the run instead (x)")
-        runner.request_job_action(run["run_dir"], action, job)
+        request_job_action(run["run_dir"], action, job)
         return f"{action} of job {job} requested"
 
     def stop_runs(self, run_ids: list[str], grace: float = 5.0) -> list[str]:
@@ -213,7 +216,7 @@ class Backend:
         with self.fresh_log() as log:
             for run_id in run_ids:
                 with contextlib.suppress(KeyError):
-                    result = runner.stop_run(log, run_id, grace=grace)
+                    result = stop_run(log, run_id, grace=grace)
                     done.append(f"{result.run_id}: {result.status}")
         return done
 
@@ -244,7 +247,7 @@ class Backend:
         log = self.log("monitor")
         run = log.get_run(run_id)
         sources = {run["id"]: ""}
-        for child in runner.child_runs(log, run, log.jobs(run["id"])):
+        for child in child_runs(log, run, log.jobs(run["id"])):
             sources[child["id"]] = child["job"]
         rows, more = {}, False
         for rid in sources:
@@ -271,7 +274,7 @@ class Backend:
             write_text(Path(recipe_path), recipe_text)
         errors: list[str] = []
         try:
-            prepared = runner.prepare(recipe_path, overrides, workspace=self.workspace,
+            prepared = prepare(recipe_path, overrides, workspace=self.workspace,
                                       run_id=run_id or (self._run_ids() if self._run_ids else None))
         except RecipeError as err:
             errors = [p.render(Path(err.path).name) for p in err.problems]
@@ -301,9 +304,9 @@ class Backend:
         """
         if recipe_text is not None:
             write_text(Path(recipe_path), recipe_text)
-        prepared = runner.prepare(recipe_path, overrides, workspace=self.workspace, run_id=run_id)
+        prepared = prepare(recipe_path, overrides, workspace=self.workspace, run_id=run_id)
         with self.fresh_log() as log:
-            return runner.start_detached(prepared, log, inventory=snapshot)
+            return start_detached(prepared, log, inventory=snapshot)
 
     # -- compare --------------------------------------------------------------------------------
     def comparison(self, run_ids: list[str] | None) -> Comparison:

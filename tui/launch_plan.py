@@ -4,7 +4,7 @@ Why a recipe even for one server: `jobs` is the only thing that starts processes
 supervision, detach, logs, the run log), and it speaks recipes. A method choice becomes a
 one-job recipe written into the workspace (kept, so the launch can be repeated with
 `adaflash run <file>`); a recipe choice becomes `--set` overrides of the chosen recipe. This
-module only writes text: every check of the result is `jobs.runner.prepare`'s.
+module only writes text: every check of the result is `jobs.plan.prepare`'s.
 """
 
 from __future__ import annotations

@@ -266,7 +266,7 @@ def _supervised_launcher(log, workspace: str, spec):
     from pathlib import Path
 
     from adaflash.serve.sglang import parse_gpus
-    from jobs.recipe import JobSpec, ReadyCheck
+    from jobs.recipe_spec import JobSpec, ReadyCheck
     from jobs.supervisor import TERMINAL, Supervisor
 
     supervisors: dict[str, Supervisor] = {}

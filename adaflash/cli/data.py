@@ -9,7 +9,11 @@ from typing import Any
 import click
 
 from adaflash.cli.common import emit_rows, fail, run_guard, runlog_of, workspace_of
-from adaflash.data import datasets as ds
+from adaflash.data.builtin_datasets import describe_builtins
+from adaflash.data.column_map import parse_column_map
+from adaflash.data.errors import DatasetError
+from adaflash.data.prepare import prepare_dataset
+from adaflash.data.resolve import resolve_dataset
 from adaflash.engine.params import METHODS
 
 
@@ -22,7 +26,7 @@ def data() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_datasets(as_json: bool) -> None:
     """The built-in datasets and where each offline copy is found."""
-    rows = ds.describe_builtins()
+    rows = describe_builtins()
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -56,12 +60,12 @@ def prepare(ctx: click.Context, dataset: str, source: str | None, out_dir: str |
     folder with train.* and test.* files), or a hub id (owner/name, through `datasets`).
     """
     try:
-        mapping = ds.parse_column_map(column_map)
+        mapping = parse_column_map(column_map)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--column-map") from None
     try:
-        src = ds.resolve_dataset(dataset, source, column_map=mapping, name=name, hub_config=hub_config)
-    except ds.DatasetError as err:
+        src = resolve_dataset(dataset, source, column_map=mapping, name=name, hub_config=hub_config)
+    except DatasetError as err:
         fail(str(err))
     out = Path(out_dir).expanduser() if out_dir else Path(workspace_of(ctx)) / "data"
     log = runlog_of(ctx)
@@ -69,8 +73,8 @@ def prepare(ctx: click.Context, dataset: str, source: str | None, out_dir: str |
         "command": "prepare", "source": src.location, "kind": src.kind, "split_seed": split_seed,
         "test_fraction": test_fraction, "limit": limit, "column_map": mapping, "hub_config": hub_config,
     })
-    with run_guard(log, run_id, (ds.DatasetError, OSError)):
-        summary = ds.prepare_dataset(src, out, split_seed=split_seed, test_fraction=test_fraction, limit=limit)
+    with run_guard(log, run_id, (DatasetError, OSError)):
+        summary = prepare_dataset(src, out, split_seed=split_seed, test_fraction=test_fraction, limit=limit)
     summary["run_id"] = run_id
     log.log_metrics(run_id, {"rows_train": summary["rows"]["train"], "rows_test": summary["rows"]["test"],
                              "skipped": summary["skipped"]})

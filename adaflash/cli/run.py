@@ -144,7 +144,7 @@ class ProgressDisplay:
 def follow(runlog: Any, run_id: str, console: Any, *, interval: float = 0.5, live_ok: bool = True,
            tick: Any = None, every: float = 30.0) -> Any:
     """Print new events and keep the progress of the run on screen until it ends; returns the last view."""
-    from jobs.runner import follow_run
+    from jobs.watch import follow_run
 
     view = None
     with ProgressDisplay(console, runlog, run_id, live_ok=live_ok, every=every) as display:
@@ -284,7 +284,7 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
     from adaflash.cli.common import workspace_of
 
     if supervise_run:
-        from jobs.runner import supervise_existing
+        from jobs.detached import supervise_existing
 
         sys.exit(supervise_existing(workspace_of(ctx), supervise_run).exit_code)
 
@@ -297,7 +297,7 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
         click.echo("\n".join(shipped))
         return
     from jobs.assign import AssignmentError, LeaseError
-    from jobs.runner import prepare
+    from jobs.plan import prepare
 
     root = ctx.find_root()
     explicit = workspace or (root.obj or {}).get("workspace")
@@ -331,7 +331,9 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
     from rich.console import Console
 
     from adaflash.runlog import RunLog
-    from jobs.runner import Runner, install_signal_handlers, run_view, start_detached
+    from jobs.detached import start_detached
+    from jobs.runner import Runner, install_signal_handlers
+    from jobs.watch import run_view
 
     console = Console(stderr=False, highlight=False)
     if not console.is_terminal:

@@ -20,7 +20,8 @@ def attach_run(ctx: click.Context, run_id: str, interval: float) -> None:
 
     from adaflash.cli.run import follow, render_view
     from jobs.progress import previous_durations, run_progress
-    from jobs.runner import EXIT_CODES, run_view
+    from jobs.runner import EXIT_CODES
+    from jobs.watch import run_view
 
     log = runlog_of(ctx)
     run = run_or_fail(log, run_id)
@@ -66,7 +67,7 @@ def _attach_slurm(log, run_id: str, console) -> None:
 def stop_run(ctx: click.Context, run_id: str, grace: float, job_name: str | None, restart: bool) -> None:
     """Stop a run: its verified supervisor stops every job; if the supervisor is gone, its job groups are
     stopped directly (each pid checked against its recorded create time)."""
-    from jobs import runner
+    from jobs import control
 
     log = runlog_of(ctx)
     run = run_or_fail(log, run_id)
@@ -75,13 +76,13 @@ def stop_run(ctx: click.Context, run_id: str, grace: float, job_name: str | None
     if job_name:
         if job_name not in {j["name"] for j in log.jobs(run["id"])}:
             fail(f"run {run['id']} has no job {job_name!r}")
-        if runner.supervisor_pid(run) is None:
+        if control.supervisor_pid(run) is None:
             fail(f"run {run['id']} has no live supervisor to ask")
-        runner.request_job_action(run["run_dir"], "restart" if restart else "stop", job_name)
+        control.request_job_action(run["run_dir"], "restart" if restart else "stop", job_name)
         click.echo(f"asked the supervisor of run {run['id']} to {'restart' if restart else 'stop'} job {job_name}")
         return
     try:
-        result = runner.stop_run(log, run["id"], grace=grace)
+        result = control.stop_run(log, run["id"], grace=grace)
     except Exception as err:  # noqa: BLE001 - scancel missing, permission denied: say it plainly
         fail(f"could not stop run {run['id']}: {err}", code=1)
     if result.how == "already ended":
