@@ -210,12 +210,14 @@ def _check_vars(chk: Checker, data: dict[str, Any]) -> dict[str, str]:
 
 
 def _check_gpus(chk: Checker, data: dict[str, Any]) -> Assignment | None:
-    """`[gpus]` as an Assignment; None (with a problem per bad key) when it is not valid."""
+    """`[gpus]` as an Assignment. When it is not valid, a problem per bad key, and the roles that did
+    parse (so the jobs' checks do not also report every role as unknown); None when none did."""
     gpus_table = chk.table(data, "gpus")
     try:
         return Assignment.from_mapping(gpus_table)
     except AssignmentError:
         pass
+    valid: dict[str, Any] = {}
     # Re-check key by key so each message carries its own line.
     for role, value in gpus_table.items():
         if role == "share":
@@ -227,9 +229,10 @@ def _check_gpus(chk: Checker, data: dict[str, Any]) -> Assignment | None:
         else:
             try:
                 parse_gpus(value, owner=f"role {role!r}")
+                valid[role] = value
             except ValueError as err:
                 chk.add(f"gpus.{role}", str(err))
-    return None
+    return Assignment.from_mapping(valid) if valid else None
 
 
 def _check_slurm(chk: Checker, data: dict[str, Any]) -> SlurmSpec | None:

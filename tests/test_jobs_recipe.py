@@ -250,3 +250,10 @@ def test_the_export_job_copies_the_pipelines_newest_version(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "drafters" / "adaflash-online" / "model.safetensors").read_text() == "weights 2"
     assert "adaflash=" + str(tmp_path / "drafters" / "adaflash-online") in recipe.jobs["bench"].command
+
+
+def test_a_bad_gpus_setting_is_reported_once_not_as_unknown_roles() -> None:
+    """A wrong `share`/`exclusive` names that key; the roles that did parse still resolve in the jobs."""
+    message = _problems(GOOD.replace("share = true", 'share = true\nexclusive = "server"'))
+    assert "gpus.exclusive: expected a list of role names" in message
+    assert "unknown role" not in message and "unknown placeholder" not in message
