@@ -338,9 +338,9 @@ class Engine:
     def _choose_lengths(self, length_pred: torch.Tensor, k: int) -> torch.Tensor | None:
         """The length head's ratio → drafted tokens to verify per row (at least min_length - 1), by the
         design's rate rule or by measured step cost (`length_policy`, see engine/length_policy.py)."""
-        block = self.drafter.block_size if self.drafter is not None else k + 1
         if self.length_policy == "cost":
             return self._cost_rule().choose(length_pred, k)
+        block = self.drafter.block_size if self.drafter is not None else k + 1
         want = torch.round(length_pred.float() * block * self.length_rate).long()
         return (want.clamp(min=self.min_length, max=block) - 1).clamp(max=k)
 

@@ -5,7 +5,7 @@ weighs what verifying costs on this machine: it times the engine's own speculati
 width and picks, per row, the width that maximizes expected tokens per second. Why both: whether a
 shorter verify saves anything depends on the hardware. On a 2-core CPU, SmolLM2 verifies 4 tokens
 in about the time of 1 (the weights stream from memory either way), so any cut only loses τ; on a
-GPU at batch 32, or on a CPU at block 8, the cost does grow with the width and the cuts pay.
+CPU at block 8 the cost does grow with the width and the cuts pay.
 
 The cost rule reads the head's prediction as the mean tokens a step would yield verifying the whole
 block, m = pred · B, and models acceptance as geometric: each further draft is accepted with the
@@ -92,7 +92,10 @@ class CostRule:
         """Measured, and the whole block costs at most `slack` more than the cheapest width: then it
         wins for every row, since the expected yield E_L only grows with L."""
         table = self.cost(batch)
-        return table is not None and table[self.block] <= min(table.values()) * (1 + self.slack)
+        return table is not None and self._whole_block_wins(table)
+
+    def _whole_block_wins(self, table: dict[int, float]) -> bool:
+        return table[self.block] <= min(table.values()) * (1 + self.slack)
 
     def settled_on_whole_block(self, batch: int) -> bool:
         """No width is due for a timing try and the whole block is the cheapest: the prediction is moot."""
@@ -105,10 +108,10 @@ class CostRule:
         forced = self.probe(batch)
         if forced is not None:
             return torch.full_like(pred, forced - 1, dtype=torch.long).clamp(max=k)
-        if self.whole_block_cheapest(batch):
-            return None
         table = self.cost(batch)
         assert table is not None  # probe() returns a width until every width has its tries
+        if self._whole_block_wins(table):
+            return None
         mean = (pred.detach().double().cpu() * self.block).clamp(1.0, float(self.block))
         # a from E_B(a) = m: E_B rises with a, so the first grid point reaching m
         index = torch.searchsorted(self._full_block, mean).clamp(max=_GRID - 1)
