@@ -226,3 +226,28 @@ def test_cache_reads_consecutive_slots_as_a_view_and_others_as_a_copy():
     assert k.data_ptr() == cache.k[1, 2].data_ptr() and torch.equal(v, cache.v[1, 2:5, :5])
     k, v = cache.read(1, torch.tensor([4, 2]), 5)
     assert torch.equal(k, cache.k[1, [4, 2], :5]) and torch.equal(v, cache.v[1, [4, 2], :5])
+
+
+def test_busy_engine_admits_prompts_in_groups_and_keeps_outputs(tiny_target):
+    """With admit_batch 2 a full engine waits for two free slots before it prefills again."""
+    requests = lambda: [Request(r.prompt_ids, SamplingParams(max_new_tokens=6 + 5 * i, ignore_eos=True), rid=r.rid)  # noqa: E731
+                        for i, r in enumerate(make_requests(tiny_target) * 2)]
+    reference = Engine(tiny_target, "vanilla", max_batch=1, max_len=512).generate(requests())
+    engine = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target), max_batch=3, max_len=512, admit_batch=2)
+    admitted: list[tuple[int, int]] = []  # (prompts prefilled, rows decoding at that moment)
+    prefill = engine.passes.prefill
+    engine.passes.prefill = lambda ids, rows, length: (admitted.append((ids.shape[0], len(engine.active))),
+                                                       prefill(ids, rows, length))[1]
+    outputs = engine.generate(requests())
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+    assert admitted[0] == (3, 0)  # an idle engine fills every slot at once
+    assert all(3 - busy >= 2 for _, busy in admitted[1:]), admitted  # two slots free at every later prefill
+    assert any(n == 2 for n, _ in admitted[1:]), admitted  # and prompts admitted together
+    assert sum(n for n, _ in admitted) == 8
+
+
+def test_admit_batch_defaults_to_an_eighth_of_a_padded_batch(tiny_target):
+    assert Engine(tiny_target, "vanilla", max_batch=32, max_len=256, pad_shapes=True).admit_batch == 4
+    assert Engine(tiny_target, "vanilla", max_batch=32, max_len=256).admit_batch == 1  # CPU: exact shapes
+    with pytest.raises(ValueError, match="admit_batch must be at least 1"):
+        Engine(tiny_target, "vanilla", max_batch=4, max_len=256, admit_batch=0)

@@ -25,6 +25,29 @@ def test_buffer_appends_in_order_and_survives_a_torn_line(tmp_path):
     assert [r["seq"] for r in buffer.read(1, 5)] == [1, 2]
 
 
+def test_buffer_readers_follow_appends_of_another_process(tmp_path):
+    writer, reader = SwapBuffer(tmp_path), SwapBuffer(tmp_path)
+    writer.append([{"x": i} for i in range(5)])
+    assert reader.count() == 5 and [r["x"] for r in reader.read(3, 10)] == [3, 4]
+    with writer.path.open("a") as handle:
+        handle.write('{"seq": 5, "x"')  # half a line: not a row yet
+    assert reader.count() == 5 and reader.read(5, 1) == []
+    with writer.path.open("a") as handle:
+        handle.write(': 5}\n')  # the line completed
+    assert reader.count() == 6 and reader.read(5, 1) == [{"seq": 5, "x": 5}]
+    assert [r["seq"] for r in reader.read(0, 3)] == [0, 1, 2]
+    writer.path.unlink()  # a fresh buffer in the same place is indexed from scratch
+    SwapBuffer(tmp_path).append([{"x": "new"}])
+    assert reader.count() == 1 and reader.read(0, 5)[0]["x"] == "new"
+
+
+def test_buffer_refuses_rows_out_of_sequence(tmp_path):
+    buffer = SwapBuffer(tmp_path)
+    buffer.path.write_text('{"seq": 0}\n{"seq": 7}\n')
+    with pytest.raises(ValueError, match="line 2 has seq 7, expected 1"):
+        buffer.read(0, 2)
+
+
 def test_versions_publish_atomically_prune_and_refuse_torn(tmp_path, tiny_target):
     store = WeightStore(tmp_path)
     cfg = tiny_target.model.cfg

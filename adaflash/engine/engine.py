@@ -89,6 +89,7 @@ class Engine:
         seed: int = 0,
         cuda_graphs: bool | None = None,
         pad_shapes: bool | None = None,
+        admit_batch: int | None = None,
     ) -> None:
         if method != "vanilla" and drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (--draft DIR)")
@@ -116,6 +117,14 @@ class Engine:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.passes = DevicePasses(self.model, max_batch=max_batch, max_len=self.max_len,
                                    cuda_graphs=cuda_graphs, pad_shapes=pad_shapes)
+        # Fewest prompts worth a prefill while rows are decoding (None: max_batch // 8 on padded shapes, else 1).
+        # A prefill runs eagerly, one launch per op: on a GPU it costs about the same for one prompt as
+        # for a dozen, and about as much as several graph-replayed decode steps, so admitting each
+        # prompt the moment a row finishes makes a full batch spend most of its time prefilling.
+        self.admit_batch = admit_batch if admit_batch is not None else (
+            max(1, max_batch // 8) if self.passes.padded else 1)
+        if self.admit_batch < 1:
+            raise ValueError(f"admit_batch must be at least 1, got {self.admit_batch}")
         self.drafter_version: int | None = None
         self.waiting: deque[Request] = deque()
         self.active: dict[int, _Seq] = {}
@@ -217,12 +226,22 @@ class Engine:
     # -- one engine step ----------------------------------------------------------------------
     def step(self) -> list[StepEvent]:
         events: list[StepEvent] = []
-        if self.waiting and len(self.active) < self.max_batch:
+        if self._admitting():
             events += self._prefill()
         decoding = [s for s in self.active.values() if s.verify_ct > 0 and s.finish is None]
         if decoding:
             events += self._decode(decoding)
         return events
+
+    def _admitting(self) -> bool:
+        """Prefill now: an idle engine at once, a busy one once `admit_batch` slots are free.
+
+        Waiting for free slots, not for queued prompts: a producer that tops the queue up to the
+        free slots (the pipeline's inference worker) would otherwise be admitted one by one.
+        """
+        if not self.waiting:
+            return False
+        return not self.active or self.max_batch - len(self.active) >= self.admit_batch
 
     def _free_slots(self) -> list[int]:
         return [i for i in range(self.max_batch) if i not in self.active]

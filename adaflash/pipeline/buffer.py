@@ -19,29 +19,45 @@ DONE_FILE = "producer_done.json"
 STOP_FILE = "STOP"
 
 
-def _complete_size(path: Path) -> int:
-    """Byte length up to and including the last newline."""
-    if not path.exists():
-        return 0
-    with path.open("rb") as handle:
-        data = handle.read()
-    return data.rfind(b"\n") + 1
-
-
 class SwapBuffer:
+    """Append-only rows with consecutive `seq`, read back by position.
+
+    A run appends tens of thousands of rows; each process indexes the file's complete lines
+    once (the byte offset where each starts) and afterwards reads only what was appended since,
+    so counting and reading stay cheap however long the run. (Rescanning the whole file, as it
+    once did at every flush and every training step, took 0.12 s at 25,000 rows.)
+    """
+
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.path = self.root / BUFFER_FILE
+        self._starts: list[int] = [0]  # byte offset of each indexed line, then the end of the last one
+
+    def _refresh(self) -> int:
+        """Index the complete lines appended since the last call; returns the number of rows."""
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size < self._starts[-1]:  # cut, or replaced by a shorter file: index it again
+            self._starts = [0]
+        if size > self._starts[-1]:
+            end = self._starts[-1]
+            with self.path.open("rb") as handle:
+                handle.seek(end)
+                tail = handle.read(size - end)
+            at = tail.find(b"\n")
+            while at >= 0:
+                self._starts.append(end + at + 1)
+                at = tail.find(b"\n", at + 1)
+        return len(self._starts) - 1
 
     # -- writer side -------------------------------------------------------------------------
     def repair(self) -> int:
         """Cut a torn final line (a writer killed mid-append); returns the number of complete rows."""
-        size = _complete_size(self.path)
-        if self.path.exists() and self.path.stat().st_size != size:
+        count = self._refresh()
+        if self.path.exists() and self.path.stat().st_size != self._starts[-1]:
             with self.path.open("r+b") as handle:
-                handle.truncate(size)
-        return self.count()
+                handle.truncate(self._starts[-1])
+        return count
 
     def append(self, rows: list[dict[str, Any]]) -> int:
         """Append rows with consecutive `seq` numbers; returns the new count."""
@@ -63,25 +79,20 @@ class SwapBuffer:
 
     # -- reader side ---------------------------------------------------------------------------
     def count(self) -> int:
-        if not self.path.exists():
-            return 0
-        with self.path.open("rb") as handle:
-            data = handle.read(_complete_size(self.path))
-        return data.count(b"\n")
+        """Complete rows (a torn last line is not one)."""
+        return self._refresh()
 
     def read(self, start: int, limit: int) -> list[dict[str, Any]]:
         """Rows with seq in [start, start + limit), in order (complete lines only)."""
-        out: list[dict[str, Any]] = []
-        if not self.path.exists() or limit <= 0:
-            return out
-        complete = _complete_size(self.path)
+        count = self._refresh()
+        stop = min(count, start + max(limit, 0))
+        if start >= stop:
+            return []
         with self.path.open("rb") as handle:
-            data = handle.read(complete)
-        for index, line in enumerate(data.splitlines()):
-            if index < start:
-                continue
-            if len(out) >= limit:
-                break
+            handle.seek(self._starts[start])
+            data = handle.read(self._starts[stop] - self._starts[start])
+        out: list[dict[str, Any]] = []
+        for index, line in enumerate(data.splitlines(), start):
             row = json.loads(line)
             if row.get("seq") != index:
                 raise ValueError(f"{self.path}: line {index + 1} has seq {row.get('seq')}, expected {index}")
