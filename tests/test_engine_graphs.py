@@ -105,30 +105,40 @@ def test_capture_graphs_covers_every_shape_decoding_meets(tiny_target, method):
     assert engine.graphs.keys <= captured, engine.graphs.keys - captured
 
 
-def test_a_greedy_padded_step_is_one_pass_after_drafting(tiny_target):
-    """Greedy decoding on padded shapes verifies, accepts, commits and extends in ONE pass (one
-    graph on a GPU); sampled requests keep the separate verify and extend passes."""
-    drafter = drafter_for("dflash", tiny_target)
-    engine = Engine(tiny_target, "dflash", drafter, max_batch=3, max_len=256, pad_shapes=True)
+def test_a_greedy_padded_step_is_one_pass(tiny_target):
+    """Greedy whole-block decoding on padded shapes drafts, verifies, accepts, commits and extends in
+    ONE pass (one graph on a GPU). When the length head chooses, the draft is a pass of its own (the host
+    reads the choice); sampled requests keep the separate verify and extend passes."""
+    greedy = lambda: make_requests(tiny_target, n=2, max_new_tokens=16, ignore_eos=True)  # noqa: E731
+    engine = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target), max_batch=3, max_len=256, pad_shapes=True)
     engine.graphs = _RecordingRunner()
-    engine.generate(make_requests(tiny_target, n=2, max_new_tokens=16, ignore_eos=True))
-    assert {key[0] for key in engine.graphs.keys} == {"draft", "greedy_step"}
+    engine.generate(greedy())
+    assert {key[0] for key in engine.graphs.keys} == {"draft_and_step"}
     engine.graphs.keys.clear()
     engine.generate(make_requests(tiny_target, n=2, max_new_tokens=16, ignore_eos=True, temperature=0.8))
     assert {key[0] for key in engine.graphs.keys} == {"draft", "verify", "extend"}
+    ada = Engine(tiny_target, "adaflash", drafter_for("adaflash", tiny_target), max_batch=3, max_len=256,
+                 pad_shapes=True, length_policy="rate")
+    ada.graphs = _RecordingRunner()
+    ada.generate(greedy())
+    assert {key[0] for key in ada.graphs.keys} == {"draft", "greedy_step"}
+    plain = Engine(tiny_target, "vanilla", max_batch=3, max_len=256, pad_shapes=True)
+    plain.graphs = _RecordingRunner()
+    plain.generate(greedy())
+    assert {key[0] for key in plain.graphs.keys} == {"greedy_step"}
 
 
 def test_a_settled_whole_block_drafts_without_the_length_head(tiny_target):
-    """Once the cost rule has settled on whole blocks, the draft pass leaves the head out (its own graph),
-    and a server's up-front capture covers both draft variants."""
+    """Once the cost rule has settled on whole blocks, greedy steps draft inside the one-pass step
+    without the head, and a server's up-front capture covers those graphs and both draft variants."""
     from adaflash.engine.length_policy import CostRule
 
     drafter = drafter_for("adaflash", tiny_target)
     engine = Engine(tiny_target, "adaflash", drafter, max_batch=3, max_len=256, pad_shapes=True, length_policy="cost")
     engine.graphs = _RecordingRunner()
     engine.capture_graphs()
-    captured = {key for key in engine.graphs.keys if key[0] == "draft"}
-    assert {key[-1] for key in captured} == {True, False}  # with and without the head's prediction
+    captured = set(engine.graphs.keys)
+    assert {key[-1] for key in captured if key[0] == "draft"} == {True, False}  # with and without the head
     rule = engine.cost_rule = CostRule(drafter.block_size, engine.min_length, max_batch=3, refresh=0)
     for batch in (1, 2, 4):
         while (width := rule.probe(batch)) is not None:
@@ -137,6 +147,6 @@ def test_a_settled_whole_block_drafts_without_the_length_head(tiny_target):
     drafter.length_head.register_forward_hook(lambda *_: calls.append(1))
     engine.graphs.keys.clear()
     engine.generate(make_requests(tiny_target, n=2, max_new_tokens=16, ignore_eos=True))
-    used = {key for key in engine.graphs.keys if key[0] == "draft"}
-    assert used and {key[-1] for key in used} == {False} and used <= captured
+    used = set(engine.graphs.keys)
+    assert {key[0] for key in used} == {"draft_and_step"} and used <= captured  # drafts inside the step, no head
     assert not calls  # the head never ran

@@ -280,22 +280,19 @@ class Engine:
         rows, pending, lens = torch.tensor([[s.slot for s in seqs], [s.pending for s in seqs],
                                             [s.length for s in seqs]], device=self.device).unbind(0)
         longest = max(s.length for s in seqs)
-        t0 = time.perf_counter()
-        drafts, verify_n = self.passes.draft(rows, pending, lens, longest, steps=self._draft_steps(),
-                                             choose=self._length_chooser(len(seqs)))
-        t1 = time.perf_counter()
         params = [s.request.params for s in seqs]
         greedy = all(p.temperature == 0 for p in params)
-        if greedy and self.passes.padded:
-            # Greedy on padded shapes (a GPU): verify, accept, commit and extend as one replayed pass.
-            packed = self.passes.greedy_step(rows, pending, drafts, verify_n, lens, longest).tolist()
+        steps, chooser = self._draft_steps(), self._length_chooser(len(seqs))
+        t0 = time.perf_counter()
+        if greedy and self.passes.padded and self.drafter is not None and chooser is None \
+                and (steps or 0) <= self.drafter.max_draft:
+            # Every draft is verified: draft, verify, accept, commit and extend as one replayed pass
+            # (its time counts as verify time).
+            packed = self.passes.draft_and_step(rows, pending, lens, longest, steps=steps).tolist()
+            t1 = t0
             t2 = t3 = time.perf_counter()
         else:
-            accepted, packed = self._verify(rows, pending, drafts, verify_n, lens, longest, params, greedy)
-            t2 = time.perf_counter()
-            if self.drafter is not None:
-                self.passes.extend_drafter(rows, lens, accepted + 1, longest, max(r[0] for r in packed) + 1)
-            t3 = time.perf_counter()
+            packed, t1, t2, t3 = self._draft_then_verify(rows, pending, lens, longest, params, greedy, steps, chooser, t0)
         # Per row: accepted drafts, verified drafts, then the emitted tokens.
         acc_list, n_list, emit_list = [r[0] for r in packed], [r[1] for r in packed], [r[2:] for r in packed]
         if self._reads_head() and self.length_policy == "cost":
@@ -309,6 +306,25 @@ class Engine:
             n_acc = acc_list[i]
             events.append(self._emit(seq, emit_list[i][: n_acc + 1], accepted=n_acc, proposed=n_list[i]))
         return events
+
+    def _draft_then_verify(self, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor, longest: int,
+                           params: list, greedy: bool, steps: int | None, chooser: LengthChooser | None,
+                           t0: float) -> tuple[list[list[int]], float, float, float]:
+        """A step whose drafts the host must see (the head chooses lengths, or rows sample): the packed
+        host rows, and when drafting, verifying and extending ended."""
+        drafts, verify_n = self.passes.draft(rows, pending, lens, longest, steps=steps, choose=chooser)
+        t1 = time.perf_counter()
+        if greedy and self.passes.padded:
+            # Greedy on padded shapes (a GPU): verify, accept, commit and extend as one replayed pass.
+            packed = self.passes.greedy_step(rows, pending, drafts, verify_n, lens, longest).tolist()
+            t2 = t3 = time.perf_counter()
+        else:
+            accepted, packed = self._verify(rows, pending, drafts, verify_n, lens, longest, params, greedy)
+            t2 = time.perf_counter()
+            if self.drafter is not None:
+                self.passes.extend_drafter(rows, lens, accepted + 1, longest, max(r[0] for r in packed) + 1)
+            t3 = time.perf_counter()
+        return packed, t1, t2, t3
 
     def _verify(self, rows: torch.Tensor, pending: torch.Tensor, drafts: torch.Tensor, verify_n: torch.Tensor,
                 lens: torch.Tensor, longest: int, params: list,

@@ -223,9 +223,14 @@ class DevicePasses:
                     self.verify(rows, zeros(b, w), zeros(b) + kv - w, kv - w)
                     if self.drafter is not None:
                         self.extend_drafter(rows, zeros(b) + kv - w, zeros(b) + 1, kv - w, w)
-                if self.drafter is not None:  # with the head, and without it (a whole-block verify)
-                    for chooser in {choose, None}:
-                        self.draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest, steps=steps, choose=chooser)
+                if self.drafter is not None:
+                    if choose is not None:  # the head's graph; whole-block greedy steps draft inside theirs
+                        self.draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest, steps=steps, choose=choose)
+                    self.draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest, steps=steps, choose=None)
+                    # its key pairs the drafter's context bucket with the verify's kv bucket: both pairings
+                    for longest in (kv - widest, kv):
+                        if longest + widest <= top:
+                            self.draft_and_step(rows, zeros(b), zeros(b) + longest, longest, steps=steps)
         return len(self.graphs)
 
     # -- the passes --------------------------------------------------------------------------------
@@ -337,6 +342,33 @@ class DevicePasses:
         inputs = [self._pad_rows(rows, b_pad), self._pad(block, b_pad, w_pad), self._pad(lens, b_pad),
                   self._pad(verify_n, b_pad)]
         out = self.graphs.run(("greedy_step", b_pad, w_pad, kv), self._greedy_step_fn(kv), inputs)
+        return out[:b]
+
+    def draft_and_step(self, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor, longest: int, *,
+                       steps: int | None) -> torch.Tensor:
+        """Draft a block and take `greedy_step` on all of it, as ONE replayed pass; returns what
+        `greedy_step` does.
+
+        For greedy rows that verify every draft: DFlash, OSD, EAGLE-3, MTP, and AdaFlash once its
+        cost rule has settled on whole blocks. At batch 1 a step is bound by launches and host work,
+        so the drafts stay on the device and the host launches one graph where it launched two
+        with a dozen small copies, pads and concatenations around them.
+        """
+        assert self.drafter is not None
+        b, k = rows.shape[0], steps or self.drafter.max_draft
+        b_pad, w_pad, kv = self._dims(b, k + 1, longest)
+        ctx = self._kv_bucket(longest)
+        self.ensure_feats(longest + w_pad + 1)
+        self.cache.reserve(kv)
+        drafter, cache, model, step = self.drafter, self.draft_cache, self.model, self._greedy_step_fn(kv)
+
+        def fused(rows_p: torch.Tensor, pending_p: torch.Tensor, lens_p: torch.Tensor) -> torch.Tensor:
+            drafts, _ = drafter.draft(cache, rows_p, pending_p, lens_p, model, ctx, steps=steps, predict_length=False)
+            block = torch.nn.functional.pad(torch.cat([pending_p[:, None], drafts], dim=1), (0, w_pad - k - 1))
+            return step(rows_p, block, lens_p, torch.full_like(lens_p, k))
+
+        out = self.graphs.run(("draft_and_step", b_pad, w_pad, kv, ctx, steps), fused,
+                              [self._pad_rows(rows, b_pad), self._pad(pending, b_pad), self._pad(lens, b_pad)])
         return out[:b]
 
     def _greedy_step_fn(self, kv: int) -> Callable[..., torch.Tensor]:
