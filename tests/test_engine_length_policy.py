@@ -53,6 +53,34 @@ def test_refresh_retries_the_stalest_width():
     assert rule.steps % rule.refresh == 0 and rule.probe(1) == 2
 
 
+@pytest.mark.parametrize("whole_rate, choose_rate, expected", [(3.0, 2.0, True), (2.0, 3.0, False)])
+def test_modes_are_weighed_by_the_tokens_per_second_they_yield(whole_rate, choose_rate, expected):
+    """Per-width timings favour short verifies, but steps that verify whole blocks unread may still yield
+    more tokens per second (a GPU drafts inside the step then): the rule follows what the steps yield,
+    trying each mode first and the other one step in `refresh`."""
+    rule = trained(CostRule(block=4, min_length=2, tries=1, refresh=64, mode_tries=4), 1, lambda w: 0.5 + 0.1 * w)
+    assert not rule.whole_block_cheapest(1)
+    modes = []
+    for _ in range(200):
+        whole = rule.whole_blocks(1)
+        modes.append(whole)
+        width = 4 if whole else 2
+        rule.record(1, width, 1.0, tokens=int(whole_rate if whole else choose_rate))
+    assert modes[:4] == [False] * 4 and modes[4:8] == [True] * 4  # the head's choice tried first, then whole blocks
+    settled = modes[-128:]
+    # per 64 steps one retries the other mode and one times the stalest width (with the head read)
+    assert settled.count(not expected) == (4 if expected else 2)
+    assert rule.mode_rate(1, "whole") == whole_rate and rule.mode_rate(1, "choose") == choose_rate
+    assert rule.mode_rate(2, "whole") is None  # each batch bucket weighs its own
+
+
+def test_probe_steps_do_not_count_for_a_mode():
+    rule = CostRule(block=4, min_length=2, tries=1, mode_tries=1)
+    assert not rule.whole_blocks(1)  # width 2 is due for its timing try
+    rule.record(1, 2, 1.0, tokens=9)
+    assert rule.yields == {}
+
+
 @pytest.mark.parametrize("batch", [1, 4])
 def test_cost_policy_is_lossless_and_learns_the_widths(tiny_target, batch):
     reference = vanilla(tiny_target, make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))

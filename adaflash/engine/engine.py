@@ -296,7 +296,7 @@ class Engine:
         # Per row: accepted drafts, verified drafts, then the emitted tokens.
         acc_list, n_list, emit_list = [r[0] for r in packed], [r[1] for r in packed], [r[2:] for r in packed]
         if self._reads_head() and self.length_policy == "cost":
-            self._cost_rule().record(len(seqs), max(n_list) + 1, t3 - t0)
+            self._cost_rule().record(len(seqs), max(n_list) + 1, t3 - t0, tokens=sum(acc_list) + len(seqs))
         events = []
         for i, seq in enumerate(seqs):
             seq.verify_ct += 1
@@ -356,11 +356,11 @@ class Engine:
 
     def _length_chooser(self, batch: int) -> LengthChooser | None:
         """How this step's verify lengths are chosen; None: every row verifies the whole block. That is
-        the case where the cost rule has measured the whole block no dearer than a shorter one, and then
-        the drafter need not run its head at all."""
+        the case where the cost rule finds whole blocks pay at least as well as the head's choice, and
+        then the drafter need not run its head at all."""
         if not self._reads_head():
             return None
-        if self.length_policy == "cost" and self._cost_rule().settled_on_whole_block(batch):
+        if self.length_policy == "cost" and self._cost_rule().whole_blocks(batch):
             return None
         return self._choose_lengths
 

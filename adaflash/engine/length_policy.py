@@ -17,7 +17,14 @@ and the least recently measured width is retried now and then, since contexts gr
 Where the whole block costs no more than any shorter width (a GPU running this small target: the
 step is bound by kernel launches, not by the width), the whole block wins for every row whatever
 the head says, so the rule answers "verify everything" without reading the prediction. That spares
-the host the sync a per-row choice needs before it can size the verify pass.
+the host the sync a per-row choice needs before it can size the verify pass, and on a GPU lets the
+drafting run inside the step's one graph.
+
+Those savings are not in the per-width step times (every width is timed with the head read), so
+where the timings alone favour shorter widths the rule also weighs the two modes as they really
+run: tokens per second of recent steps that let the head choose against steps that verified whole
+blocks unread, each mode tried first, the other retried now and then. On an H200 at batch 32 the
+per-width timings kept the head choosing, and that ran 2-5% slower than whole blocks at the same τ.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ class CostRule:
     """Per-row verify lengths maximizing E_L / step_seconds(L), with step times measured online."""
 
     def __init__(self, block: int, min_length: int, *, max_batch: int = 1024, tries: int = 3, window: int = 16,
-                 refresh: int = 64, slack: float = 0.02) -> None:
+                 refresh: int = 64, slack: float = 0.02, mode_tries: int = 16, mode_window: int = 64) -> None:
         self.block = block
         self.max_batch = max_batch
         self.min_length = max(1, min(min_length, block))
@@ -47,6 +54,12 @@ class CostRule:
         self.samples: dict[tuple[int, int], deque[float]] = {}
         self.last_seen: dict[tuple[int, int], int] = {}
         self.steps = 0
+        # realized (tokens, seconds) of recent steps per (batch bucket, mode), mode "choose" or "whole"
+        self.mode_tries = mode_tries
+        self.mode_window = mode_window
+        self.yields: dict[tuple[int, str], deque[tuple[int, float]]] = {}
+        self.mode_seen: dict[tuple[int, str], int] = {}
+        self._planned: tuple[int, str] | None = None  # what `whole_blocks` decided for the coming step
         a = torch.linspace(0.0, 0.999, _GRID, dtype=torch.float64)
         lengths = torch.arange(1, block + 1, dtype=torch.float64)
         self._yield = (1 - a[:, None] ** lengths) / (1 - a[:, None])  # [grid, B]: E_L for each a
@@ -60,12 +73,25 @@ class CostRule:
     def widths(self) -> range:
         return range(self.min_length, self.block + 1)
 
-    def record(self, batch: int, width: int, seconds: float) -> None:
-        """One speculative step of `batch` rows that verified `width` positions took `seconds`."""
-        key = (self._batch(batch), width)
+    def record(self, batch: int, width: int, seconds: float, tokens: int | None = None) -> None:
+        """One speculative step of `batch` rows that verified `width` positions took `seconds` and
+        emitted `tokens`; the tokens count for the mode `whole_blocks` planned (not for a probe)."""
+        bucket_ = self._batch(batch)
+        key = (bucket_, width)
         self.samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
         self.steps += 1
         self.last_seen[key] = self.steps
+        planned, self._planned = self._planned, None
+        if tokens is not None and planned is not None and planned[0] == bucket_ and planned[1] != "probe":
+            self.yields.setdefault(planned, deque(maxlen=self.mode_window)).append((tokens, seconds))
+            self.mode_seen[planned] = self.steps
+
+    def mode_rate(self, batch: int, mode: str) -> float | None:
+        """Tokens per second of the recent steps run in `mode`, once it has had its tries."""
+        seen = self.yields.get((self._batch(batch), mode))
+        if seen is None or len(seen) < self.mode_tries:
+            return None
+        return sum(t for t, _ in seen) / max(sum(s for _, s in seen), 1e-12)
 
     def cost(self, batch: int) -> dict[int, float] | None:
         """Median step seconds per width at this batch size, once every width has its tries."""
@@ -97,9 +123,28 @@ class CostRule:
     def _whole_block_wins(self, table: dict[int, float]) -> bool:
         return table[self.block] <= min(table.values()) * (1 + self.slack)
 
-    def settled_on_whole_block(self, batch: int) -> bool:
-        """No width is due for a timing try and the whole block is the cheapest: the prediction is moot."""
-        return self.probe(batch) is None and self.whole_block_cheapest(batch)
+    def whole_blocks(self, batch: int) -> bool:
+        """Whether the coming step verifies whole blocks without reading the head: no width is due for a
+        timing try, and either the whole block is the cheapest width or whole-block steps have been
+        yielding more tokens per second than head-chosen ones. Remembered for the next `record`."""
+        bucket_ = self._batch(batch)
+        if self.probe(batch) is not None:
+            mode = "probe"
+        elif self.whole_block_cheapest(batch):
+            mode = "whole"
+        else:
+            mode = self._better_mode(bucket_)
+        self._planned = (bucket_, mode)
+        return mode == "whole"
+
+    def _better_mode(self, bucket_: int) -> str:
+        rates = {mode: self.mode_rate(bucket_, mode) for mode in ("choose", "whole")}
+        for mode, rate in rates.items():  # each mode its tries first, the head's choice before
+            if rate is None:
+                return mode
+        if self.refresh and self.steps % self.refresh == self.refresh // 2:  # the other mode now and then
+            return min(rates, key=lambda mode: self.mode_seen.get((bucket_, mode), 0))
+        return max(rates, key=lambda mode: rates[mode] or 0.0)
 
     def choose(self, pred: torch.Tensor, k: int) -> torch.Tensor | None:
         """Drafted tokens to verify per row (the verify width minus the pending token), at most k;
