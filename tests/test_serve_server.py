@@ -169,6 +169,7 @@ async def test_info_and_health_endpoints(server):
     for key in ("avg_spec_accept_length", "method", "drafter_version", "max_batch", "queue_depth", "internal_states"):
         assert key in info
     assert info["method"] == "dflash" and info["speculative_algorithm"] == "DFLASH" and info["max_batch"] == 8
+    assert info["admit_batch"] == 1  # a CPU prefills each request as soon as a slot is free
     assert info["avg_spec_accept_length"] >= 1.0
     assert model["is_generation"] is True and Path(model["model_path"]).is_dir()
 

@@ -108,6 +108,12 @@ def test_serve_dry_run_prints_the_command(workspace):
     assert embedded.exit_code == 0 and json.loads(embedded.stdout)["device"] == "cpu"
     refused = CliRunner().invoke(cli, ["serve", "--engine", "sglang", "--method", "eagle3", "--dry-run"])
     assert refused.exit_code == 2 and "needs --draft" in refused.output
+    grouped = CliRunner().invoke(cli, ["serve", "--method", "vanilla", "--dry-run", "--admit-batch", "4"])
+    assert grouped.exit_code == 0 and json.loads(grouped.stdout)["admit_batch"] == 4
+    for args, message in ((["--admit-batch", "0"], "--admit-batch"),
+                          (["--admit-batch", "2", "--engine", "sglang", "--draft", "d"], "embedded engine")):
+        bad = CliRunner().invoke(cli, ["serve", "--method", "dflash", "--dry-run", *args])
+        assert bad.exit_code == 2 and message in bad.output, bad.output
 
 
 def test_serve_without_sglang_installed_says_how_to_get_it(workspace):

@@ -30,6 +30,10 @@ from adaflash.engine.params import METHODS
 @click.option("--gpus", default=None, help="GPU indices (0,1) or 'cpu'; sets CUDA_VISIBLE_DEVICES (and --tp-size for SGLang).")
 @click.option("--max-batch", type=click.IntRange(1, 4096), default=None,
               help="Requests decoded together (embedded default 16; SGLang --max-running-requests).")
+@click.option("--admit-batch", type=click.IntRange(1), default=None,
+              help="Embedded: while requests decode, prefill waiting ones once this many slots are free "
+                   "(default: max-batch/8 on a GPU, 1 on a CPU). 1 admits each request at once: lowest time to "
+                   "first token, but on a GPU a full batch then spends much of its time in eager prefills.")
 @click.option("--max-new-tokens-limit", type=click.IntRange(1), default=None, help="Refuse requests asking for more.")
 @click.option("--context-length", type=click.IntRange(16), default=None,
               help="Embedded: tokens per sequence slot (prompt + answer); default min(model context, 4096).")
@@ -48,7 +52,8 @@ from adaflash.engine.params import METHODS
 @click.option("--dry-run", is_flag=True, help="Print the command (SGLang) or the configuration (embedded) and exit.")
 @click.pass_context
 def serve(ctx: click.Context, method: str, target: str, draft: str | None, engine_kind: str, host: str, port: int,
-          api_key: str | None, gpus: str | None, max_batch: int | None, max_new_tokens_limit: int | None,
+          api_key: str | None, gpus: str | None, max_batch: int | None, admit_batch: int | None,
+          max_new_tokens_limit: int | None,
           context_length: int | None, length_rate: float, length_policy: str, min_length: int, steps: int | None,
           block_size: int | None, device: str, dtype: str, seed: int, sglang_args: tuple[str, ...], dry_run: bool) -> None:
     """Serve a method over HTTP in SGLang's dialect (/generate, /health, /get_server_info, ...).
@@ -65,6 +70,8 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
     except ValueError as err:
         fail(str(err))
     if engine_kind == "sglang":
+        if admit_batch is not None:
+            fail("--admit-batch applies to the embedded engine (SGLang schedules its own prefills)")
         _serve_sglang(ctx, method, target, draft, host, port, api_key, gpus, max_batch, length_rate, min_length, steps,
                       block_size, list(sglang_args), dry_run)
         return
@@ -79,7 +86,7 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
             if len(gpu_ids) > 1:
                 click.secho(f"note: the embedded engine uses one GPU; serving on GPU {gpu_ids[0]}", fg="yellow", err=True)
     config = {"engine": "embedded", "method": method, "target": target, "draft": draft, "host": host, "port": port,
-              "max_batch": max_batch or 16, "max_new_tokens_limit": max_new_tokens_limit,
+              "max_batch": max_batch or 16, "admit_batch": admit_batch, "max_new_tokens_limit": max_new_tokens_limit,
               "context_length": context_length, "length_rate": length_rate, "length_policy": length_policy,
               "min_length": min_length, "steps": steps, "device": device, "dtype": dtype, "gpus": gpus, "api_key": bool(api_key)}
     if dry_run:
@@ -100,7 +107,7 @@ def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed:
         engine = build_engine(config["target"], config["method"], config["draft"], device=config["device"],
                               dtype=config["dtype"], max_batch=config["max_batch"], max_len=config["context_length"],
                               length_rate=config["length_rate"], min_length=config["min_length"],
-                              length_policy=config["length_policy"],
+                              length_policy=config["length_policy"], admit_batch=config["admit_batch"],
                               num_steps=config["steps"], seed=seed)
     except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))

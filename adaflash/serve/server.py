@@ -459,6 +459,7 @@ class EmbeddedServer:
             "block_size": getattr(drafter, "block_size", None) if drafter is not None else None,
             "max_batch": engine.max_batch,
             "max_running_requests": engine.max_batch,
+            "admit_batch": engine.admit_batch,
             "context_length": engine.max_len,
             "max_new_tokens_limit": self.max_new_tokens_limit,
             "queue_depth": loop.queue_depth if loop else 0,
