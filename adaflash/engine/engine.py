@@ -1,4 +1,4 @@
-"""The embedded engine: slots, prefill, draft → verify → accept, stop handling, hot swap.
+"""The embedded engine: slots, admission and prefill, draft → verify → accept, hot swap.
 
 Every method runs through one step function. Vanilla is the special case "no drafts": the
 target verifies only the pending token and emits its own next token. A step for a batch is:
@@ -11,8 +11,9 @@ target verifies only the pending token and emits its own next token. A step for 
      output distribution is the target's);
   4. rejected positions are rolled back by setting the cache length; the accepted positions'
      target features extend the drafter's context.
-This module schedules, samples, accepts and emits; the passes themselves (padded shapes, CUDA
-graphs, caches) run in `passes.DevicePasses`.
+This module schedules, samples, accepts and emits. Each request's tokens, stops and Output are
+`sequence.RunningSeq`'s; the passes themselves (padded shapes, CUDA graphs, caches) run in
+`passes.DevicePasses`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
@@ -30,31 +30,13 @@ from adaflash.engine.length_policy import CostRule
 from adaflash.engine.params import DEFAULT_LENGTH_POLICY, LENGTH_POLICIES, Output, Request
 from adaflash.engine.passes import DevicePasses, LengthChooser
 from adaflash.engine.sampling import accept, sample_for
+from adaflash.engine.sequence import RunningSeq
 from adaflash.models.cache import KVCache
 from adaflash.models.drafters import Drafter
 from adaflash.models.loading import Target
 
 BLOCK_METHODS = ("dflash", "adaflash", "osd")
 CHAIN_METHODS = ("eagle3", "mtp")
-
-
-@dataclass
-class _Seq:
-    request: Request
-    slot: int
-    arrived: float
-    length: int = 0  # positions in the target's KV cache, mirrored on the host: no device reads
-    output_ids: list[int] = field(default_factory=list)
-    pending: int = -1
-    verify_ct: int = 0
-    proposed: int = 0
-    correct: int = 0
-    histogram: list[int] = field(default_factory=list)
-    draft_time: float = 0.0
-    verify_time: float = 0.0
-    first_token_at: float | None = None
-    finish: dict[str, Any] | None = None
-    text: str = ""
 
 
 @dataclass
@@ -127,7 +109,7 @@ class Engine:
             raise ValueError(f"admit_batch must be at least 1, got {self.admit_batch}")
         self.drafter_version: int | None = None
         self.waiting: deque[Request] = deque()
-        self.active: dict[int, _Seq] = {}
+        self.active: dict[int, RunningSeq] = {}
         self.stats = {"verify_ct": 0, "completion_tokens": 0, "requests": 0}
         if drafter is not None:
             self.passes.install_drafter(drafter)
@@ -248,11 +230,11 @@ class Engine:
 
     @torch.no_grad()
     def _prefill(self) -> list[StepEvent]:
-        admitted: list[_Seq] = []
+        admitted: list[RunningSeq] = []
         for slot in self._free_slots():
             if not self.waiting:
                 break
-            admitted.append(_Seq(self.waiting.popleft(), slot, time.perf_counter()))
+            admitted.append(RunningSeq(self.waiting.popleft(), slot, time.perf_counter()))
         started = time.perf_counter()
         lens = [len(s.request.prompt_ids) for s in admitted]
         ids = torch.zeros(len(admitted), max(lens), dtype=torch.long, device=self.device)
@@ -275,7 +257,7 @@ class Engine:
         return events
 
     @torch.no_grad()
-    def _decode(self, seqs: list[_Seq]) -> list[StepEvent]:
+    def _decode(self, seqs: list[RunningSeq]) -> list[StepEvent]:
         # One host-to-device copy for the three per-row inputs.
         rows, pending, lens = torch.tensor([[s.slot for s in seqs], [s.pending for s in seqs],
                                             [s.length for s in seqs]], device=self.device).unbind(0)
@@ -379,72 +361,18 @@ class Engine:
         want = torch.round(length_pred.float() * block * self.length_rate).long()
         return (want.clamp(min=self.min_length, max=block) - 1).clamp(max=k)
 
-    # -- emission and stop handling --------------------------------------------------------------
-    def _emit(self, seq: _Seq, new_ids: list[int], *, accepted: int, proposed: int) -> StepEvent:
-        now = time.perf_counter()
-        if seq.first_token_at is None:
-            seq.first_token_at = now
-        if proposed:
-            seq.proposed += proposed
-            seq.correct += accepted
-            while len(seq.histogram) <= accepted:
-                seq.histogram.append(0)
-            seq.histogram[accepted] += 1
-        params = seq.request.params
-        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.target.eos_ids))
-        taken: list[int] = []
-        for token in new_ids:
-            taken.append(token)
-            seq.output_ids.append(token)
-            if token in stop_ids:
-                seq.finish = {"type": "stop", "matched": token}
-                break
-            if params.stop and self._check_stop_strings(seq):
-                break
-            if len(seq.output_ids) >= params.max_new_tokens:
-                seq.finish = {"type": "length", "length": params.max_new_tokens}
-                break
-        seq.pending = new_ids[-1]
+    # -- emission --------------------------------------------------------------------------------
+    def _emit(self, seq: RunningSeq, new_ids: list[int], *, accepted: int, proposed: int) -> StepEvent:
+        taken = seq.take(new_ids, accepted=accepted, proposed=proposed, eos_ids=self.target.eos_ids,
+                         decode=self.target.decode)
         if seq.finish is None:
             return StepEvent(seq.request.rid, taken)
         del self.active[seq.slot]
-        return StepEvent(seq.request.rid, taken, self._output(seq, now))
-
-    def _check_stop_strings(self, seq: _Seq) -> bool:
-        text = self.target.decode(seq.output_ids)
-        for stop in seq.request.params.stop:
-            at = text.find(stop)
-            if at >= 0:
-                seq.finish = {"type": "stop", "matched": stop}
-                seq.text = text[:at]
-                return True
-        return False
-
-    def _output(self, seq: _Seq, now: float) -> Output:
-        text = seq.text if seq.finish and isinstance(seq.finish.get("matched"), str) else self.target.decode(seq.output_ids)
-        completion = len(seq.output_ids)
+        output = seq.output(self.target.decode, method=self.method, drafter_version=self.drafter_version)
         self.stats["verify_ct"] += seq.verify_ct
-        self.stats["completion_tokens"] += completion
+        self.stats["completion_tokens"] += len(seq.output_ids)
         self.stats["requests"] += 1
-        meta = {
-            "id": seq.request.rid,
-            "prompt_tokens": len(seq.request.prompt_ids),
-            "completion_tokens": completion,
-            "finish_reason": seq.finish,
-            "e2e_latency": now - seq.arrived,
-            "ttft": (seq.first_token_at or now) - seq.arrived,
-            "spec_verify_ct": seq.verify_ct,
-            "spec_accept_length": completion / max(seq.verify_ct, 1),
-            "spec_accept_histogram": seq.histogram,
-            "spec_num_proposed_drafts": seq.proposed,
-            "spec_num_correct_drafts": seq.correct,
-            "spec_accept_rate": seq.correct / seq.proposed if seq.proposed else None,
-            "draft_time": seq.draft_time,
-            "verify_time": seq.verify_time,
-            "method": self.method,
-            "drafter_version": self.drafter_version,
-        }
-        return Output(seq.request.rid, seq.request.prompt_text, list(seq.output_ids), text, meta)
+        return StepEvent(seq.request.rid, taken, output)
 
     @property
     def avg_accept_length(self) -> float | None:
