@@ -34,26 +34,10 @@ class SwapBuffer:
         self.path = self.root / BUFFER_FILE
         self._starts: list[int] = [0]  # byte offset of each indexed line, then the end of the last one
 
-    def _refresh(self) -> int:
-        """Index the complete lines appended since the last call; returns the number of rows."""
-        size = self.path.stat().st_size if self.path.exists() else 0
-        if size < self._starts[-1]:  # cut, or replaced by a shorter file: index it again
-            self._starts = [0]
-        if size > self._starts[-1]:
-            end = self._starts[-1]
-            with self.path.open("rb") as handle:
-                handle.seek(end)
-                tail = handle.read(size - end)
-            at = tail.find(b"\n")
-            while at >= 0:
-                self._starts.append(end + at + 1)
-                at = tail.find(b"\n", at + 1)
-        return len(self._starts) - 1
-
     # -- writer side -------------------------------------------------------------------------
     def repair(self) -> int:
         """Cut a torn final line (a writer killed mid-append); returns the number of complete rows."""
-        count = self._refresh()
+        count = self.count()
         if self.path.exists() and self.path.stat().st_size != self._starts[-1]:
             with self.path.open("r+b") as handle:
                 handle.truncate(self._starts[-1])
@@ -79,12 +63,24 @@ class SwapBuffer:
 
     # -- reader side ---------------------------------------------------------------------------
     def count(self) -> int:
-        """Complete rows (a torn last line is not one)."""
-        return self._refresh()
+        """Complete rows (a torn last line is not one), indexing those appended since the last call."""
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size < self._starts[-1]:  # cut, or replaced by a shorter file: index it again
+            self._starts = [0]
+        if size > self._starts[-1]:
+            end = self._starts[-1]
+            with self.path.open("rb") as handle:
+                handle.seek(end)
+                tail = handle.read(size - end)
+            at = tail.find(b"\n")
+            while at >= 0:
+                self._starts.append(end + at + 1)
+                at = tail.find(b"\n", at + 1)
+        return len(self._starts) - 1
 
     def read(self, start: int, limit: int) -> list[dict[str, Any]]:
         """Rows with seq in [start, start + limit), in order (complete lines only)."""
-        count = self._refresh()
+        count = self.count()
         stop = min(count, start + max(limit, 0))
         if start >= stop:
             return []
