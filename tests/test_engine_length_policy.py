@@ -68,10 +68,28 @@ def test_modes_are_weighed_by_the_tokens_per_second_they_yield(whole_rate, choos
         rule.record(1, width, 1.0, tokens=int(whole_rate if whole else choose_rate))
     assert modes[:4] == [False] * 4 and modes[4:8] == [True] * 4  # the head's choice tried first, then whole blocks
     settled = modes[-128:]
-    # per 64 steps one retries the other mode and one times the stalest width (with the head read)
-    assert settled.count(not expected) == (4 if expected else 2)
+    # per 64 steps one step retries the other mode; the stalest width is timed with the head read, so
+    # not at all here while whole blocks win (every 8 x 64 steps), and as a head-read step otherwise
+    assert settled.count(not expected) == 2
     assert rule.mode_rate(1, "whole") == whole_rate and rule.mode_rate(1, "choose") == choose_rate
     assert rule.mode_rate(2, "whole") is None  # each batch bucket weighs its own
+
+
+def test_stale_widths_are_retimed_less_often_while_whole_blocks_win():
+    """Each re-timing verifies a shorter width than the step would: while whole blocks win it comes once
+    in refresh x whole_backoff steps instead of once in refresh."""
+    def probes(cost) -> int:
+        rule = trained(CostRule(block=4, min_length=2, tries=1, refresh=8, whole_backoff=4, mode_tries=2), 1, cost)
+        count = 0
+        for _ in range(256):
+            whole = rule.whole_blocks(1)
+            count += rule.planned == "probe"
+            width = rule.probe(1) if rule.planned == "probe" else 4 if whole else 2
+            rule.record(1, width, cost(width), tokens=2)
+        return count
+
+    assert probes(lambda w: 1.0) == 256 // 32  # flat: whole blocks win, one try in 8 x 4 steps
+    assert probes(lambda w: 0.5 + 0.1 * w) == 256 // 8  # the head's choice pays: one try in 8
 
 
 def test_probe_steps_do_not_count_for_a_mode():

@@ -228,6 +228,19 @@ def test_cache_reads_consecutive_slots_as_a_view_and_others_as_a_copy():
     assert torch.equal(k, cache.k[1, [4, 2], :5]) and torch.equal(v, cache.v[1, [4, 2], :5])
 
 
+def test_cache_writes_land_at_each_rows_positions_after_growth():
+    """Flat write indices address (slot, position) pairs, and are taken after `reserve` grows the cache."""
+    from adaflash.models.cache import KVCache
+
+    cache = KVCache(2, 4, 1024, 2, 4)
+    rows, positions = torch.tensor([3, 1]), torch.tensor([[300, 301], [5, 6]])
+    cache.reserve(302)  # past the first capacity: the layout changes
+    k, v = torch.randn(2, 2, 2, 4), torch.randn(2, 2, 2, 4)
+    cache.write(1, cache.where(rows, positions), k, v)
+    assert torch.equal(cache.k[1, 3, 300:302], k[0]) and torch.equal(cache.v[1, 1, 5:7], v[1])
+    assert cache.k[0].abs().sum() == 0 and cache.k[1, 3, :300].abs().sum() == 0  # nothing else written
+
+
 def test_busy_engine_admits_prompts_in_groups_and_keeps_outputs(tiny_target):
     """With admit_batch 2 a full engine waits for two free slots before it prefills again."""
     requests = lambda: [Request(r.prompt_ids, SamplingParams(max_new_tokens=6 + 5 * i, ignore_eos=True), rid=r.rid)  # noqa: E731

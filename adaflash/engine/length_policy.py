@@ -43,13 +43,15 @@ class CostRule:
     """Per-row verify lengths maximizing E_L / step_seconds(L), with step times measured online."""
 
     def __init__(self, block: int, min_length: int, *, max_batch: int = 1024, tries: int = 3, window: int = 16,
-                 refresh: int = 64, slack: float = 0.02, mode_tries: int = 16, mode_window: int = 64) -> None:
+                 refresh: int = 64, slack: float = 0.02, mode_tries: int = 16, mode_window: int = 64,
+                 whole_backoff: int = 8) -> None:
         self.block = block
         self.max_batch = max_batch
         self.min_length = max(1, min(min_length, block))
         self.tries = tries
         self.window = window
         self.refresh = refresh
+        self.whole_backoff = whole_backoff
         self.slack = slack  # the whole block stays "no dearer" within this fraction (timing noise)
         self.samples: dict[tuple[int, int], deque[float]] = {}
         self.last_seen: dict[tuple[int, int], int] = {}
@@ -85,6 +87,11 @@ class CostRule:
         if tokens is not None and planned is not None and planned[0] == bucket_ and planned[1] != "probe":
             self.yields.setdefault(planned, deque(maxlen=self.mode_window)).append((tokens, seconds))
             self.mode_seen[planned] = self.steps
+
+    @property
+    def planned(self) -> str | None:
+        """What `whole_blocks` decided for the coming step: "probe", "whole" or "choose"."""
+        return self._planned[1] if self._planned is not None else None
 
     def mode_rate(self, batch: int, mode: str) -> float | None:
         """Tokens per second of the recent steps run in `mode`, once it has had its tries."""
@@ -126,14 +133,18 @@ class CostRule:
     def whole_blocks(self, batch: int) -> bool:
         """Whether the coming step verifies whole blocks without reading the head: no width is due for a
         timing try, and either the whole block is the cheapest width or whole-block steps have been
-        yielding more tokens per second than head-chosen ones. Remembered for the next `record`."""
+        yielding more tokens per second than head-chosen ones. Remembered for the next `record`.
+
+        While whole blocks win, stale widths are re-timed `whole_backoff` times less often: such a
+        try verifies fewer drafts than the step would, and the timings only steer head-chosen steps."""
         bucket_ = self._batch(batch)
-        if self.probe(batch) is not None:
+        if self.cost(batch) is None:
             mode = "probe"
-        elif self.whole_block_cheapest(batch):
-            mode = "whole"
         else:
-            mode = self._better_mode(bucket_)
+            mode = "whole" if self.whole_block_cheapest(batch) else self._better_mode(bucket_)
+            due = self.probe(batch) is not None
+            if due and (mode != "whole" or self.steps % (self.refresh * self.whole_backoff) == 0):
+                mode = "probe"
         self._planned = (bucket_, mode)
         return mode == "whole"
 

@@ -52,11 +52,17 @@ class KVCache:
             self.k = torch.cat([self.k, self.k.new_zeros(pad)], dim=2)
             self.v = torch.cat([self.v, self.v.new_zeros(pad)], dim=2)
 
-    def write(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
-              v: torch.Tensor) -> None:
-        """k, v: [b, q, kv, d] written at positions [b, q] (already reserved) of slots `rows` [b]."""
-        self.k[layer, rows[:, None], positions] = k.to(self.k.dtype)
-        self.v[layer, rows[:, None], positions] = v.to(self.v.dtype)
+    def where(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Flat cache indices [b·q] of positions [b, q] in slots `rows` [b], for `write`. Computed once
+        per forward (after `reserve`, whose growth changes the layout) and shared by every layer: a
+        (slot, position) pair index would be broadcast and copied again by each layer's write."""
+        return (rows[:, None] * self.capacity + positions).reshape(-1)
+
+    def write(self, layer: int, where: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [b, q, kv, d] written at the flat indices `where` (from `where`, already reserved)."""
+        shape = (-1, *self.k.shape[3:])
+        self.k[layer].view(shape).index_copy_(0, where, k.reshape(shape).to(self.k.dtype))
+        self.v[layer].view(shape).index_copy_(0, where, v.reshape(shape).to(self.v.dtype))
 
     def read(self, layer: int, rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         first = _consecutive(rows)

@@ -156,8 +156,9 @@ class DFlashDrafter(Drafter):
     def extend(self, cache, rows, positions, feats, next_tokens, count, target, kv_len) -> None:
         cache.reserve(kv_len)
         ctx = self.context(feats.to(self.fc.weight.dtype))
+        where = cache.where(rows, positions)
         for index, (k, v) in enumerate(self.context_kv(ctx, positions)):
-            cache.write(index, rows, positions, k, v)
+            cache.write(index, where, k, v)
 
     def block_hidden(self, cache: KVCache, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor,
                      target: TargetModel, ctx_len: int) -> torch.Tensor:
@@ -242,7 +243,7 @@ class ChainDrafter(Drafter):
               rows: torch.Tensor, kv_len: int) -> torch.Tensor:
         """One cached pass: these positions' keys join the cache, queries see it causally."""
         q, k, v = self.qkv(u, positions)
-        cache.write(0, rows, positions, k, v)
+        cache.write(0, cache.where(rows, positions), k, v)
         keys, values = cache.read(0, rows, kv_len)
         return self.attend_mlp(q, keys, values, resid, causal_mask(positions, kv_len))
 

@@ -181,13 +181,19 @@ class Rotary(nn.Module):
         return torch.cat([freqs, freqs], dim=-1).cos().to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, heads: int | None = None) -> torch.Tensor:
     """x: [b, q, heads, d]; cos/signed_sin: [b, q, d] from `Rotary`.
 
     The usual x·cos + [-x₂, x₁]·sin, with the sign moved into sin (once per forward, not per
     layer): [x₂, x₁] is one roll, so each call costs a kernel less; the result is bit for bit the same.
+    `heads`: rope only x's first heads (fused q, k) and return those. The roll still runs over all
+    of x, which is dense where a slice of it is not: a roll of a strided slice first copies it (on a
+    GPU one more kernel per layer as soon as a pass has more than one token).
     """
-    return x * cos.unsqueeze(2) + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin.unsqueeze(2)
+    rolled = x.roll(x.shape[-1] // 2, dims=-1)
+    if heads is not None:
+        x, rolled = x[:, :, :heads], rolled[:, :, :heads]
+    return x * cos.unsqueeze(2) + rolled * signed_sin.unsqueeze(2)
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -223,10 +229,9 @@ class Attention(nn.Module):
             return (self.project_q(x, cos, sin), *self.project_kv(x, cos, sin))
         b, n, _ = x.shape
         out = linear(x, *self.qkv)
-        width = (self.num_heads + self.num_kv) * self.head_dim
-        qk = apply_rope(out[..., :width].reshape(b, n, self.num_heads + self.num_kv, self.head_dim), cos, sin)
-        v = out[..., width:].reshape(b, n, self.num_kv, self.head_dim)
-        return qk[:, :, : self.num_heads], qk[:, :, self.num_heads:], v
+        heads = out.reshape(b, n, self.num_heads + 2 * self.num_kv, self.head_dim)
+        qk = apply_rope(heads, cos, sin, heads=self.num_heads + self.num_kv)
+        return qk[:, :, : self.num_heads], qk[:, :, self.num_heads:], heads[:, :, self.num_heads + self.num_kv:]
 
     def project_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, q, _ = x.shape

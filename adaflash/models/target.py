@@ -98,13 +98,14 @@ class TargetModel(nn.Module):
         kv_len = int(positions.max()) + 1 if kv_len is None else kv_len
         cache.reserve(kv_len)
         mask = additive_mask(causal_mask(positions, kv_len), h.dtype)
+        where = cache.where(rows, positions)
         wanted = {layer: i for i, layer in enumerate(capture)}
         captured: list[torch.Tensor | None] = [None] * len(capture)
         for index, layer in enumerate(self.model.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
             q, k, v = attn.project_qkv(x, cos, sin)
-            cache.write(index, rows, positions, k, v)
+            cache.write(index, where, k, v)
             keys, values = cache.read(index, rows, kv_len)
             h = h + attn.attend(q, keys, values, mask)
             h = layer.mlp_block(h)
