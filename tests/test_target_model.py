@@ -105,3 +105,33 @@ def test_fused_projections_give_the_unfused_logits(tiny_qwen3, tiny_llama):
         a, _ = fused(ids, pos, fused.new_cache(2, 16), rows)
         b, _ = plain(ids, pos, plain.new_cache(2, 16), rows)
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_grouped_query_attention_folded_into_kv_groups_gives_the_same_output(tiny_llama):
+    """The folded layout (each kv head's query heads stacked along the query length) attends exactly as
+    the grouped kernel does: a layout change, not another model."""
+    from adaflash.models.layers import fold_mask
+    from adaflash.models.target import causal_mask
+
+    model = load_target_model(tiny_llama)
+    attn = model.model.layers[0].self_attn
+    groups = attn.num_heads // attn.num_kv
+    assert groups > 1, "the fixture must use grouped-query attention"
+    b, n, s = 3, 4, 11
+    q = torch.randn(b, n, attn.num_heads, attn.head_dim)
+    k, v = torch.randn(2, b, s, attn.num_kv, attn.head_dim)
+    positions = torch.tensor([[3], [5], [7]]) + torch.arange(n)  # rows at their own offsets
+    mask = torch.zeros(b, n, s).masked_fill_(~causal_mask(positions, s), float("-inf"))
+    plain = attn.attend(q, k, v, mask)
+    folded = attn.attend(q, k, v, fold_mask(mask, groups))
+    torch.testing.assert_close(folded, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_folded_attention_is_taken_for_wide_verify_passes_on_a_gpu_only():
+    from adaflash.models.layers import grouped_queries
+
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert grouped_queries(gpu, 32, 4, 3) and grouped_queries(gpu, 128, 2, 3)
+    assert not grouped_queries(gpu, 8, 4, 3)  # too few query rows: the grouped kernel is faster
+    assert not grouped_queries(gpu, 128, 1, 3) and not grouped_queries(gpu, 1, 200, 3)  # decode, prefill
+    assert not grouped_queries(gpu, 32, 4, 1) and not grouped_queries(cpu, 32, 4, 3)

@@ -16,7 +16,16 @@ from safetensors.torch import load_file
 from torch import nn
 
 from adaflash.models.cache import KVCache
-from adaflash.models.layers import DecoderConfig, DecoderLayer, Linear, RMSNorm, Rotary, additive_mask
+from adaflash.models.layers import (
+    DecoderConfig,
+    DecoderLayer,
+    Linear,
+    RMSNorm,
+    Rotary,
+    additive_mask,
+    fold_mask,
+    grouped_queries,
+)
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -98,6 +107,9 @@ class TargetModel(nn.Module):
         kv_len = int(positions.max()) + 1 if kv_len is None else kv_len
         cache.reserve(kv_len)
         mask = additive_mask(causal_mask(positions, kv_len), h.dtype)
+        groups = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+        if grouped_queries(h.device, *input_ids.shape, groups):
+            mask = fold_mask(mask, groups)
         where = cache.where(rows, positions)
         wanted = {layer: i for i, layer in enumerate(capture)}
         captured: list[torch.Tensor | None] = [None] * len(capture)
