@@ -10,11 +10,14 @@ requests once, and since greedy decoding repeats itself exactly, every graph the
 (per batch, block and context bucket) is captured before the clock starts.
 
 Order: "sequential" measures one method after the other, every prompt queued at once (continuous
-batching, as a server sees them). "interleaved" builds every method's engine first, then lets the
-methods take turns on each group of `batch` prompts, in a rotating order, so that a machine whose
-speed drifts (a laptop's clock, a shared CPU: ±20% within minutes here) slows every row alike and
-the speed-up column stays a like-for-like ratio; a group runs as one static batch. "auto" picks
-interleaved on a CPU and sequential on a GPU, whose speed holds still and whose engines are big.
+batching, as a server sees them). "interleaved" builds every method's engine first, queues every
+prompt on each, and lets them take turns of a few steps, each engine timed on its own clock (its
+latencies too), so a machine whose speed drifts (a laptop's clock, a shared CPU: ±20% within minutes
+here) slows every row alike and the speed-up column stays a like-for-like ratio, with the same
+continuous batching as sequential order. (Turns over static groups of `batch` prompts, as before,
+made a speculative batch wait for its slowest row: at batch 32 on an H200 DFlash showed 1.05× that
+way against 1.31× queued.) "auto" picks interleaved on a CPU and sequential on a GPU, whose speed
+holds still and whose engines are big.
 
 Greedy only, so every row can be checked token for token against our Vanilla row of the same batch
 size (`identical`, `mismatches`); the Vanilla rows themselves are checked against Vanilla at the
@@ -148,6 +151,27 @@ class EngineBenchEvents:
 
 def _warmup_tokens(max_new_tokens: int) -> int:
     return min(WARMUP_TOKENS, max(2, max_new_tokens // 2))
+
+
+TURN_STEPS = 8  # engine steps per turn in interleaved order: a few ms on a GPU, so drift hits every method alike
+
+
+class TurnClock:
+    """An engine's own time, running only during its turns: its requests' latencies and its throughput
+    are what they would be alone on the machine, while engines take turns."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._since: float | None = None
+
+    def __call__(self) -> float:
+        return self.total + (time.perf_counter() - self._since if self._since is not None else 0.0)
+
+    def start(self) -> None:
+        self._since = time.perf_counter()
+
+    def stop(self) -> None:
+        self.total, self._since = self(), None
 
 
 def _sync(device: Any) -> None:
@@ -322,23 +346,46 @@ class EngineBench:
                      "no more); add 1 to --batch-sizes to measure it")
 
     def _interleaved(self, batch: int) -> dict[str, tuple[list[Any], float]]:
-        """Every method's (outputs in prompt order, summed wall time), the methods taking turns per group."""
+        """Every method's (outputs in prompt order, its own engine seconds): each engine has every prompt
+        queued and they take turns of `TURN_STEPS` steps, each timed on its own `TurnClock`."""
         methods = self.spec.methods
         engines = {method: self._ready_engine(method, batch) for method in methods}
-        outputs: dict[str, list[Any]] = {method: [] for method in methods}
-        seconds = dict.fromkeys(methods, 0.0)
-        for turn, start in enumerate(range(0, len(self.prompts), batch)):
-            group = list(range(start, min(start + batch, len(self.prompts))))
+        everyone = list(range(len(self.prompts)))
+        requests = {method: self._requests(everyone) for method in methods}
+        clocks = {method: TurnClock() for method in methods}
+        done: dict[str, dict[str, Any]] = {method: {} for method in methods}
+        for method, engine in engines.items():
+            engine.clock = clocks[method]  # after the warm-up: its requests are off this clock
+            for request in requests[method]:
+                engine.add(request)
+        answered, turn = 0, 0
+        while any(engine.has_work() for engine in engines.values()):
             shift = turn % len(methods)
             for method in methods[shift:] + methods[:shift]:
-                done, duration = self._timed(engines[method], group)
-                outputs[method] += done
-                seconds[method] += duration
+                self._turn(engines[method], clocks[method], done[method])
+            turn += 1
             # progress for displays (a recipe's step bar): prompts every method has answered
-            self.log.log_metrics(self.run_id, {"prompts_done": group[-1] + 1}, step=group[-1] + 1)
+            if (now := min(len(finished) for finished in done.values())) > answered:
+                answered = now
+                self.log.log_metrics(self.run_id, {"prompts_done": answered}, step=answered)
         del engines
         _free(self.target.device)
-        return {method: (outputs[method], seconds[method]) for method in methods}
+        return {method: ([done[method][r.rid] for r in requests[method]], clocks[method].total) for method in methods}
+
+    def _turn(self, engine: Any, clock: TurnClock, done: dict[str, Any]) -> None:
+        """Up to TURN_STEPS engine steps on the engine's own clock; finished outputs go to `done`."""
+        if not engine.has_work():
+            return
+        _sync(self.target.device)
+        clock.start()
+        for _ in range(TURN_STEPS):
+            for event in engine.step():
+                if event.output is not None:
+                    done[event.rid] = event.output
+            if not engine.has_work():
+                break
+        _sync(self.target.device)
+        clock.stop()
 
     def _record(self, method: str, batch: int, metrics: dict[str, Any], outputs: list[list[int]],
                 reference: list[list[int]] | None, reference_name: str | None, backend: str) -> dict[str, Any]:
@@ -406,7 +453,7 @@ class EngineBench:
         proposed = sum(int(m.get("spec_num_proposed_drafts") or 0) for m in metas)
         correct = sum(int(m.get("spec_num_correct_drafts") or 0) for m in metas)
         metrics["accept_rate"] = correct / proposed if proposed else None
-        # Every prompt of a group is queued at once, so TTFT includes waiting for a free slot (as in bench_serving).
+        # Every prompt is queued at once, so TTFT includes waiting for a free slot (as in bench_serving).
         for name, values in (("e2e_latency", [float(m["e2e_latency"]) * 1000 for m in metas]),
                              ("ttft", [float(m["ttft"]) * 1000 for m in metas]),
                              ("tpot", [(float(m["e2e_latency"]) - float(m["ttft"])) * 1000

@@ -335,9 +335,9 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.option("--min-length", type=click.IntRange(1), default=2, show_default=True,
               help="AdaFlash: fewest block positions verified.")
 @click.option("--order", type=click.Choice(["auto", "interleaved", "sequential"]), default="auto", show_default=True,
-              help="interleaved: the methods take turns on each group of batch-size prompts, so a drifting machine "
-                   "slows every row alike; sequential: one method after the other, all prompts queued at once; "
-                   "auto = interleaved on CPU, sequential on CUDA.")
+              help="interleaved: every method's engine gets all prompts queued and they take turns of a few steps, "
+                   "each on its own clock, so a drifting machine slows every row alike; sequential: one method "
+                   "after the other, all prompts queued at once; auto = interleaved on CPU, sequential on CUDA.")
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the target's chat template.")
 @click.option("--seed", type=int, default=None, help="Sample the prompts with this seed (default: the first N).")
 @click.option("--label", default=None, help="A name for this run (shown in comparisons).")

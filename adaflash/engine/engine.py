@@ -72,6 +72,7 @@ class Engine:
         cuda_graphs: bool | None = None,
         pad_shapes: bool | None = None,
         admit_batch: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if method != "vanilla" and drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (--draft DIR)")
@@ -108,7 +109,10 @@ class Engine:
         if self.admit_batch < 1:
             raise ValueError(f"admit_batch must be at least 1, got {self.admit_batch}")
         self.drafter_version: int | None = None
-        self.waiting: deque[Request] = deque()
+        # Request times (arrival, first token, finish) read this clock: a bench that lets engines take
+        # turns gives each its own, which stands still while the others run.
+        self.clock = clock
+        self.waiting: deque[tuple[Request, float]] = deque()  # with the time each arrived
         self.active: dict[int, RunningSeq] = {}
         self.stats = {"verify_ct": 0, "completion_tokens": 0, "requests": 0}
         if drafter is not None:
@@ -168,7 +172,7 @@ class Engine:
     # -- queue ------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
         self.check(request)
-        self.waiting.append(request)
+        self.waiting.append((request, self.clock()))
 
     def check(self, request: Request) -> None:
         """The checks `add` makes, without queuing: a server runs them before handing a request over."""
@@ -234,7 +238,8 @@ class Engine:
         for slot in self._free_slots():
             if not self.waiting:
                 break
-            admitted.append(RunningSeq(self.waiting.popleft(), slot, time.perf_counter()))
+            request, arrived = self.waiting.popleft()
+            admitted.append(RunningSeq(request, slot, arrived, clock=self.clock))
         started = time.perf_counter()
         lens = [len(s.request.prompt_ids) for s in admitted]
         ids = torch.zeros(len(admitted), max(lens), dtype=torch.long, device=self.device)

@@ -34,13 +34,14 @@ class RunningSeq:
     first_token_at: float | None = None
     finish: dict[str, Any] | None = None
     text: str = ""  # the answer cut before a matched stop string
+    clock: Callable[[], float] = time.perf_counter  # the engine's (see Engine's `clock`)
 
     def take(self, new_ids: list[int], *, accepted: int, proposed: int, eos_ids: Sequence[int],
              decode: Decode) -> list[int]:
         """Append a step's tokens up to the first stop; returns the ones taken. `proposed` drafts of
         which `accepted` were accepted (0 and 0 for a prefill's first token)."""
         if self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
+            self.first_token_at = self.clock()
         if proposed:
             self.proposed += proposed
             self.correct += accepted
@@ -76,7 +77,7 @@ class RunningSeq:
 
     def output(self, decode: Decode, *, method: str, drafter_version: int | None) -> Output:
         """The finished request, with SGLang's meta_info fields (and ours: times, method, version)."""
-        now = time.perf_counter()
+        now = self.clock()
         text = self.text if self.finish and isinstance(self.finish.get("matched"), str) else decode(self.output_ids)
         completion = len(self.output_ids)
         meta = {
