@@ -39,10 +39,12 @@ def test_flat_cost_verifies_the_whole_block_and_steep_cost_follows_the_predictio
     assert within.choose(preds, k=7) is None  # dearer by less than the slack: still the whole block
     beyond = trained(CostRule(block=8, min_length=2, slack=0.0), 3, lambda w: 1.0 + 0.001 * w)
     assert not beyond.whole_block_cheapest(3) and beyond.choose(preds, k=7).tolist() == [7, 7, 7]
-    steep = trained(CostRule(block=8, min_length=2), 3, lambda w: 1.0 + 0.5 * w)
-    lengths = steep.choose(preds, k=7).tolist()
-    assert lengths == sorted(lengths) and lengths[0] < lengths[-1]  # more expected acceptance, longer verify
-    assert lengths[0] <= 2 and lengths[-1] == 7
+    steep = trained(CostRule(block=8, min_length=2), 1, lambda w: 1.0 + 0.5 * w)
+    alone = [int(steep.choose(pred[None], k=7)) for pred in preds]
+    assert alone == sorted(alone) and alone[0] <= 2 and alone[-1] == 7  # more expected acceptance, longer verify
+    trained(steep, 3, lambda w: 1.0 + 0.5 * w)
+    together = steep.choose(preds, k=7).tolist()  # a batch verifies one width, weighed by all its rows
+    assert len(set(together)) == 1 and alone[0] < together[0] <= alone[-1]
     assert trained(CostRule(block=8, min_length=3), 1, lambda w: w).choose(torch.tensor([0.1]), k=7).item() == 2
 
 
