@@ -124,7 +124,7 @@ def test_bad_inputs_name_the_option(workspace, tiny_llama, prompt_file, args, me
 
 
 def test_draft_dir_layout_and_mismatched_drafter(workspace, tiny_llama, drafts, prompt_file, tmp_path):
-    from adaflash.bench.engine_bench import EngineBenchError, resolve_drafts
+    from adaflash.bench.engine_spec import EngineBenchError, resolve_drafts
 
     (tmp_path / "d" / "adaflash-init").mkdir(parents=True)
     (tmp_path / "d" / "adaflash-init" / "config.json").write_text("{}")

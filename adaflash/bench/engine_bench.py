@@ -35,110 +35,18 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+from adaflash.bench.engine_spec import EngineBenchError, EngineBenchSpec
+from adaflash.bench.hf_generate import hf_generate
 from adaflash.bench.metrics import accuracy
 from adaflash.bench.prompts import BenchPrompt
-from adaflash.engine.params import DEFAULT_LENGTH_POLICY, DRAFT_MARGIN, METHODS
-from adaflash.models.registry import resolve_drafter
+from adaflash.engine.params import DRAFT_MARGIN, METHODS
 
 HF_GENERATE = "hf-generate"
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
-BENCH_METHODS = METHODS
-# Sub-folders of --draft-dir tried for each method, in order. The smollm2-cpu recipe writes {drafters}/dflash,
-# .../adaflash-init (offline length head) and .../adaflash-online (the pipeline's newest version, preferred).
-DRAFT_SUBDIRS = {"dflash": ("dflash",), "adaflash": ("adaflash", "adaflash-online", "adaflash-init"), "osd": ("osd",),
-                 "eagle3": ("eagle3",), "mtp": ("mtp",)}
 WARMUP_TOKENS = 8  # at most; never more than half of max_new_tokens (prefill + a few decode/verify steps)
-
-
-class EngineBenchError(ValueError):
-    """A bad setting or drafter, said in the words of the CLI option it came from."""
-
-
-@dataclass
-class EngineBenchSpec:
-    target: str
-    methods: list[str]
-    batch_sizes: list[int]
-    drafts: dict[str, str] = field(default_factory=dict)
-    dataset: str = "prompts"
-    max_new_tokens: int = 256
-    device: str | None = None
-    dtype: str | None = None
-    compare_hf: bool = False
-    prompt_lookup_tokens: int = 10
-    label: str | None = None
-    warmup: str = "auto"  # auto (full on CUDA, short elsewhere), short, full or none
-    length_rate: float = 1.0  # AdaFlash: scale on the head's predicted length
-    min_length: int = 2  # AdaFlash: fewest block positions verified
-    length_policy: str = DEFAULT_LENGTH_POLICY  # AdaFlash: rate (the design's rule) or cost (measured step cost)
-    order: str = "auto"  # auto (interleaved on CPU, sequential on CUDA), interleaved or sequential
-
-    def config(self) -> dict[str, Any]:
-        return {"bench": "engine", **{k: getattr(self, k) for k in self.__dataclass_fields__}}
-
-
-def parse_batch_sizes(text: str) -> list[int]:
-    """'1,8,32' → [1, 8, 32] (order kept, duplicates dropped)."""
-    items = [part.strip() for part in text.split(",") if part.strip()]
-    if not items:
-        raise EngineBenchError("--batch-sizes is empty; give e.g. 1,8,32")
-    try:
-        sizes = [int(part) for part in items]
-    except ValueError:
-        raise EngineBenchError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
-    if any(size < 1 for size in sizes):
-        raise EngineBenchError(f"--batch-sizes values must be ≥ 1, got {text!r}")
-    return list(dict.fromkeys(sizes))
-
-
-def parse_methods(text: str) -> list[str]:
-    """'vanilla,dflash' → methods in the order given, Vanilla first (it is every row's reference)."""
-    items = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    if not items:
-        raise EngineBenchError("--methods is empty; give e.g. vanilla,dflash,adaflash")
-    unknown = [m for m in items if m not in BENCH_METHODS]
-    if unknown:
-        raise EngineBenchError(f"--methods: unknown method(s) {', '.join(unknown)}; choose from {', '.join(BENCH_METHODS)}")
-    return sorted(items, key=lambda m: m != "vanilla")
-
-
-def resolve_drafts(methods: list[str], draft_dir: str | None, explicit: dict[str, str]) -> dict[str, str]:
-    """The drafter folder of every method that needs one: --draft METHOD=DIR first, then --draft-dir."""
-    drafts: dict[str, str] = {}
-    missing = []
-    for method in methods:
-        if method == "vanilla":
-            continue
-        if method in explicit:
-            drafts[method] = str(resolve_drafter(explicit[method]))
-            continue
-        found = None
-        if draft_dir:
-            for sub in DRAFT_SUBDIRS.get(method, (method,)):
-                candidate = Path(draft_dir).expanduser() / sub
-                if (candidate / "config.json").is_file():
-                    found = str(candidate)
-                    break
-        if found is None:
-            missing.append(method)
-        else:
-            drafts[method] = found
-    if missing:
-        where = (f"--draft-dir {draft_dir} holds no " + " or ".join(
-            f"{m}/ ({', '.join(DRAFT_SUBDIRS.get(m, (m,)))})" for m in missing) + "; "
-                 if draft_dir else "")
-        raise EngineBenchError(f"no drafter for {', '.join(missing)}: {where}give --draft METHOD=DIR for each "
-                               "or --draft-dir DIR holding one sub-folder per method")
-    for method, folder in drafts.items():
-        if not (Path(folder).expanduser() / "config.json").is_file():
-            raise EngineBenchError(f"--draft {method}={folder}: no drafter there (no config.json); "
-                                   "create one with `adaflash draft new` or `adaflash train draft`, "
-                                   "or name a built-in drafter (`adaflash draft builtins`)")
-    return drafts
 
 
 @dataclass
@@ -477,52 +385,20 @@ class EngineBench:
             self._hf_model = model.to(self.target.device).eval()
         return self._hf_model
 
-    def _hf_generate(self, model: Any, chunk: list[list[int]], max_new_tokens: int, lookup: int | None,
-                     calls: list[int]) -> list[list[int]]:
-        """Greedy `generate()` on a static batch (left padding); each row cut after its first eos."""
-        import torch
-        from transformers import GenerationConfig
-
-        eos = list(self.target.eos_ids)
-        pad = self.target.tokenizer.pad_token_id
-        pad = eos[0] if pad is None and eos else (pad or 0)
-        width = max(len(ids) for ids in chunk)
-        input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, ids in enumerate(chunk):
-            input_ids[row, width - len(ids):] = torch.tensor(ids)
-            mask[row, width - len(ids):] = 1
-        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                                  eos_token_id=eos or None, pad_token_id=pad)
-        if lookup:
-            config.prompt_lookup_num_tokens = lookup
-        hook = model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        try:
-            with torch.inference_mode():
-                out = model.generate(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device),
-                                     generation_config=config)
-        finally:
-            hook.remove()
-        rows = []
-        for seq in out[:, width:].tolist():
-            cut = next((i + 1 for i, t in enumerate(seq) if t in eos), len(seq))
-            rows.append(seq[:cut])
-        return rows
-
     def _hf_cell(self, method: str, batch: int, reference: list[list[int]] | None) -> None:
         spec = self.spec
         model = self._hf()
         lookup = spec.prompt_lookup_tokens if method == HF_PROMPT_LOOKUP else None
         if self.warmup != "none":  # transformers captures nothing: a short pass initializes kernels
             warm = [self.ids[i % len(self.ids)] for i in range(min(batch, len(self.ids)))]
-            self._hf_generate(model, warm, _warmup_tokens(spec.max_new_tokens), lookup, [0])
+            hf_generate(model, self.target, warm, _warmup_tokens(spec.max_new_tokens), lookup, [0])
         outputs: list[list[int]] = []
         steps = 0
         _sync(self.target.device)
         started = time.perf_counter()
         for at in range(0, len(self.ids), batch):
             calls = [0]
-            outputs += self._hf_generate(model, self.ids[at: at + batch], spec.max_new_tokens, lookup, calls)
+            outputs += hf_generate(model, self.target, self.ids[at: at + batch], spec.max_new_tokens, lookup, calls)
             steps += calls[0]
         _sync(self.target.device)
         duration = time.perf_counter() - started

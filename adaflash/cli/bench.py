@@ -354,16 +354,13 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     --compare-hf also transformers' own generate() (plain, and prompt-lookup assisted at batch 1).
     Every row lands in the run log: `adaflash runs compare RUN` shows the speed-ups again.
     """
-    from adaflash.bench.engine_bench import (
-        TABLE_COLUMNS,
+    from adaflash.bench.engine_bench import TABLE_COLUMNS, EngineBenchEvents, run_engine_bench, table_rows
+    from adaflash.bench.engine_spec import (
         EngineBenchError,
-        EngineBenchEvents,
         EngineBenchSpec,
         parse_batch_sizes,
         parse_methods,
         resolve_drafts,
-        run_engine_bench,
-        table_rows,
     )
 
     explicit: dict[str, str] = {}
