@@ -187,10 +187,10 @@ def test_interleaved_order_takes_turns_and_measures_the_same_tokens(workspace, t
     turns: list[str] = []
     real = EngineBench._turn
 
-    def spy(self, engine, clock, done):
+    def spy(self, engine, clock, done, gaps):
         if engine.has_work():
             turns.append(engine.method)
-        return real(self, engine, clock, done)
+        return real(self, engine, clock, done, gaps)
 
     monkeypatch.setattr(EngineBench, "_turn", spy)
     monkeypatch.setattr(engine_bench, "TURN_STEPS", 2)
@@ -205,6 +205,7 @@ def test_interleaved_order_takes_turns_and_measures_the_same_tokens(workspace, t
     assert all(r["order"] == "interleaved" and r["completed"] == 3 for r in inter["records"])
     assert all(r["accuracy"] is None for r in inter["records"])  # these prompts carry no reference answer
     assert all(0 < r["median_ttft_ms"] <= r["median_e2e_latency_ms"] < r["duration"] * 1000 for r in inter["records"])
+    assert all(0 < r["median_itl_ms"] <= r["p99_itl_ms"] < r["duration"] * 1000 for r in inter["records"])
     log = RunLog.open(workspace)
     assert log.get_run(inter["run_id"])["config"]["order"] == "interleaved"
     done = [m["step"] for m in log.metrics_since(0, run_id=inter["run_id"]) if m["name"] == "prompts_done"]
@@ -217,6 +218,20 @@ def test_interleaved_order_takes_turns_and_measures_the_same_tokens(workspace, t
     tokens = {r["method"]: r["total_output_tokens"] for r in seq["records"]}
     assert {r["method"]: r["total_output_tokens"] for r in inter["records"]} == tokens
     assert all(r["identical"] in (None, True) for r in inter["records"] + seq["records"])
+    assert all(r["median_itl_ms"] > 0 for r in seq["records"])
+
+
+def test_token_gaps_spread_a_steps_gap_over_the_tokens_it_brought():
+    from adaflash.bench.engine_bench import TokenGaps
+    from adaflash.engine.engine import StepEvent
+
+    now = [0.0]
+    gaps = TokenGaps(lambda: now[0])
+    for at, rid, ids in ((1.0, "a", [5]), (1.0, "b", [6]), (1.3, "a", [7, 8, 9]), (1.5, "b", []), (1.6, "b", [4])):
+        now[0] = at
+        gaps(StepEvent(rid, ids))
+    # a: first token at 1.0 (TTFT, no gap), then 3 tokens 0.3 s later; b: nothing new at 1.5, one token at 1.6
+    assert gaps.gaps == pytest.approx([0.1, 0.1, 0.1, 0.6])
 
 
 def test_turn_clock_stands_still_between_turns(monkeypatch):

@@ -82,6 +82,26 @@ class TurnClock:
         self.total, self._since = self(), None
 
 
+class TokenGaps:
+    """Inter-token latencies from an engine's step events, counted as `adaflash bench --base-url` counts a stream's:
+    each event's gap since the request's previous event, spread over the tokens it brought (a
+    speculative step brings several at once). A request's first event is its first token (TTFT)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.last: dict[str, float] = {}
+        self.gaps: list[float] = []
+
+    def __call__(self, event: Any) -> None:
+        if not event.new_ids:
+            return
+        now = self.clock()
+        if event.rid in self.last:
+            count = len(event.new_ids)
+            self.gaps += [(now - self.last[event.rid]) / count] * count
+        self.last[event.rid] = now
+
+
 def _sync(device: Any) -> None:
     import torch
 
@@ -233,14 +253,14 @@ class EngineBench:
                 reference = first_vanilla if method == "vanilla" else vanilla
                 name = f"vanilla@b{spec.batch_sizes[0]}" if method == "vanilla" else f"vanilla@b{batch}"
                 if measured is not None:
-                    outputs, duration = measured[method]
+                    outputs, duration, gaps = measured[method]
                 else:
                     engine = self._ready_engine(method, batch)
-                    outputs, duration = self._timed(engine, list(range(len(self.prompts))))
+                    outputs, duration, gaps = self._timed(engine, list(range(len(self.prompts))))
                     del engine
                     _free(self.target.device)
                 ids = [list(o.output_ids) for o in outputs]
-                self._record(method, batch, self._metrics(outputs, duration), ids, reference, name, "embedded")
+                self._record(method, batch, self._metrics(outputs, duration, gaps), ids, reference, name, "embedded")
                 if method == "vanilla":
                     vanilla = ids
                     if first_vanilla is None:
@@ -253,14 +273,16 @@ class EngineBench:
             self.say(f"note: {HF_PROMPT_LOOKUP} runs at batch 1 only (transformers' assisted generation allows "
                      "no more); add 1 to --batch-sizes to measure it")
 
-    def _interleaved(self, batch: int) -> dict[str, tuple[list[Any], float]]:
-        """Every method's (outputs in prompt order, its own engine seconds): each engine has every prompt
-        queued and they take turns of `TURN_STEPS` steps, each timed on its own `TurnClock`."""
+    def _interleaved(self, batch: int) -> dict[str, tuple[list[Any], float, list[float]]]:
+        """Every method's (outputs in prompt order, its own engine seconds, inter-token gaps): each engine
+        has every prompt queued and they take turns of `TURN_STEPS` steps, each timed on its own
+        `TurnClock`."""
         methods = self.spec.methods
         engines = {method: self._ready_engine(method, batch) for method in methods}
         everyone = list(range(len(self.prompts)))
         requests = {method: self._requests(everyone) for method in methods}
         clocks = {method: TurnClock() for method in methods}
+        gaps = {method: TokenGaps(clocks[method]) for method in methods}
         done: dict[str, dict[str, Any]] = {method: {} for method in methods}
         for method, engine in engines.items():
             engine.clock = clocks[method]  # after the warm-up: its requests are off this clock
@@ -270,7 +292,7 @@ class EngineBench:
         while any(engine.has_work() for engine in engines.values()):
             shift = turn % len(methods)
             for method in methods[shift:] + methods[:shift]:
-                self._turn(engines[method], clocks[method], done[method])
+                self._turn(engines[method], clocks[method], done[method], gaps[method])
             turn += 1
             # progress for displays (a recipe's step bar): prompts every method has answered
             if (now := min(len(finished) for finished in done.values())) > answered:
@@ -278,9 +300,10 @@ class EngineBench:
                 self.log.log_metrics(self.run_id, {"prompts_done": answered}, step=answered)
         del engines
         _free(self.target.device)
-        return {method: ([done[method][r.rid] for r in requests[method]], clocks[method].total) for method in methods}
+        return {method: ([done[method][r.rid] for r in requests[method]], clocks[method].total, gaps[method].gaps)
+                for method in methods}
 
-    def _turn(self, engine: Any, clock: TurnClock, done: dict[str, Any]) -> None:
+    def _turn(self, engine: Any, clock: TurnClock, done: dict[str, Any], gaps: TokenGaps) -> None:
         """Up to TURN_STEPS engine steps on the engine's own clock; finished outputs go to `done`."""
         if not engine.has_work():
             return
@@ -288,6 +311,7 @@ class EngineBench:
         clock.start()
         for _ in range(TURN_STEPS):
             for event in engine.step():
+                gaps(event)
                 if event.output is not None:
                     done[event.rid] = event.output
             if not engine.has_work():
@@ -350,15 +374,16 @@ class EngineBench:
         params = SamplingParams(max_new_tokens=self.spec.max_new_tokens, temperature=0.0)
         return [Request(list(self.ids[i]), params, prompt_text=self.prompts[i].text) for i in indices]
 
-    def _timed(self, engine: Any, indices: list[int]) -> tuple[list[Any], float]:
-        """The prompts at `indices`, all queued at once: (outputs in that order, wall seconds)."""
+    def _timed(self, engine: Any, indices: list[int]) -> tuple[list[Any], float, list[float]]:
+        """The prompts at `indices`, all queued at once: (outputs in that order, wall seconds, inter-token gaps)."""
+        gaps = TokenGaps(time.perf_counter)
         _sync(self.target.device)
         started = time.perf_counter()
-        outputs = engine.generate(self._requests(indices))
+        outputs = engine.generate(self._requests(indices), on_event=gaps)
         _sync(self.target.device)
-        return outputs, time.perf_counter() - started
+        return outputs, time.perf_counter() - started, gaps.gaps
 
-    def _metrics(self, outputs: list[Any], duration: float) -> dict[str, Any]:
+    def _metrics(self, outputs: list[Any], duration: float, gaps: list[float]) -> dict[str, Any]:
         metas = [o.meta_info for o in outputs]
         steps = sum(int(m["spec_verify_ct"]) for m in metas)
         metrics = _summary([int(m["completion_tokens"]) for m in metas], [int(m["prompt_tokens"]) for m in metas],
@@ -373,6 +398,9 @@ class EngineBench:
                                        / max(int(m["completion_tokens"]) - 1, 1) for m in metas])):
             metrics[f"median_{name}_ms"] = statistics.median(values)
             metrics[f"p99_{name}_ms"] = _pct(values, 0.99)
+        itl = [gap * 1000 for gap in gaps]
+        metrics["median_itl_ms"] = statistics.median(itl) if itl else None
+        metrics["p99_itl_ms"] = _pct(itl, 0.99) if itl else None
         return metrics
 
     # -- transformers ----------------------------------------------------------------------------
