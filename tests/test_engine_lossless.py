@@ -9,6 +9,7 @@ from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request, SamplingParams
 from adaflash.models.drafter_io import new_drafter
 from adaflash.models.drafters import Drafter
+from adaflash.models.layers import Attention
 
 PROMPTS = ["What is 2+3?", "Write a haiku about the sea.", "List three prime numbers.",
            "Natalia sold clips to 48 of her friends in April. How many clips did she sell?"]
@@ -172,6 +173,37 @@ def test_hot_swap_mid_generation_keeps_output(tiny_target):
     assert engine.drafter_version == 7
     with pytest.raises(ValueError, match="does not match"):
         engine.swap_drafter(drafter_for("eagle3", tiny_target))
+
+
+@pytest.mark.parametrize("method, qk_norm", [("dflash", False), ("dflash", True), ("eagle3", False)])
+def test_an_installed_drafter_runs_fused_and_a_swap_fills_its_fused_weights(tiny_target, method, qk_norm):
+    """The engine fuses a drafter's projections (one GEMM for q/k/v, one for gate/up) without changing what
+    it computes or its state_dict, and a hot swap's weights land in the fused tensors."""
+    import copy
+    import dataclasses
+
+    cfg = dataclasses.replace(tiny_target.model.cfg, qk_norm=qk_norm)
+    make = lambda seed: new_drafter(METHOD_DRAFTER[method], cfg, layers=1, block_size=8,  # noqa: E731
+                                    length_head=False, steps=4, seed=seed)
+    drafter = make(1)
+    plain = copy.deepcopy(drafter)
+    keys = {k: v.shape for k, v in drafter.state_dict().items()}
+    engine = Engine(tiny_target, method, drafter, max_batch=2, max_len=256)
+    attns = [m for m in engine.drafter.modules() if isinstance(m, Attention)]
+    assert attns and all(a.qkv is not None for a in attns)
+    assert {k: v.shape for k, v in engine.drafter.state_dict().items()} == keys
+    x = torch.randn(2, 3, attns[0].q_proj.in_features)
+    cos, sin = engine.drafter.rotary(torch.arange(3).expand(2, 3), x.dtype)
+    plain_attn = next(m for m in plain.modules() if isinstance(m, Attention))
+    fused_outs = (*attns[0].project_qkv(x, cos, sin), *attns[0].project_kv(x, cos, sin))
+    plain_outs = (*plain_attn.project_qkv(x, cos, sin), *plain_attn.project_kv(x, cos, sin))
+    for fused_out, plain_out in zip(fused_outs, plain_outs, strict=True):
+        torch.testing.assert_close(fused_out, plain_out, atol=1e-5, rtol=1e-5)
+    other = make(2)
+    engine.swap_drafter(other, version=3)
+    other_attn = next(m for m in other.modules() if isinstance(m, Attention))
+    expected = torch.cat([other_attn.q_proj.weight, other_attn.k_proj.weight, other_attn.v_proj.weight])
+    assert torch.equal(attns[0].qkv[0], expected)
 
 
 def test_sampling_matches_the_target_distribution(tiny_target):

@@ -61,6 +61,7 @@ class DevicePasses:
     def install_drafter(self, drafter: Drafter) -> None:
         """Move the drafter to the target's device and size its feature buffer and context cache."""
         drafter = drafter.to(device=self.device, dtype=self.model.dtype).eval()
+        drafter.fuse_projections()
         drafter.bind_head(self.model, self.model.dtype)
         self.drafter = drafter
         self.capture = list(drafter.target_layer_ids)

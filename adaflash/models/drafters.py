@@ -15,7 +15,16 @@ import torch
 from torch import nn
 
 from adaflash.models.cache import KVCache
-from adaflash.models.layers import DecoderConfig, DecoderLayer, Linear, RMSNorm, Rotary, linear
+from adaflash.models.layers import (
+    MLP,
+    Attention,
+    DecoderConfig,
+    DecoderLayer,
+    Linear,
+    RMSNorm,
+    Rotary,
+    linear,
+)
 from adaflash.models.length_head import LengthHead
 from adaflash.models.target import TargetModel, causal_mask
 
@@ -40,6 +49,16 @@ class Drafter(nn.Module):
         else:
             self.draft_vocab = None
         self.head_weight: torch.Tensor | None = None
+
+    def fuse_projections(self) -> None:
+        """q/k/v and gate/up as one GEMM each in every layer, as the target's (`TargetModel.fuse_projections`).
+
+        Frozen inference only, after the last dtype or device change: the engine calls it when it installs
+        a drafter. The state_dict is unchanged, so a hot swap's `load_state_dict` fills the fused weights.
+        """
+        for module in self.modules():
+            if isinstance(module, (Attention, MLP)):
+                module.fuse()
 
     @property
     def draft_vocab_size(self) -> int | None:
@@ -147,8 +166,7 @@ class DFlashDrafter(Drafter):
         for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q = attn.project_q(x, cos, sin)
-            k, v = attn.project_kv(x, cos, sin)
+            q, k, v = attn.project_qkv(x, cos, sin)
             h = h + attn.attend(q, torch.cat([k_ctx, k], 1), torch.cat([v_ctx, v], 1), mask)
             h = layer.mlp_block(h)
         return self.norm(h)
@@ -231,8 +249,7 @@ class ChainDrafter(Drafter):
         layer = self.midlayer
         cos, sin = self.rotary(positions, u.dtype)
         x = layer.input_layernorm(u)
-        k, v = layer.self_attn.project_kv(x, cos, sin)
-        return layer.self_attn.project_q(x, cos, sin), k, v
+        return layer.self_attn.project_qkv(x, cos, sin)
 
     def attend_mlp(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, resid: torch.Tensor,
                    mask: torch.Tensor) -> torch.Tensor:

@@ -241,14 +241,19 @@ class Attention(nn.Module):
 
     def project_qkv(self, x: torch.Tensor, cos: torch.Tensor,
                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [b, n, heads, d], k and v [b, n, kv, d], roped; fused when `fuse` was called."""
-        if self.qkv is None or self.cfg.qk_norm:
+        """q [b, n, heads, d], k and v [b, n, kv, d], roped; one GEMM when `fuse` was called (and one
+        rope for q and k together unless they have norms of their own)."""
+        if self.qkv is None:
             return (self.project_q(x, cos, sin), *self.project_kv(x, cos, sin))
         b, n, _ = x.shape
-        out = linear(x, *self.qkv)
-        heads = out.reshape(b, n, self.num_heads + 2 * self.num_kv, self.head_dim)
-        qk = apply_rope(heads, cos, sin, heads=self.num_heads + self.num_kv)
-        return qk[:, :, : self.num_heads], qk[:, :, self.num_heads:], heads[:, :, self.num_heads + self.num_kv:]
+        h, kv = self.num_heads, self.num_kv
+        heads = linear(x, *self.qkv).reshape(b, n, h + 2 * kv, self.head_dim)
+        v = heads[:, :, h + kv:]
+        if self.cfg.qk_norm:
+            q = apply_rope(self.q_norm(heads[:, :, :h]), cos, sin)
+            return q, apply_rope(self.k_norm(heads[:, :, h:h + kv]), cos, sin), v
+        qk = apply_rope(heads, cos, sin, heads=h + kv)
+        return qk[:, :, :h], qk[:, :, h:], v
 
     def project_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, q, _ = x.shape
@@ -261,6 +266,15 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         b, q, _ = x.shape
+        if self.qkv is not None:  # fused: k and v are the last rows of the one weight, a single GEMM
+            start = self.num_heads * self.head_dim
+            weight, bias = self.qkv
+            kv = linear(x, weight[start:], bias[start:] if bias is not None else None)
+            kv = kv.reshape(b, q, 2 * self.num_kv, self.head_dim)
+            v = kv[:, :, self.num_kv:]
+            if self.cfg.qk_norm:
+                return apply_rope(self.k_norm(kv[:, :, : self.num_kv]), cos, sin), v
+            return apply_rope(kv, cos, sin, heads=self.num_kv), v
         k = self.k_proj(x).view(b, q, self.num_kv, self.head_dim)
         v = self.v_proj(x).view(b, q, self.num_kv, self.head_dim)
         if self.cfg.qk_norm:
