@@ -7,6 +7,7 @@ import torch
 
 from adaflash.engine.engine import Engine
 from adaflash.engine.graphs import GraphRunner, bucket
+from adaflash.engine.passes import PREFILL_MIN_WIDTH
 from adaflash.models.loading import load_target
 from tests.test_engine_lossless import drafter_for, generate_with_swap, make_requests, oracle_engine, vanilla
 
@@ -105,6 +106,12 @@ def test_capture_graphs_covers_every_shape_decoding_meets(tiny_target, method):
     assert engine.graphs.keys <= captured, engine.graphs.keys - captured
 
 
+def decode_kinds(keys) -> set[str]:
+    """The kinds of pass decoding replayed, without admissions (the prefill and the drafter's extend
+    over the prompt, as wide as the padded prefill)."""
+    return {key[0] for key in keys if key[0] != "prefill" and not (key[0] == "extend" and key[2] >= PREFILL_MIN_WIDTH)}
+
+
 def test_a_greedy_padded_step_is_one_pass(tiny_target):
     """Greedy whole-block decoding on padded shapes drafts, verifies, accepts, commits and extends in
     ONE pass (one graph on a GPU). When the length head chooses, the draft is a pass of its own (the host
@@ -113,19 +120,42 @@ def test_a_greedy_padded_step_is_one_pass(tiny_target):
     engine = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target), max_batch=3, max_len=256, pad_shapes=True)
     engine.graphs = _RecordingRunner()
     engine.generate(greedy())
-    assert {key[0] for key in engine.graphs.keys} == {"draft_and_step"}
+    assert decode_kinds(engine.graphs.keys) == {"draft_and_step"}
     engine.graphs.keys.clear()
     engine.generate(make_requests(tiny_target, n=2, max_new_tokens=16, ignore_eos=True, temperature=0.8))
-    assert {key[0] for key in engine.graphs.keys} == {"draft", "verify", "extend"}
+    assert decode_kinds(engine.graphs.keys) == {"draft", "verify", "extend"}
     ada = Engine(tiny_target, "adaflash", drafter_for("adaflash", tiny_target), max_batch=3, max_len=256,
                  pad_shapes=True, length_policy="rate")
     ada.graphs = _RecordingRunner()
     ada.generate(greedy())
-    assert {key[0] for key in ada.graphs.keys} == {"draft", "greedy_step"}
+    assert decode_kinds(ada.graphs.keys) == {"draft", "greedy_step"}
     plain = Engine(tiny_target, "vanilla", max_batch=3, max_len=256, pad_shapes=True)
     plain.graphs = _RecordingRunner()
     plain.generate(greedy())
-    assert {key[0] for key in plain.graphs.keys} == {"greedy_step"}
+    assert {key[0] for key in plain.graphs.keys} == {"prefill", "greedy_step"}
+
+
+@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+def test_admissions_replay_one_padded_prefill_and_stay_lossless(tiny_target, method, monkeypatch):
+    """Prompts of several lengths admitted together take one prefill padded to a power-of-two width (one
+    graph on a GPU) and one drafter extend as wide; an admission past PREFILL_TOKENS runs eagerly."""
+    from adaflash.engine import passes
+
+    reference = vanilla(tiny_target, make_requests(tiny_target, n=3, max_new_tokens=12, ignore_eos=True))
+    engine = Engine(tiny_target, method, drafter_for(method, tiny_target), max_batch=4, max_len=256, pad_shapes=True)
+    engine.graphs = _RecordingRunner()
+    requests = make_requests(tiny_target, n=3, max_new_tokens=12, ignore_eos=True)
+    width = max(len(r.prompt_ids) for r in requests)
+    outputs = engine.generate(requests)
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+    padded = bucket(width, 256, floor=PREFILL_MIN_WIDTH)
+    assert [key for key in engine.graphs.keys if key[0] == "prefill"] == [("prefill", 4, padded)]
+    assert ("extend", 4, padded, max(128, padded)) in engine.graphs.keys
+    monkeypatch.setattr(passes, "PREFILL_TOKENS", 8)  # every admission is now too wide for a graph
+    engine.graphs.keys.clear()
+    outputs = engine.generate(make_requests(tiny_target, n=3, max_new_tokens=12, ignore_eos=True))
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+    assert not any(key[0] == "prefill" for key in engine.graphs.keys)
 
 
 def test_a_settled_whole_block_drafts_without_the_length_head(tiny_target):
@@ -148,5 +178,5 @@ def test_a_settled_whole_block_drafts_without_the_length_head(tiny_target):
     engine.graphs.keys.clear()
     engine.generate(make_requests(tiny_target, n=2, max_new_tokens=16, ignore_eos=True))
     used = set(engine.graphs.keys)
-    assert {key[0] for key in used} == {"draft_and_step"} and used <= captured  # drafts inside the step, no head
+    assert decode_kinds(used) == {"draft_and_step"} and used <= captured  # drafts inside the step, no head
     assert not calls  # the head never ran

@@ -24,6 +24,13 @@ from adaflash.models.cache import KVCache
 from adaflash.models.drafters import DFlashDrafter, Drafter
 from adaflash.models.target import TargetModel
 
+# Prefills replayed from graphs: widths padded to powers of two from PREFILL_MIN_WIDTH, and at most
+# PREFILL_TOKENS padded positions (rows × width) a pass, which bounds what the captured graphs hold;
+# wider admissions run eagerly. On an H200 an eager SmolLM2 prefill took 16-21 ms at batch 1, about
+# what eight decode steps take, because each of its ~1,500 ops is a launch from Python.
+PREFILL_MIN_WIDTH = 32
+PREFILL_TOKENS = 8192
+
 # The length head's ratio per row, and the most drafts → how many drafts each row verifies.
 # (head prediction [b], drafts per row) → verified drafts per row, or None when every row verifies all.
 LengthChooser = Callable[[torch.Tensor, int], torch.Tensor | None]
@@ -106,14 +113,43 @@ class DevicePasses:
     # -- prefill and bookkeeping -------------------------------------------------------------------
     def prefill(self, ids: torch.Tensor, rows: torch.Tensor,
                 length: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Eager target pass over new prompts (each its own shape): last-token logits, features."""
+        """Target pass over new prompts: last-token logits [b, V], and the features of every position.
+
+        On padded shapes (a GPU) prompts are padded to a bucketed width and replayed from a graph when
+        rows × width stays within `PREFILL_TOKENS`; otherwise (and on a CPU) the pass runs eagerly at
+        its exact shape. Positions past a prompt's length write keys and values nothing reads.
+        """
         b, width = ids.shape
-        positions = torch.arange(width, device=self.device).expand(b, width)
-        logits, feats = self.model(ids, positions, self.cache, rows, capture=self.capture,
-                                   logits_index=length - 1, kv_len=width)
-        self.cache.lens[rows] = length
-        self.tokens[rows, :width] = ids
-        return logits, feats
+        dims = self._prefill_dims(b, width)
+        if dims is None:
+            positions = torch.arange(width, device=self.device).expand(b, width)
+            logits, feats = self.model(ids, positions, self.cache, rows, capture=self.capture,
+                                       logits_index=length - 1, kv_len=width)
+            self.cache.lens[rows] = length
+            self.tokens[rows, :width] = ids
+            return logits, feats
+        b_pad, w_pad = dims
+        model, cache, capture, tokens = self.model, self.cache, self.capture, self.tokens
+        cache.reserve(w_pad)
+
+        def run(ids_p: torch.Tensor, rows_p: torch.Tensor, length_p: torch.Tensor):
+            positions = torch.arange(w_pad, device=ids_p.device).expand(b_pad, w_pad)
+            logits, feats = model(ids_p, positions, cache, rows_p, capture=capture, logits_index=length_p - 1,
+                                  kv_len=w_pad)
+            cache.lens[rows_p] = length_p
+            tokens[rows_p, :w_pad] = ids_p
+            return logits, (torch.cat(feats, dim=-1) if feats else None)
+
+        logits, feats = self.graphs.run(("prefill", b_pad, w_pad), run, [
+            self._pad(ids, b_pad, w_pad), self._pad_rows(rows, b_pad), self._pad(length, b_pad, fill=1)])
+        return logits[:b], ([feats[:b, :width]] if feats is not None else [])
+
+    def _prefill_dims(self, b: int, width: int) -> tuple[int, int] | None:
+        """(rows, width) a prefill is padded to and replayed at, or None: it runs eagerly, exact."""
+        if not self.padded:
+            return None
+        b_pad, w_pad = bucket(b, self.max_batch), bucket(width, self.max_len, floor=PREFILL_MIN_WIDTH)
+        return (b_pad, w_pad) if b_pad * w_pad <= PREFILL_TOKENS else None
 
     def admit(self, rows: torch.Tensor, length: torch.Tensor, first: torch.Tensor,
               feats: list[torch.Tensor]) -> None:
@@ -125,9 +161,11 @@ class DevicePasses:
         if self.drafter is not None:
             assert self.feats is not None
             width = feats[0].shape[1]
-            self.ensure_feats(width)
+            dims = self._prefill_dims(rows.shape[0], width)
+            span = width if dims is None else dims[1]  # a replayed extend covers the prefill's padded width
+            self.ensure_feats(span)
             self.feats[rows, :width] = torch.cat(feats, dim=-1)
-            self.extend_drafter(rows, torch.zeros_like(length), length, 0, width, graph=False)
+            self.extend_drafter(rows, torch.zeros_like(length), length, 0, span, graph=dims is not None)
 
     def commit(self, rows: torch.Tensor, lens: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor,
                feats: torch.Tensor | None, longest: int) -> None:
@@ -215,6 +253,16 @@ class DevicePasses:
         zeros = lambda b, w=None: torch.zeros((b,) if w is None else (b, w), dtype=torch.long, device=self.device)  # noqa: E731
         for b in batches:
             rows = torch.full((b,), self.scratch, dtype=torch.long, device=self.device)
+            width = PREFILL_MIN_WIDTH
+            while width <= top and (dims := self._prefill_dims(b, width)) is not None:
+                # admissions: the prefill, then the drafter's extend over the same padded width
+                width = dims[1]
+                self.prefill(zeros(b, width), rows, zeros(b) + 1)
+                if self.drafter is not None:
+                    self.extend_drafter(rows, zeros(b), zeros(b) + 1, 0, width)
+                if width >= self.max_len:
+                    break
+                width *= 2
             for kv in kvs:
                 for w in widths:
                     if kv - w < 0:
