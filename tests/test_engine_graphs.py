@@ -91,6 +91,41 @@ class _RecordingRunner(GraphRunner):
         return fn(*inputs)
 
 
+class _ReplayingRunner(GraphRunner):
+    """A CUDA graph's data flow on a CPU: the first call of each key runs on static copies of its inputs
+    and is kept; later calls copy their inputs into those buffers and run the KEPT function again, as a
+    replay re-runs the captured kernels. A pass whose function closes over anything of its own call that
+    is not in its key or its inputs gives wrong outputs here, as it would on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__(False)
+        self.enabled = True
+        self.kept: dict = {}
+
+    def run(self, key, fn, inputs):
+        if key not in self.kept:
+            self.kept[key] = (fn, [x.clone() for x in inputs])
+        kept, static = self.kept[key]
+        for buffer, value in zip(static, inputs, strict=True):
+            buffer.copy_(value)
+        out = kept(*static)
+        return [o.clone() if isinstance(o, torch.Tensor) else o for o in out] if isinstance(out, tuple) else (
+            out.clone() if isinstance(out, torch.Tensor) else out)
+
+
+@pytest.mark.parametrize("method", ["vanilla", "dflash", "adaflash", "eagle3", "mtp"])
+def test_replayed_passes_stay_lossless(tiny_target, method):
+    """Every pass replayed as a graph would be (prefills, steps, drafts, extends), batch sizes mixed."""
+    drafter = None if method == "vanilla" else drafter_for(method, tiny_target)
+    engine = Engine(tiny_target, method, drafter, max_batch=4, max_len=256, pad_shapes=True)
+    engine.graphs = _ReplayingRunner()
+    for n in (3, 1, 4):
+        reference = vanilla(tiny_target, make_requests(tiny_target, n=n, max_new_tokens=20, ignore_eos=True))
+        outputs = engine.generate(make_requests(tiny_target, n=n, max_new_tokens=20, ignore_eos=True))
+        assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+    assert any(key[0] == "prefill" for key in engine.graphs.kept)
+
+
 @pytest.mark.parametrize("method", ["adaflash", "eagle3"])
 def test_capture_graphs_covers_every_shape_decoding_meets(tiny_target, method):
     """A server captures up front; decoding mixed batches must then meet no shape left uncaptured."""
