@@ -248,9 +248,9 @@ class Engine:
             seq.length = lens[i]
         rows = torch.tensor([s.slot for s in admitted], device=self.device)
         length = torch.tensor(lens, device=self.device)
-        logits, feats = self.passes.prefill(ids, rows, length)
+        logits = self.passes.prefill(ids, rows, length)
         first = sample_for(logits, [s.request.params for s in admitted], self.generator)
-        self.passes.admit(rows, length, first, feats)
+        self.passes.admit(rows, length, first, ids.shape[1])
         firsts = first.tolist()
         elapsed = time.perf_counter() - started
         events = []

@@ -111,38 +111,39 @@ class DevicePasses:
             self.feats = torch.cat([self.feats, extra], dim=1)
 
     # -- prefill and bookkeeping -------------------------------------------------------------------
-    def prefill(self, ids: torch.Tensor, rows: torch.Tensor,
-                length: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Target pass over new prompts: last-token logits [b, V], and the features of every position.
+    def prefill(self, ids: torch.Tensor, rows: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """Target pass over new prompts: their last-token logits [b, V]; with a drafter installed, the
+        features of every position go to the feature buffer.
 
         On padded shapes (a GPU) prompts are padded to a bucketed width and replayed from a graph when
         rows × width stays within `PREFILL_TOKENS`; otherwise (and on a CPU) the pass runs eagerly at
-        its exact shape. Positions past a prompt's length write keys and values nothing reads.
+        its exact shape. Positions past a prompt's length write keys, values and features nothing
+        reads. The features stay on the device inside the pass: a graph's outputs live as long as
+        the graph, and a prompt's features are tens of megabytes.
         """
         b, width = ids.shape
         dims = self._prefill_dims(b, width)
-        if dims is None:
-            positions = torch.arange(width, device=self.device).expand(b, width)
-            logits, feats = self.model(ids, positions, self.cache, rows, capture=self.capture,
-                                       logits_index=length - 1, kv_len=width)
-            self.cache.lens[rows] = length
-            self.tokens[rows, :width] = ids
-            return logits, feats
-        b_pad, w_pad = dims
-        model, cache, capture, tokens = self.model, self.cache, self.capture, self.tokens
-        cache.reserve(w_pad)
+        b_pad, w_pad = dims if dims is not None else (b, width)
+        if self.drafter is not None:
+            self.ensure_feats(w_pad)
+        self.cache.reserve(w_pad)
 
-        def run(ids_p: torch.Tensor, rows_p: torch.Tensor, length_p: torch.Tensor):
+        def run(ids_p: torch.Tensor, rows_p: torch.Tensor, length_p: torch.Tensor) -> torch.Tensor:
             positions = torch.arange(w_pad, device=ids_p.device).expand(b_pad, w_pad)
-            logits, feats = model(ids_p, positions, cache, rows_p, capture=capture, logits_index=length_p - 1,
-                                  kv_len=w_pad)
-            cache.lens[rows_p] = length_p
-            tokens[rows_p, :w_pad] = ids_p
-            return logits, (torch.cat(feats, dim=-1) if feats else None)
+            logits, feats = self.model(ids_p, positions, self.cache, rows_p, capture=self.capture,
+                                       logits_index=length_p - 1, kv_len=w_pad)
+            self.cache.lens[rows_p] = length_p
+            self.tokens[rows_p, :w_pad] = ids_p
+            if feats:
+                assert self.feats is not None
+                self.feats[rows_p, :w_pad] = torch.cat(feats, dim=-1)
+            return logits
 
-        logits, feats = self.graphs.run(("prefill", b_pad, w_pad), run, [
+        if dims is None:
+            return run(ids, rows, length)
+        logits = self.graphs.run(("prefill", b_pad, w_pad), run, [
             self._pad(ids, b_pad, w_pad), self._pad_rows(rows, b_pad), self._pad(length, b_pad, fill=1)])
-        return logits[:b], ([feats[:b, :width]] if feats is not None else [])
+        return logits[:b]
 
     def _prefill_dims(self, b: int, width: int) -> tuple[int, int] | None:
         """(rows, width) a prefill is padded to and replayed at, or None: it runs eagerly, exact."""
@@ -151,20 +152,16 @@ class DevicePasses:
         b_pad, w_pad = bucket(b, self.max_batch), bucket(width, self.max_len, floor=PREFILL_MIN_WIDTH)
         return (b_pad, w_pad) if b_pad * w_pad <= PREFILL_TOKENS else None
 
-    def admit(self, rows: torch.Tensor, length: torch.Tensor, first: torch.Tensor,
-              feats: list[torch.Tensor]) -> None:
-        """Store each prompt's first sampled token, then give the drafter the prompt's features.
+    def admit(self, rows: torch.Tensor, length: torch.Tensor, first: torch.Tensor, width: int) -> None:
+        """Store each prompt's first sampled token, then give the drafter the features `prefill` kept
+        of the prompts (`width` wide as given to it).
 
         The token goes first: extending reads the token after every position.
         """
         self.tokens[rows, length] = first
         if self.drafter is not None:
-            assert self.feats is not None
-            width = feats[0].shape[1]
             dims = self._prefill_dims(rows.shape[0], width)
             span = width if dims is None else dims[1]  # a replayed extend covers the prefill's padded width
-            self.ensure_feats(span)
-            self.feats[rows, :width] = torch.cat(feats, dim=-1)
             self.extend_drafter(rows, torch.zeros_like(length), length, 0, span, graph=dims is not None)
 
     def commit(self, rows: torch.Tensor, lens: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor,
