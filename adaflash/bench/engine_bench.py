@@ -15,8 +15,8 @@ prompt on each, and lets them take turns of a few steps, each engine timed on it
 latencies too), so a machine whose speed drifts (a laptop's clock, a shared CPU: ±20% within minutes
 here) slows every row alike and the speed-up column stays a like-for-like ratio, with the same
 continuous batching as sequential order. (Turns over static groups of `batch` prompts, as before,
-made a speculative batch wait for its slowest row: at batch 32 on an H200 DFlash showed 1.05× that
-way against 1.31× queued.) "auto" picks interleaved on a CPU and sequential on a GPU, whose speed
+made a speculative batch wait for its slowest row: at batch 32 on an H200 the same code gave DFlash
+1.07× that way against 1.31× queued.) "auto" picks interleaved on a CPU and sequential on a GPU, whose speed
 holds still and whose engines are big.
 
 Greedy only, so every row can be checked token for token against our Vanilla row of the same batch

@@ -101,9 +101,9 @@ class Engine:
         self.passes = DevicePasses(self.model, max_batch=max_batch, max_len=self.max_len,
                                    cuda_graphs=cuda_graphs, pad_shapes=pad_shapes)
         # Fewest prompts worth a prefill while rows are decoding (None: max_batch // 8 on padded shapes, else 1).
-        # A prefill runs eagerly, one launch per op: on a GPU it costs about the same for one prompt as
-        # for a dozen, and about as much as several graph-replayed decode steps, so admitting each
-        # prompt the moment a row finishes makes a full batch spend most of its time prefilling.
+        # On a GPU a prefill costs about the same for one prompt as for a dozen (a padded pass, or eager
+        # ops when too wide for a graph), and more than a decode step, so admitting each prompt the
+        # moment a row finishes makes a full batch spend much of its time prefilling.
         self.admit_batch = admit_batch if admit_batch is not None else (
             max(1, max_batch // 8) if self.passes.padded else 1)
         if self.admit_batch < 1:

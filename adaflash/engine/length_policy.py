@@ -21,7 +21,7 @@ and the least recently measured width is retried now and then, since contexts gr
 Where the whole block costs no more than any shorter width (a GPU running this small target: the
 step is bound by kernel launches, not by the width), the whole block wins for every row whatever
 the head says, so the rule answers "verify everything" without reading the prediction. That spares
-the host the sync a per-row choice needs before it can size the verify pass, and on a GPU lets the
+the host the sync a chosen width needs before it can size the verify pass, and on a GPU lets the
 drafting run inside the step's one graph.
 
 Those savings are not in the per-width step times (every width is timed with the head read), so
@@ -44,7 +44,8 @@ _GRID = 2001  # acceptance probabilities tried when solving E_B(a) = m
 
 
 class CostRule:
-    """Per-row verify lengths maximizing E_L / step_seconds(L), with step times measured online."""
+    """The verify width maximizing the batch's expected tokens per second, Σ E_L / step_seconds(L),
+    with step times measured online."""
 
     def __init__(self, block: int, min_length: int, *, max_batch: int = 1024, tries: int = 3, window: int = 16,
                  refresh: int = 64, slack: float = 0.02, mode_tries: int = 16, mode_window: int = 64,
@@ -142,10 +143,11 @@ class CostRule:
         While whole blocks win, stale widths are re-timed `whole_backoff` times less often: such a
         try verifies fewer drafts than the step would, and the timings only steer head-chosen steps."""
         bucket_ = self._batch(batch)
-        if self.cost(batch) is None:
+        table = self.cost(batch)
+        if table is None:
             mode = "probe"
         else:
-            mode = "whole" if self.whole_block_cheapest(batch) else self._better_mode(bucket_)
+            mode = "whole" if self._whole_block_wins(table) else self._better_mode(bucket_)
             due = self.probe(batch) is not None
             if due and (mode != "whole" or self.steps % (self.refresh * self.whole_backoff) == 0):
                 mode = "probe"

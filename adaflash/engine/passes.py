@@ -27,7 +27,7 @@ from adaflash.models.target import TargetModel
 # Prefills replayed from graphs: widths padded to powers of two from PREFILL_MIN_WIDTH, and at most
 # PREFILL_TOKENS padded positions (rows × width) a pass, which bounds what the captured graphs hold;
 # wider admissions run eagerly. On an H200 an eager SmolLM2 prefill took 16-21 ms at batch 1, about
-# what eight decode steps take, because each of its ~1,500 ops is a launch from Python.
+# what eight decode steps take: each of its ~1,500 aten calls (counted on a CPU) is dispatched from Python.
 PREFILL_MIN_WIDTH = 32
 PREFILL_TOKENS = 8192
 
@@ -126,7 +126,6 @@ class DevicePasses:
         b_pad, w_pad = dims if dims is not None else (b, width)
         if self.drafter is not None:
             self.ensure_feats(w_pad)
-        self.cache.reserve(w_pad)
 
         def run(ids_p: torch.Tensor, rows_p: torch.Tensor, length_p: torch.Tensor) -> torch.Tensor:
             positions = torch.arange(w_pad, device=ids_p.device).expand(b_pad, w_pad)
@@ -257,9 +256,7 @@ class DevicePasses:
                 self.prefill(zeros(b, width), rows, zeros(b) + 1)
                 if self.drafter is not None:
                     self.extend_drafter(rows, zeros(b), zeros(b) + 1, 0, width)
-                if width >= self.max_len:
-                    break
-                width *= 2
+                width *= 2  # past max_len (the widest bucket) it is past `top` too
             for kv in kvs:
                 for w in widths:
                     if kv - w < 0:
