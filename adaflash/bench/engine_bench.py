@@ -350,17 +350,16 @@ class EngineBench:
     def _ready_engine(self, method: str, batch: int) -> Any:
         """The method's engine at this batch size, warmed up (allocation, CUDA-graph capture) off the clock."""
         from adaflash.engine.build import build_engine
-        from adaflash.engine.params import DRAFT_MARGIN, Request, SamplingParams
+        from adaflash.engine.params import Request, SamplingParams
 
         spec = self.spec
         engine = build_engine(self.target, method, spec.drafts.get(method), max_batch=batch, max_len=self.max_len,
                               length_rate=spec.length_rate, min_length=spec.min_length,
                               length_policy=spec.length_policy)
-        if self.warmup != "none" and engine.graphs.enabled:
-            # Every decode graph the timed run can meet, captured off the clock. The full warm-up alone
-            # leaves some out: AdaFlash's cost rule times other widths at other steps in the timed run
-            # (on an H200 at batch 32, 7 of 722 steps), and a capture costs tens of milliseconds.
-            engine.capture_graphs(max(len(ids) for ids in self.ids) + spec.max_new_tokens + DRAFT_MARGIN)
+        # Graphs are captured on first use, in the warm-up. Capturing every shape before it (as `serve` does)
+        # did not close AdaFlash's fixed gap to OSD on an H200 (0.56 s at batch 1, `s10-pipe-b1-il`); at batch
+        # 32 the AdaFlash runs with it stopped on an illegal memory access, the one without it did not (open:
+        # README, "Known problems").
         if self.warmup == "full":
             engine.generate(self._requests(list(range(len(self.prompts)))))
         elif self.warmup == "short":
