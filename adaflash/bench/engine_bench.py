@@ -40,7 +40,7 @@ from typing import Any
 
 from adaflash.bench.engine_spec import EngineBenchError, EngineBenchSpec
 from adaflash.bench.hf_generate import hf_generate
-from adaflash.bench.metrics import accuracy
+from adaflash.bench.metrics import accuracy, percentile
 from adaflash.bench.prompts import BenchPrompt
 from adaflash.engine.params import DRAFT_MARGIN, METHODS
 
@@ -131,11 +131,6 @@ def _mismatches(outputs: list[list[int]], reference: list[list[int]] | None, ids
         return None, []
     bad = [pid for pid, mine, ref in zip(ids, outputs, reference) if mine != ref]
     return len(bad), bad
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def _summary(completion: list[int], prompt_tokens: list[int], duration: float, steps: int | None) -> dict[str, Any]:
@@ -396,10 +391,10 @@ class EngineBench:
                              ("tpot", [(float(m["e2e_latency"]) - float(m["ttft"])) * 1000
                                        / max(int(m["completion_tokens"]) - 1, 1) for m in metas])):
             metrics[f"median_{name}_ms"] = statistics.median(values)
-            metrics[f"p99_{name}_ms"] = _pct(values, 0.99)
+            metrics[f"p99_{name}_ms"] = percentile(values, 99)
         itl = [gap * 1000 for gap in gaps]
         metrics["median_itl_ms"] = statistics.median(itl) if itl else None
-        metrics["p99_itl_ms"] = _pct(itl, 0.99) if itl else None
+        metrics["p99_itl_ms"] = percentile(itl, 99)
         return metrics
 
     # -- transformers ----------------------------------------------------------------------------

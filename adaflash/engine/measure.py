@@ -9,15 +9,9 @@ import statistics
 import time
 from typing import Any
 
+from adaflash.bench.metrics import percentile
 from adaflash.engine.engine import Engine
 from adaflash.engine.params import DRAFT_MARGIN, Request, SamplingParams
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def measure(engine: Engine, prompts: list[str], *, max_new_tokens: int, temperature: float = 0.0,
@@ -51,10 +45,10 @@ def measure(engine: Engine, prompts: list[str], *, max_new_tokens: int, temperat
         "output_throughput": out_tokens / duration, "input_throughput": in_tokens / duration,
         "accept_length": out_tokens / max(verify, 1),
         "accept_rate": correct / proposed if proposed else None,
-        "mean_e2e_latency_ms": statistics.mean(e2e), "median_e2e_latency_ms": _pct(e2e, 0.5),
-        "p99_e2e_latency_ms": _pct(e2e, 0.99), "mean_ttft_ms": statistics.mean(ttft),
-        "median_ttft_ms": _pct(ttft, 0.5), "p99_ttft_ms": _pct(ttft, 0.99), "mean_tpot_ms": statistics.mean(tpot),
-        "median_tpot_ms": _pct(tpot, 0.5), "p99_tpot_ms": _pct(tpot, 0.99),
+        "mean_e2e_latency_ms": statistics.mean(e2e), "median_e2e_latency_ms": statistics.median(e2e),
+        "p99_e2e_latency_ms": percentile(e2e, 99), "mean_ttft_ms": statistics.mean(ttft),
+        "median_ttft_ms": statistics.median(ttft), "p99_ttft_ms": percentile(ttft, 99), "mean_tpot_ms": statistics.mean(tpot),
+        "median_tpot_ms": statistics.median(tpot), "p99_tpot_ms": percentile(tpot, 99),
         "max_concurrency": engine.max_batch, "concurrency": engine.max_batch, "num_prompts": len(prompts),
         "max_new_tokens": max_new_tokens, "temperature": temperature,
     }
