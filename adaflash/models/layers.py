@@ -246,14 +246,22 @@ class Attention(nn.Module):
         if self.qkv is None:
             return (self.project_q(x, cos, sin), *self.project_kv(x, cos, sin))
         b, n, _ = x.shape
-        h, kv = self.num_heads, self.num_kv
-        heads = linear(x, *self.qkv).reshape(b, n, h + 2 * kv, self.head_dim)
-        v = heads[:, :, h + kv:]
+        heads = linear(x, *self.qkv).reshape(b, n, self.num_heads + 2 * self.num_kv, self.head_dim)
+        q, k, v = self._split_roped(heads, self.num_heads, cos, sin)
+        assert q is not None
+        return q, k, v
+
+    def _split_roped(self, heads: torch.Tensor, queries: int, cos: torch.Tensor,
+                     sin: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """Dense fused heads [b, n, queries + 2·kv, d] (query heads first, if any) → roped q (None
+        without query heads), roped k, and v; per-head norms first where the model has them."""
+        kv = self.num_kv
+        v = heads[:, :, queries + kv:]
         if self.cfg.qk_norm:
-            q = apply_rope(self.q_norm(heads[:, :, :h]), cos, sin)
-            return q, apply_rope(self.k_norm(heads[:, :, h:h + kv]), cos, sin), v
-        qk = apply_rope(heads, cos, sin, heads=h + kv)
-        return qk[:, :, :h], qk[:, :, h:], v
+            q = apply_rope(self.q_norm(heads[:, :, :queries]), cos, sin) if queries else None
+            return q, apply_rope(self.k_norm(heads[:, :, queries:queries + kv]), cos, sin), v
+        qk = apply_rope(heads, cos, sin, heads=queries + kv)
+        return (qk[:, :, :queries] if queries else None), qk[:, :, queries:], v
 
     def project_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, q, _ = x.shape
@@ -270,11 +278,8 @@ class Attention(nn.Module):
             start = self.num_heads * self.head_dim
             weight, bias = self.qkv
             kv = linear(x, weight[start:], bias[start:] if bias is not None else None)
-            kv = kv.reshape(b, q, 2 * self.num_kv, self.head_dim)
-            v = kv[:, :, self.num_kv:]
-            if self.cfg.qk_norm:
-                return apply_rope(self.k_norm(kv[:, :, : self.num_kv]), cos, sin), v
-            return apply_rope(kv, cos, sin, heads=self.num_kv), v
+            _, k, v = self._split_roped(kv.reshape(b, q, 2 * self.num_kv, self.head_dim), 0, cos, sin)
+            return k, v
         k = self.k_proj(x).view(b, q, self.num_kv, self.head_dim)
         v = self.v_proj(x).view(b, q, self.num_kv, self.head_dim)
         if self.cfg.qk_norm:
