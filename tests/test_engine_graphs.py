@@ -126,6 +126,25 @@ def test_replayed_passes_stay_lossless(tiny_target, method):
     assert any(key[0] == "prefill" for key in engine.graphs.kept)
 
 
+@pytest.mark.parametrize("method", ["dflash", "adaflash"])
+def test_no_buffer_a_graph_points_at_is_reallocated(tiny_target, method):
+    """Graphs keep raw addresses: capturing every shape (up to the widest context) and decoding must leave
+    the KV caches, the token and feature buffers where they were. (With max_len under 256 a CPU engine
+    allocates them whole, as a GPU one does.)"""
+    engine = Engine(tiny_target, method, drafter_for(method, tiny_target), max_batch=2, max_len=200,
+                    pad_shapes=True)
+    engine.graphs = _RecordingRunner()
+    passes = engine.passes
+    buffers = lambda: [passes.feats, passes.tokens, passes.cache.k, passes.cache.v, passes.cache.lens,  # noqa: E731
+                       passes.draft_cache.k, passes.draft_cache.v, passes.draft_cache.lens]
+    addresses = [b.data_ptr() for b in buffers()]
+    assert passes.feats.shape[1] == passes.cache.capacity == 200
+    engine.capture_graphs()
+    assert [b.data_ptr() for b in buffers()] == addresses
+    engine.generate(make_requests(tiny_target, n=2, max_new_tokens=30, ignore_eos=True))
+    assert [b.data_ptr() for b in buffers()] == addresses
+
+
 @pytest.mark.parametrize("method", ["adaflash", "eagle3"])
 def test_capture_graphs_covers_every_shape_decoding_meets(tiny_target, method):
     """A server captures up front; decoding mixed batches must then meet no shape left uncaptured."""

@@ -352,9 +352,8 @@ class EngineBench:
                               length_rate=spec.length_rate, min_length=spec.min_length,
                               length_policy=spec.length_policy)
         # Graphs are captured on first use, in the warm-up. Capturing every shape before it (as `serve` does)
-        # did not close AdaFlash's fixed gap to OSD on an H200 (0.56 s at batch 1, `s10-pipe-b1-il`); at batch
-        # 32 the AdaFlash runs with it stopped on an illegal memory access, the one without it did not (open:
-        # README, "Known problems").
+        # did not close AdaFlash's fixed gap to OSD on an H200 (0.56 s at batch 1, `s10-pipe-b1-il`), and it
+        # is where AdaFlash's batch-32 runs met an illegal memory access (README, "Known problems").
         if self.warmup == "full":
             engine.generate(self._requests(list(range(len(self.prompts)))))
         elif self.warmup == "short":

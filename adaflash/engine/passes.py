@@ -102,10 +102,17 @@ class DevicePasses:
         self.extend_drafter(rows, torch.zeros_like(lens), lens, 0, max(lengths), graph=False)
 
     def ensure_feats(self, length: int) -> None:
-        """Grow the feature buffer (doubling, like the KV cache) to hold `length` positions."""
+        """Grow the feature buffer (doubling, like the KV cache) to hold `length` positions, at most
+        `max_len`: every read and write of it is clamped below that.
+
+        A buffer already `max_len` long is never reallocated: CUDA graphs keep its address. Until
+        session 10 `capture_graphs`, reaching the widest context, asked for max_len + 1 and got a copy,
+        which left every graph captured before it writing a freed buffer (the likeliest cause of the
+        illegal memory access AdaFlash met at batch 32 on an H200).
+        """
         assert self.feats is not None
         have = self.feats.shape[1]
-        if length > have:
+        if min(length, self.max_len) > have:
             grown = min(self.max_len, max(length, 2 * have))
             extra = self.feats.new_zeros(self.feats.shape[0], grown - have, self.feats.shape[-1])
             self.feats = torch.cat([self.feats, extra], dim=1)
