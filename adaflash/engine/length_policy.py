@@ -59,6 +59,7 @@ class CostRule:
         self.whole_backoff = whole_backoff
         self.slack = slack  # the whole block stays "no dearer" within this fraction (timing noise)
         self.samples: dict[tuple[int, int], deque[float]] = {}
+        self.medians: dict[tuple[int, int], float] = {}  # of each key's samples, kept by `record`: read every step
         self.last_seen: dict[tuple[int, int], int] = {}
         self.steps = 0
         # realized (tokens, seconds) of recent steps per (batch bucket, mode), mode "choose" or "whole"
@@ -85,7 +86,9 @@ class CostRule:
         emitted `tokens`; the tokens count for the mode `whole_blocks` planned (not for a probe)."""
         bucket_ = self._batch(batch)
         key = (bucket_, width)
-        self.samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
+        seen = self.samples.setdefault(key, deque(maxlen=self.window))
+        seen.append(seconds)
+        self.medians[key] = statistics.median(seen)
         self.steps += 1
         self.last_seen[key] = self.steps
         planned, self._planned = self._planned, None
@@ -112,7 +115,7 @@ class CostRule:
             seen = self.samples.get((batch, width))
             if seen is None or len(seen) < self.tries:
                 return None
-            table[width] = statistics.median(seen)
+            table[width] = self.medians[(batch, width)]
         return table
 
     def probe(self, batch: int) -> int | None:
