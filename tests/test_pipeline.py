@@ -190,3 +190,54 @@ def test_length_policy_reaches_the_inference_worker(tmp_path):
     line = next(x for x in result.output.splitlines() if x.startswith("inference:"))
     payload = _json.loads(line[line.index("'{") + 1: line.rindex("}'") + 1])
     assert payload["length_policy"] == "cost"
+
+
+def test_learning_rate_warms_up_holds_then_anneals_to_zero_at_the_deadline():
+    from adaflash.pipeline.training import TrainingConfig, pipeline_lr
+
+    cfg = TrainingConfig(target="t", draft="d", swap_dir="s", run_id="r", workspace="w", lr=1e-3, warmup_steps=4,
+                         deadline=1000.0, lr_decay_seconds=100.0)
+    assert pipeline_lr(cfg, 0, 0.0) == pytest.approx(2.5e-4)  # warming up
+    assert pipeline_lr(cfg, 10, 850.0) == pytest.approx(1e-3)  # stable until the decay window
+    assert pipeline_lr(cfg, 10, 950.0) == pytest.approx(5e-4)  # half-way through it
+    assert pipeline_lr(cfg, 10, 1001.0) == 0.0
+    assert pipeline_lr(TrainingConfig(target="t", draft="d", swap_dir="s", run_id="r", workspace="w", lr=1e-3,
+                                      warmup_steps=0, deadline=1000.0), 10, 999.0) == 1e-3  # no decay asked
+
+
+def test_training_worker_anneals_what_it_logs(tmp_path, tiny_llama, tiny_target):
+    import time
+
+    from adaflash.pipeline.training import TrainingConfig, run_training
+
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
+    swap = tmp_path / "swap"
+    buffer = SwapBuffer(swap)
+    prompt = tiny_target.render("Count.")
+    buffer.append([{"prompt_text": prompt, "response": f"one two three {i}", "output_ids": []} for i in range(6)])
+    buffer.mark_done()
+    log = RunLog.open(tmp_path / "ws")
+    run = log.create_run("pipeline")
+    cfg = TrainingConfig(target=str(tiny_llama), draft=str(draft), swap_dir=str(swap), run_id=run,
+                         workspace=str(tmp_path / "ws"), loss="fkl", length_head=False, min_buffer=2, train_batch=2,
+                         publish_every=1, poll_seconds=0.05, lr=1e-3, warmup_steps=0,
+                         deadline=time.time() + 600, lr_decay_seconds=1200)
+    assert run_training(cfg) == 6
+    rates = [m["value"] for m in log.metrics_since(0, run_id=run) if m["name"] == "lr"]
+    assert len(rates) == 3
+    assert all(4.9e-4 < r < 5.1e-4 for r in rates)  # half-way into the 20-minute anneal
+    assert rates[0] > rates[1] > rates[2]  # falling as the deadline nears
+
+
+def test_lr_decay_needs_a_time_budget_that_holds_it(tmp_path):
+    (tmp_path / "q.jsonl").write_text('{"prompt": "hi"}\n')
+    base = ["--workspace", str(tmp_path / "ws"), "pipeline", "--draft", "smollm2-135m-dflash", "--data",
+            str(tmp_path / "q.jsonl"), "--dry-run"]
+    result = CliRunner().invoke(cli, [*base, "--lr-decay-minutes", "2"])
+    assert result.exit_code == 2 and "--lr-decay-minutes" in result.output and "--max-minutes" in result.output
+    result = CliRunner().invoke(cli, [*base, "--lr-decay-minutes", "5", "--max-minutes", "3"])
+    assert result.exit_code == 2 and "longer than --max-minutes 3" in result.output
+    result = CliRunner().invoke(cli, [*base, "--lr-decay-minutes", "1.5", "--max-minutes", "3"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("training:"))
+    assert json.loads(line[line.index("'{") + 1: line.rindex("}'") + 1])["lr_decay_seconds"] == 90.0

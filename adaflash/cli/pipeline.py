@@ -46,6 +46,9 @@ PRESETS = {
 @click.option("--lr", type=float, default=1e-4, show_default=True)
 @click.option("--warmup-steps", type=click.IntRange(0), default=16, show_default=True,
               help="Training steps over which the learning rate (drafter and length head) ramps up to --lr.")
+@click.option("--lr-decay-minutes", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="With --max-minutes: the budget's last M minutes anneal the learning rate linearly to zero "
+                   "(warmup-stable-decay), so the final version is a settled one.")
 @click.option("--swap-dir", type=click.Path(file_okay=False), default=None, help="Buffer + weights [default: RUN_DIR/swap].")
 @click.option("--max-samples", type=click.IntRange(1), default=None, help="Stop after this many trajectories.")
 @click.option("--skip", type=click.IntRange(0), default=0, show_default=True,
@@ -68,7 +71,7 @@ PRESETS = {
 @click.option("--dry-run", is_flag=True, help="Print the worker command lines and exit.")
 @click.pass_context
 def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, train_procs, preset, loss, length_head, alpha,
-             kl_temperature, clip, lr, warmup_steps, swap_dir, max_samples, skip, loop, max_minutes, duration, min_buffer,
+             kl_temperature, clip, lr, warmup_steps, lr_decay_minutes, swap_dir, max_samples, skip, loop, max_minutes, duration, min_buffer,
              batch_size, train_batch, publish_every, keep, max_new_tokens, temperature, length_policy, dry_run) -> None:
     """Run the async on-policy pipeline: inference worker → swap buffer → training worker(s) → hot swap."""
     if ctx.invoked_subcommand is not None:
@@ -104,6 +107,10 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     if train_procs and train_list and train_procs != len(train_list):
         fail(f"--train-procs {train_procs}: on GPUs the trainers run one process per GPU ({len(train_list)} in "
              f"--train-gpus {train_gpus})")
+    if lr_decay_minutes and not max_minutes:
+        fail("--lr-decay-minutes anneals towards the end of a time budget: it needs --max-minutes")
+    if lr_decay_minutes and max_minutes and lr_decay_minutes > max_minutes:
+        fail(f"--lr-decay-minutes {lr_decay_minutes:g} is longer than --max-minutes {max_minutes:g}")
     if loop is None:
         loop = max_minutes is not None
     workspace = workspace_of(ctx)
@@ -124,14 +131,16 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     train = TrainingConfig(target=target, draft=str(Path(draft).resolve()), swap_dir=swap, run_id=run_id, workspace=workspace,
                            loss=chosen["loss"], alpha=alpha, kl_temperature=kl_temperature, clip=clip,
                            length_head=chosen["length_head"], lr=lr, warmup_steps=warmup_steps, min_buffer=min_buffer, train_batch=train_batch,
-                           publish_every=publish_every, keep=keep, device=device(train_list), deadline=deadline)
+                           publish_every=publish_every, keep=keep, device=device(train_list), deadline=deadline,
+                           lr_decay_seconds=lr_decay_minutes * 60)
     runner = Pipeline(log, run_id, run_dir, infer, train, infer_list, train_list, deadline=deadline,
                       train_procs=train_procs)
     log.update_run(run_id, run_dir=str(run_dir), config={"preset": method, **chosen, "swap_dir": swap,
                                                          "infer_gpus": infer_gpus, "train_gpus": train_gpus,
                                                          "train_procs": train_procs or len(train_list) or 1,
                                                          "max_samples": max_samples, "skip": skip, "loop": loop, "duration": duration,
-                                                         "max_minutes": max_minutes, "deadline": deadline})
+                                                         "max_minutes": max_minutes, "deadline": deadline,
+                                                         "lr": lr, "lr_decay_minutes": lr_decay_minutes})
     if dry_run:
         import os
         import shlex
@@ -186,6 +195,9 @@ def stop(ctx: click.Context, run_id: str) -> None:
 
 @pipeline.command("status")
 @click.argument("run_id", required=False)
+@click.option("--lr-decay-minutes", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="With --max-minutes: the budget's last M minutes anneal the learning rate linearly to zero "
+                   "(warmup-stable-decay), so the final version is a settled one.")
 @click.option("--swap-dir", type=click.Path(file_okay=False), default=None,
               help="The newest pipeline run that used this swap dir (recipes know it, not the run id).")
 @output_format_option()

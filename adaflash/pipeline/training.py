@@ -65,6 +65,7 @@ class TrainingConfig:
     device: str | None = None
     seed: int = 0
     deadline: float | None = None  # wall clock (time.time()) at which to stop consuming and publish a final version
+    lr_decay_seconds: float = 0.0  # the last seconds before the deadline anneal the rate linearly to zero
 
 
 def _rank_device(device: str | None) -> str | None:
@@ -97,14 +98,27 @@ def _initial_trainer(cfg: TrainingConfig, target, store: WeightStore) -> Trainer
     return trainer
 
 
-def _agree(values: list[int], device: torch.device) -> list[int]:
-    """Rank 0's values on every rank."""
+def _agree(values: list[float], device: torch.device) -> list[float]:
+    """Rank 0's values on every rank (float64 carries the ints here exactly)."""
     _, world = rank_world()
     if world == 1:
         return values
-    tensor = torch.tensor(values, dtype=torch.long, device=device)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.broadcast(tensor, src=0)
     return tensor.tolist()
+
+
+def pipeline_lr(cfg: TrainingConfig, step: int, now: float) -> float:
+    """Warmup, a constant rate, then (with a deadline) a linear anneal to zero over its last seconds.
+
+    A constant rate leaves the published drafter wherever the optimizer's noise has it; annealing at
+    the end of a time budget (warmup-stable-decay) lets the last version settle. Ranks take rank 0's
+    value: each computes it from its own clock.
+    """
+    lr = warmed_up(cfg.lr, step, cfg.warmup_steps)
+    if cfg.deadline is None or cfg.lr_decay_seconds <= 0:
+        return lr
+    return lr * min(1.0, max(0.0, (cfg.deadline - now) / cfg.lr_decay_seconds))
 
 
 def run_training(cfg: TrainingConfig) -> int:
@@ -151,7 +165,8 @@ def run_training(cfg: TrainingConfig) -> int:
         out_of_time = cfg.deadline is not None and time.time() >= cfg.deadline
         finish = buffer.stop_requested() or (done and available == 0) or out_of_time
         take = min(available, cfg.train_batch) if started and (available >= cfg.train_batch or done) else 0
-        take, finish = _agree([take, int(finish)], target.device)
+        take, finish, lr = _agree([take, int(finish), pipeline_lr(cfg, trainer.state.step, time.time())], target.device)
+        take = int(take)
         if finish:
             break
         if take == 0:
@@ -167,7 +182,7 @@ def run_training(cfg: TrainingConfig) -> int:
             usable.append(seq is not None)
             if seq is not None:
                 sequences.append(seq)
-        stats = trainer.step_on(sequences, warmed_up(cfg.lr, trainer.state.step, cfg.warmup_steps), loss_cfg)
+        stats = trainer.step_on(sequences, lr, loss_cfg)
         seconds = time.perf_counter() - began
         # what every rank took and spent: [rows trained, tokens, seconds, loss·rows, then its seqs (-1 pad)]
         width = math.ceil(take / world)
