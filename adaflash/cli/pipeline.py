@@ -195,9 +195,6 @@ def stop(ctx: click.Context, run_id: str) -> None:
 
 @pipeline.command("status")
 @click.argument("run_id", required=False)
-@click.option("--lr-decay-minutes", type=click.FloatRange(0), default=0.0, show_default=True,
-              help="With --max-minutes: the budget's last M minutes anneal the learning rate linearly to zero "
-                   "(warmup-stable-decay), so the final version is a settled one.")
 @click.option("--swap-dir", type=click.Path(file_okay=False), default=None,
               help="The newest pipeline run that used this swap dir (recipes know it, not the run id).")
 @output_format_option()
