@@ -264,3 +264,24 @@ def test_accuracy_is_scored_against_the_reference_answers(workspace, tiny_llama,
     record = json.loads(result.stdout)["records"][0]
     assert record["accuracy"] == 0.0
 
+
+
+@pytest.mark.parametrize("order", ["interleaved", "sequential"])
+def test_passes_by_kind_account_for_every_step(workspace, tiny_llama, drafts, prompt_file, order):
+    """Each row says where its time went: prefills, and decode steps by kind (AdaFlash's cost rule first
+    times each width, "probe"); at batch 1 every prompt is one prefill and the kinds add up to the steps τ
+    counts, inside the measured time."""
+    result = _invoke("--target", str(tiny_llama), "--methods", "vanilla,dflash,adaflash", "--draft-dir", str(drafts),
+                     "--prompts", str(prompt_file), "--num-prompts", "2", "--batch-sizes", "1", "--max-new-tokens", "6",
+                     "--device", "cpu", "--warmup", "none", "--order", order, "--format", "json")
+    assert result.exit_code == 0, result.output
+    records = {r["method"]: r for r in json.loads(result.stdout)["records"]}
+    assert set(records["vanilla"]["passes"]) == {"prefill", "decode"}
+    assert set(records["dflash"]["passes"]) == {"prefill", "whole"}
+    assert {"prefill", "probe"} <= set(records["adaflash"]["passes"]) <= {"prefill", "probe", "choose", "whole"}
+    for method, record in records.items():
+        passes = record["passes"]
+        assert passes["prefill"]["steps"] == 2, method
+        steps = sum(p["steps"] for p in passes.values())
+        assert steps == pytest.approx(record["total_output_tokens"] / record["accept_length"]), method
+        assert 0 < sum(p["seconds"] for p in passes.values()) <= record["duration"], method

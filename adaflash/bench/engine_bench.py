@@ -57,6 +57,22 @@ class EngineBenchEvents:
     row: Callable[[dict[str, Any]], None] | None = None
 
 
+def _passes(engine: Any, before: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
+    """The engine's passes by kind ({kind: {steps, seconds}}), less those in `before`: where a method's
+    time went (AdaFlash: whole-block steps against head-chosen ones and the cost rule's probes)."""
+    before = before or {}
+    out = {}
+    for kind, count in engine.step_counts.items():
+        steps = count - before.get(kind, {}).get("steps", 0)
+        if steps:
+            out[kind] = {"steps": steps, "seconds": engine.step_seconds[kind] - before.get(kind, {}).get("seconds", 0.0)}
+    return out
+
+
+def _passes_text(passes: dict[str, dict[str, float]]) -> str:
+    return ", ".join(f"{kind} {int(p['steps']):,} ({p['seconds']:.2f} s)" for kind, p in sorted(passes.items()))
+
+
 def _warmup_tokens(max_new_tokens: int) -> int:
     return min(WARMUP_TOKENS, max(2, max_new_tokens // 2))
 
@@ -248,14 +264,15 @@ class EngineBench:
                 reference = first_vanilla if method == "vanilla" else vanilla
                 name = f"vanilla@b{spec.batch_sizes[0]}" if method == "vanilla" else f"vanilla@b{batch}"
                 if measured is not None:
-                    outputs, duration, gaps = measured[method]
+                    outputs, duration, gaps, passes = measured[method]
                 else:
                     engine = self._ready_engine(method, batch)
-                    outputs, duration, gaps = self._timed(engine, list(range(len(self.prompts))))
+                    outputs, duration, gaps, passes = self._timed(engine, list(range(len(self.prompts))))
                     del engine
                     _free(self.target.device)
                 ids = [list(o.output_ids) for o in outputs]
-                self._record(method, batch, self._metrics(outputs, duration, gaps), ids, reference, name, "embedded")
+                metrics = {**self._metrics(outputs, duration, gaps), "passes": passes}
+                self._record(method, batch, metrics, ids, reference, name, "embedded")
                 if method == "vanilla":
                     vanilla = ids
                     if first_vanilla is None:
@@ -268,8 +285,8 @@ class EngineBench:
             self.say(f"note: {HF_PROMPT_LOOKUP} runs at batch 1 only (transformers' assisted generation allows "
                      "no more); add 1 to --batch-sizes to measure it")
 
-    def _interleaved(self, batch: int) -> dict[str, tuple[list[Any], float, list[float]]]:
-        """Every method's (outputs in prompt order, its own engine seconds, inter-token gaps): each engine
+    def _interleaved(self, batch: int) -> dict[str, tuple[list[Any], float, list[float], dict[str, Any]]]:
+        """Every method's (outputs in prompt order, its own engine seconds, inter-token gaps, passes): each engine
         has every prompt queued and they take turns of `TURN_STEPS` steps, each timed on its own
         `TurnClock`."""
         methods = self.spec.methods
@@ -279,6 +296,7 @@ class EngineBench:
         clocks = {method: TurnClock() for method in methods}
         gaps = {method: TokenGaps(clocks[method]) for method in methods}
         done: dict[str, dict[str, Any]] = {method: {} for method in methods}
+        before = {method: _passes(engine) for method, engine in engines.items()}
         for method, engine in engines.items():
             engine.clock = clocks[method]  # after the warm-up: its requests are off this clock
             for request in requests[method]:
@@ -293,10 +311,11 @@ class EngineBench:
             if (now := min(len(finished) for finished in done.values())) > answered:
                 answered = now
                 self.log.log_metrics(self.run_id, {"prompts_done": answered}, step=answered)
+        passes = {method: _passes(engine, before[method]) for method, engine in engines.items()}
         del engines
         _free(self.target.device)
-        return {method: ([done[method][r.rid] for r in requests[method]], clocks[method].total, gaps[method].gaps)
-                for method in methods}
+        return {method: ([done[method][r.rid] for r in requests[method]], clocks[method].total, gaps[method].gaps,
+                         passes[method]) for method in methods}
 
     def _turn(self, engine: Any, clock: TurnClock, done: dict[str, Any], gaps: TokenGaps) -> None:
         """Up to TURN_STEPS engine steps on the engine's own clock; finished outputs go to `done`."""
@@ -337,7 +356,8 @@ class EngineBench:
         self.say(f"{method} @ batch {batch}: {record['output_throughput']:.1f} tok/s"
                  + (f", τ {tau:.2f}" if tau else "")
                  + ("" if count is None else f", identical to {reference_name}: "
-                    + ("yes" if count == 0 else f"no ({count}/{len(outputs)} prompts differ)")))
+                    + ("yes" if count == 0 else f"no ({count}/{len(outputs)} prompts differ)"))
+                 + (f"; passes: {_passes_text(record['passes'])}" if record.get("passes") else ""))
         if self.events.row:
             self.events.row(record)
         return record
@@ -351,9 +371,8 @@ class EngineBench:
         engine = build_engine(self.target, method, spec.drafts.get(method), max_batch=batch, max_len=self.max_len,
                               length_rate=spec.length_rate, min_length=spec.min_length,
                               length_policy=spec.length_policy)
-        # Graphs are captured on first use, in the warm-up. Capturing every shape before it (as `serve` does)
-        # did not close AdaFlash's fixed gap to OSD on an H200 (0.56 s at batch 1, `s10-pipe-b1-il`), and it
-        # is where AdaFlash's batch-32 runs met an illegal memory access (README, "Known problems").
+        # Graphs are captured on first use, in the warm-up: capturing every shape before it (as `serve` does)
+        # did not close AdaFlash's fixed gap to OSD on an H200 (0.56 s at batch 1, `s10-pipe-b1-il`).
         if self.warmup == "full":
             engine.generate(self._requests(list(range(len(self.prompts)))))
         elif self.warmup == "short":
@@ -367,14 +386,16 @@ class EngineBench:
         params = SamplingParams(max_new_tokens=self.spec.max_new_tokens, temperature=0.0)
         return [Request(list(self.ids[i]), params, prompt_text=self.prompts[i].text) for i in indices]
 
-    def _timed(self, engine: Any, indices: list[int]) -> tuple[list[Any], float, list[float]]:
-        """The prompts at `indices`, all queued at once: (outputs in that order, wall seconds, inter-token gaps)."""
+    def _timed(self, engine: Any, indices: list[int]) -> tuple[list[Any], float, list[float], dict[str, Any]]:
+        """The prompts at `indices`, all queued at once: (outputs in that order, wall seconds, inter-token
+        gaps, the engine's passes by kind)."""
         gaps = TokenGaps(time.perf_counter)
+        before = _passes(engine)
         _sync(self.target.device)
         started = time.perf_counter()
         outputs = engine.generate(self._requests(indices), on_event=gaps)
         _sync(self.target.device)
-        return outputs, time.perf_counter() - started, gaps.gaps
+        return outputs, time.perf_counter() - started, gaps.gaps, _passes(engine, before)
 
     def _metrics(self, outputs: list[Any], duration: float, gaps: list[float]) -> dict[str, Any]:
         metas = [o.meta_info for o in outputs]

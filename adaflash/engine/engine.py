@@ -19,7 +19,7 @@ This module schedules, samples, accepts and emits. Each request's tokens, stops 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -115,6 +115,12 @@ class Engine:
         self.waiting: deque[tuple[Request, float]] = deque()  # with the time each arrived
         self.active: dict[int, RunningSeq] = {}
         self.stats = {"verify_ct": 0, "completion_tokens": 0, "requests": 0}
+        # Passes by kind, with their host-clock seconds (each ends on a host read, so they are the
+        # device's too): "prefill", "decode" (no drafter), and speculative steps "whole" (every draft
+        # verified, the head unread), "choose" (the head picked the width), "probe" (the cost rule
+        # timing a width).
+        self.step_counts: Counter[str] = Counter()
+        self.step_seconds: Counter[str] = Counter()
         if drafter is not None:
             self.passes.install_drafter(drafter)
 
@@ -253,6 +259,7 @@ class Engine:
         self.passes.admit(rows, length, first, ids.shape[1])
         firsts = first.tolist()
         elapsed = time.perf_counter() - started
+        self._count("prefill", elapsed)
         events = []
         for i, seq in enumerate(admitted):
             self.active[seq.slot] = seq
@@ -282,8 +289,11 @@ class Engine:
             packed, t1, t2, t3 = self._draft_then_verify(rows, pending, lens, longest, params, greedy, steps, chooser, t0)
         # Per row: accepted drafts, verified drafts, then the emitted tokens.
         acc_list, n_list, emit_list = [r[0] for r in packed], [r[1] for r in packed], [r[2:] for r in packed]
+        kind = "decode" if self.drafter is None else "whole" if chooser is None else "choose"
         if self._reads_head() and self.length_policy == "cost":
+            kind = self._cost_rule().planned or kind
             self._cost_rule().record(len(seqs), max(n_list) + 1, t3 - t0, tokens=sum(acc_list) + len(seqs))
+        self._count(kind, t3 - t0)
         events = []
         for i, seq in enumerate(seqs):
             seq.verify_ct += 1
@@ -293,6 +303,10 @@ class Engine:
             n_acc = acc_list[i]
             events.append(self._emit(seq, emit_list[i][: n_acc + 1], accepted=n_acc, proposed=n_list[i]))
         return events
+
+    def _count(self, kind: str, seconds: float) -> None:
+        self.step_counts[kind] += 1
+        self.step_seconds[kind] += seconds
 
     def _draft_then_verify(self, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor, longest: int,
                            params: list, greedy: bool, steps: int | None, chooser: LengthChooser | None,
