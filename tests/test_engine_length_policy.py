@@ -77,21 +77,41 @@ def test_modes_are_weighed_by_the_tokens_per_second_they_yield(whole_rate, choos
     assert rule.mode_rate(2, "whole") is None  # each batch bucket weighs its own
 
 
-def test_stale_widths_are_retimed_less_often_while_whole_blocks_win():
-    """Each re-timing verifies a shorter width than the step would: while whole blocks win it comes once
-    in refresh x whole_backoff steps instead of once in refresh."""
-    def probes(cost) -> int:
+def test_stale_widths_are_retimed_ever_less_often_while_whole_blocks_win():
+    """Each re-timing verifies a shorter width than the step would (and on a GPU may capture a graph on
+    the clock): while whole blocks win it comes after 1, 2, 4, ... periods of refresh x whole_backoff
+    steps, and once the head's choice pays again, every refresh steps."""
+    def probe_steps(cost, steps: int = 512) -> list[int]:
         rule = trained(CostRule(block=4, min_length=2, tries=1, refresh=8, whole_backoff=4, mode_tries=2), 1, cost)
-        count = 0
-        for _ in range(256):
+        at = []
+        for _ in range(steps):
             whole = rule.whole_blocks(1)
-            count += rule.planned == "probe"
+            if rule.planned == "probe":
+                at.append(rule.steps)
             width = rule.probe(1) if rule.planned == "probe" else 4 if whole else 2
             rule.record(1, width, cost(width), tokens=2)
-        return count
+        return at
 
-    assert probes(lambda w: 1.0) == 256 // 32  # flat: whole blocks win, one try in 8 x 4 steps
-    assert probes(lambda w: 0.5 + 0.1 * w) == 256 // 8  # the head's choice pays: one try in 8
+    flat = probe_steps(lambda w: 1.0)  # whole blocks win from the first decision (after 3 timing tries)
+    assert [b - a for a, b in zip(flat, flat[1:])] == [32, 64, 128]
+    assert flat[0] - 3 == 32
+    steep = probe_steps(lambda w: 0.5 + 0.1 * w)  # the head's choice pays: one try in 8
+    assert len(steep) == 512 // 8 and {b - a for a, b in zip(steep, steep[1:])} == {8}
+
+
+def test_whole_blocks_are_checked_again_within_recheck_steps():
+    """The table is read every `recheck` steps while whole blocks win: when the whole block turns dear, the
+    head is back within that many steps."""
+    rule = trained(CostRule(block=4, min_length=2, tries=1, window=1, recheck=16, refresh=0), 1, lambda w: 1.0)
+    for _ in range(5):
+        assert rule.whole_blocks(1)
+        rule.record(1, 4, 1.0, tokens=2)
+    rule.record(1, 4, 5.0)  # the whole block now costs 5x the others (window 1: the median is that step)
+    decided = []
+    for _ in range(20):
+        decided.append(rule.whole_blocks(1))
+        rule.record(1, 4 if decided[-1] else 2, 5.0 if decided[-1] else 1.0, tokens=2)
+    assert decided[0] and not decided[-1] and decided.index(False) < 16  # cached a while, then read again
 
 
 def test_probe_steps_do_not_count_for_a_mode():

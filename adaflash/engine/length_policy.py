@@ -49,7 +49,7 @@ class CostRule:
 
     def __init__(self, block: int, min_length: int, *, max_batch: int = 1024, tries: int = 3, window: int = 16,
                  refresh: int = 64, slack: float = 0.02, mode_tries: int = 16, mode_window: int = 64,
-                 whole_backoff: int = 8) -> None:
+                 whole_backoff: int = 8, recheck: int = 16) -> None:
         self.block = block
         self.max_batch = max_batch
         self.min_length = max(1, min(min_length, block))
@@ -57,9 +57,11 @@ class CostRule:
         self.window = window
         self.refresh = refresh
         self.whole_backoff = whole_backoff
+        self.recheck = recheck
         self.slack = slack  # the whole block stays "no dearer" within this fraction (timing noise)
         self.samples: dict[tuple[int, int], deque[float]] = {}
-        self.medians: dict[tuple[int, int], float] = {}  # of each key's samples, kept by `record`: read every step
+        self._medians: dict[tuple[int, int], float] = {}  # of each key's samples, refreshed when read
+        self._stale: set[tuple[int, int]] = set()  # keys recorded since their median was taken
         self.last_seen: dict[tuple[int, int], int] = {}
         self.steps = 0
         # realized (tokens, seconds) of recent steps per (batch bucket, mode), mode "choose" or "whole"
@@ -67,6 +69,8 @@ class CostRule:
         self.mode_window = mode_window
         self.yields: dict[tuple[int, str], deque[tuple[int, float]]] = {}
         self.mode_seen: dict[tuple[int, str], int] = {}
+        self._whole_since: dict[int, int] = {}  # per batch bucket: the step whole blocks became the settled mode
+        self._whole_checked: dict[int, int] = {}  # per batch bucket: the step the table last said whole blocks win
         self._planned: tuple[int, str] | None = None  # what `whole_blocks` decided for the coming step
         a = torch.linspace(0.0, 0.999, _GRID, dtype=torch.float64)
         lengths = torch.arange(1, block + 1, dtype=torch.float64)
@@ -83,17 +87,23 @@ class CostRule:
 
     def record(self, batch: int, width: int, seconds: float, tokens: int | None = None) -> None:
         """One speculative step of `batch` rows that verified `width` positions took `seconds` and
-        emitted `tokens`; the tokens count for the mode `whole_blocks` planned (not for a probe)."""
+        emitted `tokens`; the tokens count for the mode `whole_blocks` planned (not for a probe).
+        Runs every step, so it only appends: medians are taken when the table is read."""
         bucket_ = self._batch(batch)
         key = (bucket_, width)
-        seen = self.samples.setdefault(key, deque(maxlen=self.window))
+        seen = self.samples.get(key)
+        if seen is None:
+            seen = self.samples[key] = deque(maxlen=self.window)
         seen.append(seconds)
-        self.medians[key] = statistics.median(seen)
+        self._stale.add(key)
         self.steps += 1
         self.last_seen[key] = self.steps
         planned, self._planned = self._planned, None
         if tokens is not None and planned is not None and planned[0] == bucket_ and planned[1] != "probe":
-            self.yields.setdefault(planned, deque(maxlen=self.mode_window)).append((tokens, seconds))
+            recent = self.yields.get(planned)
+            if recent is None:
+                recent = self.yields[planned] = deque(maxlen=self.mode_window)
+            recent.append((tokens, seconds))
             self.mode_seen[planned] = self.steps
 
     @property
@@ -112,22 +122,39 @@ class CostRule:
         """Median step seconds per width at this batch size, once every width has its tries."""
         table, batch = {}, self._batch(batch)
         for width in self.widths():
-            seen = self.samples.get((batch, width))
+            key = (batch, width)
+            seen = self.samples.get(key)
             if seen is None or len(seen) < self.tries:
                 return None
-            table[width] = self.medians[(batch, width)]
+            if key in self._stale:
+                self._medians[key] = statistics.median(seen)
+                self._stale.discard(key)
+            table[width] = self._medians[key]
         return table
 
     def probe(self, batch: int) -> int | None:
-        """A width to try now: one still short of its tries, or the stalest every `refresh` steps."""
+        """A width to try now: one still short of its tries, or the stalest when a re-timing is due."""
         batch = self._batch(batch)
         for width in self.widths():
             seen = self.samples.get((batch, width))
             if seen is None or len(seen) < self.tries:
                 return width
-        if self.refresh and self.steps % self.refresh == 0:
+        if self._retime_due(batch):
             return min(self.widths(), key=lambda w: self.last_seen.get((batch, w), 0))
         return None
+
+    def _retime_due(self, bucket_: int) -> bool:
+        """Every `refresh` steps while the head chooses; while whole blocks win, after 1, 2, 4, 8, ...
+        periods of `refresh · whole_backoff` steps: such a try verifies fewer drafts than the step would,
+        and on a GPU it may replay a graph no step has needed yet (captured on the clock), while the
+        timings it refreshes only steer head-chosen steps."""
+        if not self.refresh:
+            return False
+        since = self._whole_since.get(bucket_)
+        if since is None:
+            return self.steps % self.refresh == 0
+        periods, rest = divmod(self.steps - since, self.refresh * self.whole_backoff)
+        return rest == 0 and periods > 0 and periods & (periods - 1) == 0
 
     def whole_block_cheapest(self, batch: int) -> bool:
         """Measured, and the whole block costs at most `slack` more than the cheapest width: then it
@@ -143,28 +170,45 @@ class CostRule:
         timing try, and either the whole block is the cheapest width or whole-block steps have been
         yielding more tokens per second than head-chosen ones. Remembered for the next `record`.
 
-        While whole blocks win, stale widths are re-timed `whole_backoff` times less often: such a
-        try verifies fewer drafts than the step would, and the timings only steer head-chosen steps."""
+        It runs every step, so once the table says whole blocks win it is read again only every
+        `recheck` steps (its medians move slowly: each is over `window` steps)."""
         bucket_ = self._batch(batch)
-        table = self.cost(batch)
-        if table is None:
-            mode = "probe"
+        checked = self._whole_checked.get(bucket_)
+        if checked is not None and self.steps - checked < self.recheck:
+            mode = "probe" if self._retime_due(bucket_) else "whole"
         else:
-            mode = "whole" if self._whole_block_wins(table) else self._better_mode(bucket_)
-            due = self.probe(batch) is not None
-            if due and (mode != "whole" or self.steps % (self.refresh * self.whole_backoff) == 0):
-                mode = "probe"
+            mode = self._decide(batch, bucket_)
         self._planned = (bucket_, mode)
         return mode == "whole"
 
-    def _better_mode(self, bucket_: int) -> str:
+    def _decide(self, batch: int, bucket_: int) -> str:
+        self._whole_checked.pop(bucket_, None)
+        table = self.cost(batch)
+        if table is None:
+            return "probe"
+        if self._whole_block_wins(table):
+            settled = mode = "whole"
+            self._whole_checked[bucket_] = self.steps
+        else:
+            settled, mode = self._modes(bucket_)
+        if settled == "whole":
+            self._whole_since.setdefault(bucket_, self.steps)
+        else:
+            self._whole_since.pop(bucket_, None)
+        return "probe" if self.probe(batch) is not None else mode
+
+    def _modes(self, bucket_: int) -> tuple[str | None, str]:
+        """(the mode whose recent steps yielded more tokens per second, None until each has had its
+        tries; the mode for the coming step: each mode's tries first, the head's choice before, then
+        the better one, and the other now and then)."""
         rates = {mode: self.mode_rate(bucket_, mode) for mode in ("choose", "whole")}
-        for mode, rate in rates.items():  # each mode its tries first, the head's choice before
+        for mode, rate in rates.items():
             if rate is None:
-                return mode
-        if self.refresh and self.steps % self.refresh == self.refresh // 2:  # the other mode now and then
-            return min(rates, key=lambda mode: self.mode_seen.get((bucket_, mode), 0))
-        return max(rates, key=lambda mode: rates[mode] or 0.0)
+                return None, mode
+        best = max(rates, key=lambda mode: rates[mode] or 0.0)
+        if self.refresh and self.steps % self.refresh == self.refresh // 2:
+            return best, min(rates, key=lambda mode: self.mode_seen.get((bucket_, mode), 0))
+        return best, best
 
     def choose(self, pred: torch.Tensor, k: int) -> torch.Tensor | None:
         """Drafted tokens to verify per row (the verify width minus the pending token, the same for
