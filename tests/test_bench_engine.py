@@ -222,7 +222,7 @@ def test_interleaved_order_takes_turns_and_measures_the_same_tokens(workspace, t
 
 
 def test_token_gaps_spread_a_steps_gap_over_the_tokens_it_brought():
-    from adaflash.bench.engine_bench import TokenGaps
+    from adaflash.bench.metrics import TokenGaps
     from adaflash.engine.engine import StepEvent
 
     now = [0.0]
@@ -231,7 +231,7 @@ def test_token_gaps_spread_a_steps_gap_over_the_tokens_it_brought():
         now[0] = at
         gaps(StepEvent(rid, ids))
     # a: first token at 1.0 (TTFT, no gap), then 3 tokens 0.3 s later; b: nothing new at 1.5, one token at 1.6
-    assert gaps.gaps == pytest.approx([0.1, 0.1, 0.1, 0.6])
+    assert gaps.itl == {"a": pytest.approx([0.1, 0.1, 0.1]), "b": pytest.approx([0.6])}
 
 
 def test_turn_clock_stands_still_between_turns(monkeypatch):

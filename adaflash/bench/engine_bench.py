@@ -32,7 +32,6 @@ All rows go to one run of kind "bench-matrix" (each record carries `matrix_run`)
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from typing import Any
 
 from adaflash.bench.engine_spec import EngineBenchError, EngineBenchSpec
 from adaflash.bench.hf_generate import hf_generate
-from adaflash.bench.metrics import accuracy, percentile
+from adaflash.bench.metrics import TokenGaps, accuracy, compute_metrics, engine_results
 from adaflash.bench.prompts import BenchPrompt
 from adaflash.engine.params import DRAFT_MARGIN, METHODS
 
@@ -98,26 +97,6 @@ class TurnClock:
         self.total, self._since = self(), None
 
 
-class TokenGaps:
-    """Inter-token latencies from an engine's step events, counted as `adaflash bench --base-url` counts a stream's:
-    each event's gap since the request's previous event, spread over the tokens it brought (a
-    speculative step brings several at once). A request's first event is its first token (TTFT)."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
-        self.last: dict[str, float] = {}
-        self.gaps: list[float] = []
-
-    def __call__(self, event: Any) -> None:
-        if not event.new_ids:
-            return
-        now = self.clock()
-        if event.rid in self.last:
-            count = len(event.new_ids)
-            self.gaps += [(now - self.last[event.rid]) / count] * count
-        self.last[event.rid] = now
-
-
 def _sync(device: Any) -> None:
     import torch
 
@@ -149,13 +128,15 @@ def _mismatches(outputs: list[list[int]], reference: list[list[int]] | None, ids
     return len(bad), bad
 
 
-def _summary(completion: list[int], prompt_tokens: list[int], duration: float, steps: int | None) -> dict[str, Any]:
+def _hf_summary(completion: list[int], prompt_tokens: list[int], duration: float, steps: int) -> dict[str, Any]:
+    """transformers' rows: `generate()` runs a batch as one call, so there are no per-request times or
+    verify counts, only the batch's tokens and its target forwards."""
     out_tokens, in_tokens = sum(completion), sum(prompt_tokens)
     return {
         "completed": len(completion), "duration": duration, "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens, "request_throughput": len(completion) / duration,
         "output_throughput": out_tokens / duration, "total_throughput": (in_tokens + out_tokens) / duration,
-        "accept_length": out_tokens / steps if steps else None, "verify_steps": steps,
+        "accept_length": out_tokens / steps if steps else None, "spec_verify_ct": steps,
     }
 
 
@@ -314,7 +295,7 @@ class EngineBench:
         passes = {method: _passes(engine, before[method]) for method, engine in engines.items()}
         del engines
         _free(self.target.device)
-        return {method: ([done[method][r.rid] for r in requests[method]], clocks[method].total, gaps[method].gaps,
+        return {method: ([done[method][r.rid] for r in requests[method]], clocks[method].total, gaps[method].itl,
                          passes[method]) for method in methods}
 
     def _turn(self, engine: Any, clock: TurnClock, done: dict[str, Any], gaps: TokenGaps) -> None:
@@ -395,27 +376,11 @@ class EngineBench:
         started = time.perf_counter()
         outputs = engine.generate(self._requests(indices), on_event=gaps)
         _sync(self.target.device)
-        return outputs, time.perf_counter() - started, gaps.gaps, _passes(engine, before)
+        return outputs, time.perf_counter() - started, gaps.itl, _passes(engine, before)
 
-    def _metrics(self, outputs: list[Any], duration: float, gaps: list[float]) -> dict[str, Any]:
-        metas = [o.meta_info for o in outputs]
-        steps = sum(int(m["spec_verify_ct"]) for m in metas)
-        metrics = _summary([int(m["completion_tokens"]) for m in metas], [int(m["prompt_tokens"]) for m in metas],
-                           duration, steps)
-        proposed = sum(int(m.get("spec_num_proposed_drafts") or 0) for m in metas)
-        correct = sum(int(m.get("spec_num_correct_drafts") or 0) for m in metas)
-        metrics["accept_rate"] = correct / proposed if proposed else None
+    def _metrics(self, outputs: list[Any], duration: float, itl: dict[str, list[float]]) -> dict[str, Any]:
         # Every prompt is queued at once, so TTFT includes waiting for a free slot (as in bench_serving).
-        for name, values in (("e2e_latency", [float(m["e2e_latency"]) * 1000 for m in metas]),
-                             ("ttft", [float(m["ttft"]) * 1000 for m in metas]),
-                             ("tpot", [(float(m["e2e_latency"]) - float(m["ttft"])) * 1000
-                                       / max(int(m["completion_tokens"]) - 1, 1) for m in metas])):
-            metrics[f"median_{name}_ms"] = statistics.median(values)
-            metrics[f"p99_{name}_ms"] = percentile(values, 99)
-        itl = [gap * 1000 for gap in gaps]
-        metrics["median_itl_ms"] = statistics.median(itl) if itl else None
-        metrics["p99_itl_ms"] = percentile(itl, 99)
-        return metrics
+        return compute_metrics(engine_results(outputs, itl), duration)
 
     # -- transformers ----------------------------------------------------------------------------
     def _hf(self) -> Any:
@@ -447,7 +412,7 @@ class EngineBench:
         completion = [len(o) for o in outputs]
         # τ = tokens per target forward: exact at batch 1 (prompt lookup runs there only); plain greedy is 1.
         tau_steps = steps if lookup else sum(completion)
-        metrics = _summary(completion, [len(ids) for ids in self.ids], duration, tau_steps)
+        metrics = _hf_summary(completion, [len(ids) for ids in self.ids], duration, tau_steps)
         metrics["accept_rate"] = None
         if lookup:
             metrics["prompt_lookup_num_tokens"] = lookup

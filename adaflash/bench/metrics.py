@@ -13,6 +13,7 @@ import math
 import platform
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,40 @@ class RequestResult:
     verify_ct: int | None = None
     proposed: int | None = None
     correct: int | None = None
+
+
+class TokenGaps:
+    """Inter-token latencies from an engine's step events, counted as `adaflash bench --base-url` counts a
+    stream's: each event's gap since the request's previous event, spread over the tokens it brought (a
+    speculative step brings several at once). A request's first event is its first token (TTFT)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.last: dict[str, float] = {}
+        self.itl: dict[str, list[float]] = {}  # per request id
+
+    def __call__(self, event: Any) -> None:
+        if not event.new_ids:
+            return
+        now = self.clock()
+        if event.rid in self.last:
+            count = len(event.new_ids)
+            self.itl.setdefault(event.rid, []).extend([(now - self.last[event.rid]) / count] * count)
+        self.last[event.rid] = now
+
+
+def engine_results(outputs: list[Any], itl: dict[str, list[float]] | None = None) -> list[RequestResult]:
+    """The embedded engine's finished requests as the HTTP client's results, so both are summarized by
+    `compute_metrics` (its meta_info carries the same counts a server reports)."""
+    results = []
+    for output in outputs:
+        meta = output.meta_info
+        results.append(RequestResult(
+            id=output.rid, success=True, prompt_tokens=int(meta["prompt_tokens"]),
+            output_tokens=int(meta["completion_tokens"]), ttft=float(meta["ttft"]), latency=float(meta["e2e_latency"]),
+            itl=list((itl or {}).get(output.rid, [])), text=output.text, verify_ct=int(meta["spec_verify_ct"]),
+            proposed=int(meta.get("spec_num_proposed_drafts") or 0), correct=int(meta.get("spec_num_correct_drafts") or 0)))
+    return results
 
 
 def percentile(values: list[float], q: float) -> float | None:

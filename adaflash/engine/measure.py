@@ -5,11 +5,10 @@ Metric names follow SGLang's bench_serving so these records sit beside HTTP benc
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
-from adaflash.bench.metrics import percentile
+from adaflash.bench.metrics import TokenGaps, compute_metrics, engine_results
 from adaflash.engine.engine import Engine
 from adaflash.engine.params import DRAFT_MARGIN, Request, SamplingParams
 
@@ -27,29 +26,10 @@ def measure(engine: Engine, prompts: list[str], *, max_new_tokens: int, temperat
         engine.generate([Request(list(ids), SamplingParams(max_new_tokens=8)) for ids in encoded[:warmup]])
     requests = [Request(list(ids), SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
                         prompt_text=p) for ids, p in zip(encoded, prompts)]
+    gaps = TokenGaps(time.perf_counter)
     started = time.perf_counter()
-    outputs = engine.generate(requests)
-    duration = time.perf_counter() - started
-    out_tokens = sum(o.meta_info["completion_tokens"] for o in outputs)
-    in_tokens = sum(o.meta_info["prompt_tokens"] for o in outputs)
-    verify = sum(o.meta_info["spec_verify_ct"] for o in outputs)
-    proposed = sum(o.meta_info["spec_num_proposed_drafts"] for o in outputs)
-    correct = sum(o.meta_info["spec_num_correct_drafts"] for o in outputs)
-    e2e = [o.meta_info["e2e_latency"] * 1000 for o in outputs]
-    ttft = [o.meta_info["ttft"] * 1000 for o in outputs]
-    tpot = [(o.meta_info["e2e_latency"] - o.meta_info["ttft"]) * 1000 / max(o.meta_info["completion_tokens"] - 1, 1)
-            for o in outputs]
-    metrics = {
-        "completed": len(outputs), "duration": duration, "total_input_tokens": in_tokens,
-        "total_output_tokens": out_tokens, "request_throughput": len(outputs) / duration,
-        "output_throughput": out_tokens / duration, "input_throughput": in_tokens / duration,
-        "accept_length": out_tokens / max(verify, 1),
-        "accept_rate": correct / proposed if proposed else None,
-        "mean_e2e_latency_ms": statistics.mean(e2e), "median_e2e_latency_ms": statistics.median(e2e),
-        "p99_e2e_latency_ms": percentile(e2e, 99), "mean_ttft_ms": statistics.mean(ttft),
-        "median_ttft_ms": statistics.median(ttft), "p99_ttft_ms": percentile(ttft, 99), "mean_tpot_ms": statistics.mean(tpot),
-        "median_tpot_ms": statistics.median(tpot), "p99_tpot_ms": percentile(tpot, 99),
-        "max_concurrency": engine.max_batch, "concurrency": engine.max_batch, "num_prompts": len(prompts),
-        "max_new_tokens": max_new_tokens, "temperature": temperature,
-    }
+    outputs = engine.generate(requests, on_event=gaps)
+    metrics = compute_metrics(engine_results(outputs, gaps.itl), time.perf_counter() - started)
+    metrics.update({"max_concurrency": engine.max_batch, "concurrency": engine.max_batch, "num_prompts": len(prompts),
+                    "max_new_tokens": max_new_tokens, "temperature": temperature})
     return metrics, outputs
