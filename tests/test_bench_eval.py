@@ -33,6 +33,7 @@ def test_eval_measures_each_method_and_records_one_run(workspace, tiny_llama, tm
     stored = RunLog.open(workspace).bench_results([runs[0]["id"]])
     assert len(runs) == 1 and len(stored) == 3
     # summarized as the HTTP client's results are: inter-token latencies and spreads included
-    assert all(r["median_itl_ms"] > 0 and r["std_e2e_latency_ms"] is not None and r["failed"] == 0 for r in stored)
+    assert all(r["data"]["median_itl_ms"] > 0 and r["data"]["std_e2e_latency_ms"] is not None and r["data"]["failed"] == 0
+               for r in stored)
     bad = CliRunner().invoke(cli, ["eval", "--target", str(tiny_llama), "--method", "vanilla", "--dataset", "nowhere"])
     assert bad.exit_code == 2 and "--dataset nowhere" in bad.output
