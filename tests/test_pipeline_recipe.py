@@ -69,16 +69,19 @@ def test_h200x2_recipe_places_inference_on_gpu0_and_torchrun_training_on_the_res
     payload = json.loads(train[-1])
     assert payload["device"] == "cuda" and payload["loss"] == "rkl-mix" and payload["length_head"] is True
     assert before + 15 * 60 - 5 <= payload["deadline"] <= time.time() + 15 * 60
+    assert payload["lr_decay_seconds"] == 0.0  # a constant rate unless the recipe's vars ask
     assert json.loads(shlex.split(workers["inference"])[-1])["loop"] is True  # a budget cycles over the prompts
 
 
 def test_h200x2_recipe_scales_training_and_fits_one_gpu(tmp_path):
     ws = tmp_path / "ws"
-    wide = {row["name"]: row for row in _plan(ws, "gpus.training=[1,2,3]", "vars.minutes=30")["jobs"]}
+    wide = {row["name"]: row for row in _plan(ws, "gpus.training=[1,2,3]", "vars.minutes=30",
+                                              "vars.lr_decay_minutes=6")["jobs"]}
     argv = wide["pipeline"]["argv"]
     assert _option(argv, "--train-gpus") == "1,2,3" and _option(argv, "--max-minutes") == "30"
     workers = _workers(tmp_path, ws, argv, wide["pipeline"]["env"])
     train = shlex.split(workers["training"])
+    assert json.loads(train[-1])["lr_decay_seconds"] == 360.0  # the recipe's anneal reaches every trainer
     assert train[:2] == ["CUDA_VISIBLE_DEVICES=1,2,3", "NCCL_NVLS_ENABLE=0"]
     assert train[train.index("torch.distributed.run") + 1:][:2] == ["--standalone", "--nproc_per_node=3"]
     assert train[-3:-1] == ["adaflash.pipeline.worker", "train"]
