@@ -1,7 +1,8 @@
 """The embedded engine behind an HTTP server that speaks SGLang's native dialect.
 
 Why this shape: the engine is not thread-safe and batches best when it sees every live request, so
-ONE engine thread owns it and loops "take new requests → engine.step() → hand out StepEvents".
+ONE engine thread owns it (`engine_loop.EngineLoop`) and loops "take new requests → engine.step() →
+hand out StepEvents".
 The aiohttp handlers only parse, validate (the same checks `Engine.add` makes, run before queuing, so
 a bad request is a 400 and never reaches the engine thread) and wait on a per-request asyncio queue
 that the engine thread feeds through `loop.call_soon_threadsafe`. Requests from many clients are
@@ -21,16 +22,11 @@ import copy
 import dataclasses
 import hmac
 import json
-import queue
 import re
-import sys
 import threading
 import time
-import traceback
 import uuid
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +35,7 @@ from aiohttp import web
 from adaflash.bench.metrics import cpu_model
 from adaflash.engine.engine import Engine, StepEvent
 from adaflash.engine.params import Output, Request, SamplingParams
+from adaflash.serve.engine_loop import EngineLoop, Failure, Handle
 from adaflash.serve.protocol import BadRequest, GenerateItem, parse_generate
 
 READY_LINE = "adaflash server ready on {url}"
@@ -54,160 +51,6 @@ def error_response(message: str, status: int = 400) -> web.Response:
     kind = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed",
             413: "RequestTooLarge", 503: "ServiceUnavailable"}.get(status, "InternalServerError")
     return web.json_response(error_body(message, kind), status=status)
-
-
-@dataclass
-class _Failure:
-    message: str
-    status: int = 500
-
-
-@dataclass
-class _Handle:
-    """One request in flight, seen from the asyncio side."""
-
-    rid: str
-    queue: asyncio.Queue
-    arrived: float
-    prompt_tokens: int = 0
-    ids: list[int] = field(default_factory=list)
-    steps: int = 0
-    first_at: float | None = None
-
-
-class EngineLoop:
-    """The engine thread: owns the Engine, batches whatever is queued, feeds per-request queues."""
-
-    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
-        self.engine = engine
-        self.loop = loop
-        self.inbox: queue.Queue = queue.Queue()
-        self.handles: dict[str, _Handle] = {}
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="adaflash-engine", daemon=True)
-        self.error: str | None = None
-        self.heartbeat = time.monotonic()
-        self.steps = 0
-        self._recent: deque[tuple[float, int]] = deque()
-
-    # -- called from the asyncio side ---------------------------------------------------------
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.stopping.set()
-        self.inbox.put(None)
-        if self.thread.is_alive() and threading.current_thread() is not self.thread:
-            self.thread.join(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self.thread.is_alive() and not self.stopping.is_set()
-
-    def submit(self, request: Request, handle: _Handle) -> None:
-        self.inbox.put(("add", request, handle))
-
-    def call(self, fn: Callable[[Engine], Any]) -> asyncio.Future:
-        """Run fn(engine) on the engine thread between two steps; the future gets its result."""
-        future = self.loop.create_future()
-        self.inbox.put(("call", fn, future))
-        return future
-
-    @property
-    def queue_depth(self) -> int:
-        return self.inbox.qsize() + len(self.engine.waiting)
-
-    @property
-    def running(self) -> int:
-        return len(self.engine.active)
-
-    def gen_throughput(self, window: float = 10.0) -> float:
-        now = time.monotonic()
-        recent = [(t, n) for t, n in list(self._recent) if now - t <= window]
-        if not recent:
-            return 0.0
-        span = max(now - recent[0][0], 1e-3)
-        return sum(n for _, n in recent) / span
-
-    # -- the engine thread --------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self.stopping.is_set():
-            self._drain(block=not self.engine.has_work())
-            if self.stopping.is_set():
-                break
-            if not self.engine.has_work():
-                continue
-            try:
-                events = self.engine.step()
-            except Exception as err:  # the engine failed mid-step: fail what is in flight, keep serving
-                self._fail_all(f"engine step failed: {type(err).__name__}: {err}")
-                continue
-            self.steps += 1
-            self.heartbeat = now = time.monotonic()
-            produced = 0
-            for event in events:
-                produced += len(event.new_ids)
-                handle = self.handles.get(event.rid)
-                if handle is None:
-                    continue
-                if event.output is not None:
-                    del self.handles[event.rid]
-                self._post(handle.queue.put_nowait, event)
-            self._recent.append((now, produced))
-            while self._recent and now - self._recent[0][0] > 30:
-                self._recent.popleft()
-
-    def _drain(self, block: bool) -> None:
-        try:
-            item = self.inbox.get(timeout=0.1) if block else self.inbox.get_nowait()
-        except queue.Empty:
-            return
-        while item is not None:
-            self._handle(item)
-            try:
-                item = self.inbox.get_nowait()
-            except queue.Empty:
-                return
-
-    def _handle(self, item: tuple) -> None:
-        if item[0] == "add":
-            _, request, handle = item
-            try:
-                self.engine.add(request)
-            except ValueError as err:
-                self._post(handle.queue.put_nowait, _Failure(str(err), 400))
-                return
-            self.handles[request.rid] = handle
-        elif item[0] == "call":
-            _, fn, future = item
-            try:
-                result = fn(self.engine)
-            except Exception as err:
-                self._post(_resolve, future, None, err)
-            else:
-                self._post(_resolve, future, result, None)
-
-    def _post(self, fn: Callable, *args: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is waiting any more
-            self.loop.call_soon_threadsafe(fn, *args)
-
-    def _fail_all(self, message: str) -> None:
-        traceback.print_exc(file=sys.stderr)
-        self.error = message
-        for handle in self.handles.values():
-            self._post(handle.queue.put_nowait, _Failure(message, 500))
-        self.handles.clear()
-        self.engine.waiting.clear()
-        self.engine.active.clear()
-
-
-def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 class EmbeddedServer:
@@ -299,7 +142,7 @@ class EmbeddedServer:
         self._check_live()
         handles = []
         for req in requests:
-            handle = _Handle(req.rid, asyncio.Queue(), arrived, len(req.prompt_ids))
+            handle = Handle(req.rid, asyncio.Queue(), arrived, len(req.prompt_ids))
             self.in_flight.add(req.rid)
             handles.append(handle)
         for req, handle in zip(requests, handles):
@@ -311,7 +154,7 @@ class EmbeddedServer:
         finally:
             for handle in handles:
                 self.in_flight.discard(handle.rid)
-        failures = [r for r in results if isinstance(r, _Failure)]
+        failures = [r for r in results if isinstance(r, Failure)]
         if failures:
             return error_response(failures[0].message, failures[0].status)
         payload = [r.to_json() for r in results]
@@ -336,22 +179,22 @@ class EmbeddedServer:
         if self.loop_thread is None or not self.loop_thread.alive:
             raise BadRequest("the engine loop is not running", 503)
 
-    async def _collect(self, handle: _Handle) -> Output | _Failure:
+    async def _collect(self, handle: Handle) -> Output | Failure:
         while True:
             item = await handle.queue.get()
-            if isinstance(item, _Failure):
+            if isinstance(item, Failure):
                 return item
             self._note(handle, item)
             if item.output is not None:
                 return self._finish(handle, item.output)
 
-    def _note(self, handle: _Handle, event: StepEvent) -> None:
+    def _note(self, handle: Handle, event: StepEvent) -> None:
         handle.steps += 1
         handle.ids.extend(event.new_ids)
         if handle.first_at is None and event.new_ids:
             handle.first_at = time.perf_counter()
 
-    def _finish(self, handle: _Handle, output: Output) -> Output:
+    def _finish(self, handle: Handle, output: Output) -> Output:
         now = time.perf_counter()
         meta = dict(output.meta_info)
         engine_e2e = meta.get("e2e_latency") or 0.0
@@ -362,7 +205,7 @@ class EmbeddedServer:
         meta["drafter_version"] = self.engine.drafter_version
         return dataclasses.replace(output, meta_info=meta)
 
-    async def _stream(self, request: web.Request, handles: list[_Handle], batch: bool) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, handles: list[Handle], batch: bool) -> web.StreamResponse:
         # Each chunk carries the cumulative text, as SGLang's /generate stream does; a request the
         # engine thread refuses late (it re-checks) becomes an error chunk, then [DONE].
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -381,10 +224,10 @@ class EmbeddedServer:
             except (ConnectionResetError, RuntimeError):
                 gone = True  # the client left; the engine still finishes the request, unseen
 
-        async def pump(index: int, handle: _Handle) -> None:
+        async def pump(index: int, handle: Handle) -> None:
             while True:
                 item = await handle.queue.get()
-                if isinstance(item, _Failure):
+                if isinstance(item, Failure):
                     body = error_body(item.message, "BadRequest" if item.status == 400 else "InternalServerError")
                     await send({**body, "index": index} if batch else body)
                     return
@@ -406,7 +249,7 @@ class EmbeddedServer:
                 await response.write_eof()
         return response
 
-    def _partial(self, handle: _Handle) -> dict[str, Any]:
+    def _partial(self, handle: Handle) -> dict[str, Any]:
         text = self.text.decode(handle.ids).rstrip("\ufffd")  # hold back a half-decoded character
         return {
             "text": text,
@@ -431,13 +274,13 @@ class EmbeddedServer:
         self._check_live()
         ids = self.text.encode("Hi") or [0]
         req = Request(ids, SamplingParams(max_new_tokens=1), rid=f"health-{uuid.uuid4().hex}")
-        handle = _Handle(req.rid, asyncio.Queue(), time.perf_counter())
+        handle = Handle(req.rid, asyncio.Queue(), time.perf_counter())
         self.loop_thread.submit(req, handle)
         try:
             result = await asyncio.wait_for(self._collect(handle), timeout=60)
         except asyncio.TimeoutError:
             return error_response("the engine did not answer within 60 s", 503)
-        if isinstance(result, _Failure):
+        if isinstance(result, Failure):
             return error_response(result.message, 503)
         return web.Response(status=200)
 

@@ -1,0 +1,178 @@
+"""The engine thread behind the HTTP server.
+
+The engine is not thread-safe and batches best when it sees every live request, so ONE thread owns
+it and loops "take new requests -> engine.step() -> hand out StepEvents". The asyncio side submits
+requests and posted calls through a queue and waits on a per-request asyncio queue that this thread
+feeds through `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from adaflash.engine.engine import Engine
+from adaflash.engine.params import Request
+
+
+@dataclass
+class Failure:
+    message: str
+    status: int = 500
+
+
+@dataclass
+class Handle:
+    """One request in flight, seen from the asyncio side."""
+
+    rid: str
+    queue: asyncio.Queue
+    arrived: float
+    prompt_tokens: int = 0
+    ids: list[int] = field(default_factory=list)
+    steps: int = 0
+    first_at: float | None = None
+
+
+class EngineLoop:
+    """The engine thread: owns the Engine, batches whatever is queued, feeds per-request queues."""
+
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine = engine
+        self.loop = loop
+        self.inbox: queue.Queue = queue.Queue()
+        self.handles: dict[str, Handle] = {}
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="adaflash-engine", daemon=True)
+        self.error: str | None = None
+        self.heartbeat = time.monotonic()
+        self.steps = 0
+        self._recent: deque[tuple[float, int]] = deque()
+
+    # -- called from the asyncio side ---------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stopping.set()
+        self.inbox.put(None)
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() and not self.stopping.is_set()
+
+    def submit(self, request: Request, handle: Handle) -> None:
+        self.inbox.put(("add", request, handle))
+
+    def call(self, fn: Callable[[Engine], Any]) -> asyncio.Future:
+        """Run fn(engine) on the engine thread between two steps; the future gets its result."""
+        future = self.loop.create_future()
+        self.inbox.put(("call", fn, future))
+        return future
+
+    @property
+    def queue_depth(self) -> int:
+        return self.inbox.qsize() + len(self.engine.waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self.engine.active)
+
+    def gen_throughput(self, window: float = 10.0) -> float:
+        now = time.monotonic()
+        recent = [(t, n) for t, n in list(self._recent) if now - t <= window]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0][0], 1e-3)
+        return sum(n for _, n in recent) / span
+
+    # -- the engine thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            self._drain(block=not self.engine.has_work())
+            if self.stopping.is_set():
+                break
+            if not self.engine.has_work():
+                continue
+            try:
+                events = self.engine.step()
+            except Exception as err:  # the engine failed mid-step: fail what is in flight, keep serving
+                self._fail_all(f"engine step failed: {type(err).__name__}: {err}")
+                continue
+            self.steps += 1
+            self.heartbeat = now = time.monotonic()
+            produced = 0
+            for event in events:
+                produced += len(event.new_ids)
+                handle = self.handles.get(event.rid)
+                if handle is None:
+                    continue
+                if event.output is not None:
+                    del self.handles[event.rid]
+                self._post(handle.queue.put_nowait, event)
+            self._recent.append((now, produced))
+            while self._recent and now - self._recent[0][0] > 30:
+                self._recent.popleft()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=0.1) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while item is not None:
+            self._handle(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, item: tuple) -> None:
+        if item[0] == "add":
+            _, request, handle = item
+            try:
+                self.engine.add(request)
+            except ValueError as err:
+                self._post(handle.queue.put_nowait, Failure(str(err), 400))
+                return
+            self.handles[request.rid] = handle
+        elif item[0] == "call":
+            _, fn, future = item
+            try:
+                result = fn(self.engine)
+            except Exception as err:
+                self._post(_resolve, future, None, err)
+            else:
+                self._post(_resolve, future, result, None)
+
+    def _post(self, fn: Callable, *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is waiting any more
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def _fail_all(self, message: str) -> None:
+        traceback.print_exc(file=sys.stderr)
+        self.error = message
+        for handle in self.handles.values():
+            self._post(handle.queue.put_nowait, Failure(message, 500))
+        self.handles.clear()
+        self.engine.waiting.clear()
+        self.engine.active.clear()
+
+
+def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
