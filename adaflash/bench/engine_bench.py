@@ -266,8 +266,8 @@ class EngineBench:
             self.say(f"note: {HF_PROMPT_LOOKUP} runs at batch 1 only (transformers' assisted generation allows "
                      "no more); add 1 to --batch-sizes to measure it")
 
-    def _interleaved(self, batch: int) -> dict[str, tuple[list[Any], float, list[float], dict[str, Any]]]:
-        """Every method's (outputs in prompt order, its own engine seconds, inter-token gaps, passes): each engine
+    def _interleaved(self, batch: int) -> dict[str, tuple[list[Any], float, dict[str, list[float]], dict[str, Any]]]:
+        """Every method's (outputs in prompt order, its own engine seconds, inter-token gaps per request, passes): each engine
         has every prompt queued and they take turns of `TURN_STEPS` steps, each timed on its own
         `TurnClock`."""
         methods = self.spec.methods
@@ -367,9 +367,9 @@ class EngineBench:
         params = SamplingParams(max_new_tokens=self.spec.max_new_tokens, temperature=0.0)
         return [Request(list(self.ids[i]), params, prompt_text=self.prompts[i].text) for i in indices]
 
-    def _timed(self, engine: Any, indices: list[int]) -> tuple[list[Any], float, list[float], dict[str, Any]]:
+    def _timed(self, engine: Any, indices: list[int]) -> tuple[list[Any], float, dict[str, list[float]], dict[str, Any]]:
         """The prompts at `indices`, all queued at once: (outputs in that order, wall seconds, inter-token
-        gaps, the engine's passes by kind)."""
+        gaps per request, the engine's passes by kind)."""
         gaps = TokenGaps(time.perf_counter)
         before = _passes(engine)
         _sync(self.target.device)
