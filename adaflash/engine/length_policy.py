@@ -197,7 +197,7 @@ class CostRule:
             self._whole_since.setdefault(bucket_, self.steps)
         else:
             self._whole_since.pop(bucket_, None)
-        return "probe" if self.probe(batch) is not None else mode
+        return "probe" if self._retime_due(bucket_) else mode  # every width has had its tries (a table)
 
     def _modes(self, bucket_: int) -> tuple[str | None, str]:
         """(the mode whose recent steps yielded more tokens per second, None until each has had its
