@@ -7,6 +7,7 @@ import torch
 
 from adaflash.engine.engine import Engine
 from adaflash.engine.graphs import GraphRunner, bucket
+from adaflash.engine.params import Request, SamplingParams
 from adaflash.engine.passes import PREFILL_MIN_WIDTH
 from adaflash.models.loading import load_target
 from tests.test_engine_lossless import drafter_for, generate_with_swap, make_requests, oracle_engine, vanilla
@@ -126,6 +127,41 @@ def test_replayed_passes_stay_lossless(tiny_target, method):
     assert any(key[0] == "prefill" for key in engine.graphs.kept)
 
 
+def test_rows_for_runs_in_order_where_it_can(tiny_target):
+    """Which rows a decode pass runs over: slots 0..b-1 in order where the live ones allow, free slots
+    padding when the caller takes results by slot (`fill`), the live rows alone otherwise."""
+    padded = Engine(tiny_target, "vanilla", max_batch=8, max_len=256, pad_shapes=True).passes
+    assert padded.rows_for([0, 1, 2, 3], fill=False) == ([0, 1, 2, 3], True)
+    assert padded.rows_for([0, 2, 3], fill=True) == ([0, 1, 2, 3], True)  # slot 1 free: it pads
+    assert padded.rows_for([0, 2, 3], fill=False) == ([0, 2, 3], False)  # results by row: no padding slot
+    assert padded.rows_for([0, 1, 5], fill=True) == ([0, 1, 5], False)  # slot 5 is past the 4 rows padded to
+    assert padded.rows_for([0, 1, 2], fill=False) == ([0, 1, 2], False)  # padded to 4 by the scratch slot
+    exact = Engine(tiny_target, "vanilla", max_batch=8, max_len=256).passes
+    assert exact.rows_for([0, 1, 2], fill=True) == ([0, 1, 2], True)
+    assert exact.rows_for([0, 2], fill=True) == ([0, 2], False)  # on a CPU padding costs real work
+
+
+@pytest.mark.parametrize("method", ["vanilla", "dflash", "eagle3"])
+def test_free_slots_pad_replayed_steps_in_order_losslessly(tiny_target, method):
+    """Rows finish at different steps and new prompts take their slots: greedy steps run over slots
+    0..b-1 in order, free slots as padding, replayed as graphs would be, and every output stays exact."""
+    lengths = [6, 30, 12, 24, 9, 17]
+    requests = lambda: [Request(r.prompt_ids, SamplingParams(max_new_tokens=n, ignore_eos=True), rid=f"q{i}")  # noqa: E731
+                        for i, (r, n) in enumerate(zip(make_requests(tiny_target) * 2, lengths))]
+    reference = vanilla(tiny_target, requests())
+    drafter = None if method == "vanilla" else drafter_for(method, tiny_target)
+    engine = Engine(tiny_target, method, drafter, max_batch=4, max_len=256, pad_shapes=True, admit_batch=2)
+    engine.graphs = _ReplayingRunner()
+    layouts = []
+    rows_for = engine.passes.rows_for
+    engine.passes.rows_for = lambda slots, fill: layouts.append((slots, rows_for(slots, fill=fill))) or layouts[-1][1]
+    outputs = engine.generate(requests())
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+    assert any(len(rows) > len(slots) and in_order for slots, (rows, in_order) in layouts)  # a free slot padded
+    steps = {key for key in engine.graphs.kept if key[0] in ("greedy_step", "draft_and_step")}
+    assert any(key[-1] for key in steps)  # steps that read their rows as views (a last row in slot 3 cannot)
+
+
 @pytest.mark.parametrize("method", ["dflash", "adaflash"])
 def test_no_buffer_a_graph_points_at_is_reallocated(tiny_target, method):
     """Graphs keep raw addresses: capturing every shape (up to the widest context) and decoding must leave
@@ -204,7 +240,7 @@ def test_admissions_replay_one_padded_prefill_and_stay_lossless(tiny_target, met
     assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
     padded = bucket(width, 256, floor=PREFILL_MIN_WIDTH)
     assert [key for key in engine.graphs.keys if key[0] == "prefill"] == [("prefill", 4, padded)]
-    assert ("extend", 4, padded, max(128, padded)) in engine.graphs.keys
+    assert ("extend", 4, padded, max(128, padded), False) in engine.graphs.keys  # the admitted rows, gathered
     monkeypatch.setattr(passes, "PREFILL_TOKENS", 8)  # every admission is now too wide for a graph
     engine.graphs.keys.clear()
     outputs = engine.generate(make_requests(tiny_target, n=3, max_new_tokens=12, ignore_eos=True))

@@ -260,6 +260,20 @@ def test_cache_reads_consecutive_slots_as_a_view_and_others_as_a_copy():
     assert torch.equal(k, cache.k[1, [4, 2], :5]) and torch.equal(v, cache.v[1, [4, 2], :5])
 
 
+def test_cache_reads_rows_in_order_as_views_and_refuses_other_rows():
+    """`in_order` (set around a pass over slots 0..b-1) reads views on any device; on a CPU it checks the
+    rows, so an engine that set it for other rows fails here instead of reading the wrong slots."""
+    from adaflash.models.cache import KVCache
+
+    cache = KVCache(2, 6, 16, 2, 4)
+    cache.k.normal_()
+    cache.in_order = True
+    k, v = cache.read(0, torch.tensor([0, 1, 2, 3]), 7)
+    assert k.data_ptr() == cache.k[0].data_ptr() and k.shape == (4, 7, 2, 4)
+    with pytest.raises(RuntimeError, match=r"rows are \[1, 2\], not 0..b-1"):
+        cache.read(0, torch.tensor([1, 2]), 7)
+
+
 def test_cache_writes_land_at_each_rows_positions_after_growth():
     """Flat write indices address (slot, position) pairs, and are taken after `reserve` grows the cache."""
     from adaflash.models.cache import KVCache

@@ -156,7 +156,8 @@ class Engine:
     def capture_graphs(self, max_context: int | None = None) -> int:
         """Capture every decode graph a server can meet, so no request pays for a capture."""
         return self.passes.capture_graphs(max_context, steps=self._draft_steps(),
-                                          choose=self._choose_lengths if self._reads_head() else None)
+                                          choose=self._choose_lengths if self._reads_head() else None,
+                                          idle=not self.active)
 
     # -- drafter management -----------------------------------------------------------------
     def swap_drafter(self, drafter: Drafter, version: int | None = None) -> None:
@@ -270,23 +271,32 @@ class Engine:
 
     @torch.no_grad()
     def _decode(self, seqs: list[RunningSeq]) -> list[StepEvent]:
-        # One host-to-device copy for the three per-row inputs.
-        rows, pending, lens = torch.tensor([[s.slot for s in seqs], [s.pending for s in seqs],
-                                            [s.length for s in seqs]], device=self.device).unbind(0)
-        longest = max(s.length for s in seqs)
+        seqs = sorted(seqs, key=lambda s: s.slot)
         params = [s.request.params for s in seqs]
         greedy = all(p.temperature == 0 for p in params)
         steps, chooser = self._draft_steps(), self._length_chooser(len(seqs))
+        # Greedy whole-block steps give every row its own result, so free slots may pad the batch.
+        slots, in_order = self.passes.rows_for([s.slot for s in seqs], fill=greedy and chooser is None)
+        live = {s.slot: s for s in seqs}
+        # One host-to-device copy for the three per-row inputs (free slots pad with zeros).
+        rows, pending, lens = torch.tensor(
+            [slots, [live[r].pending if r in live else 0 for r in slots],
+             [live[r].length if r in live else 0 for r in slots]], device=self.device).unbind(0)
+        longest = max(s.length for s in seqs)
         t0 = time.perf_counter()
         if greedy and self.passes.padded and self.drafter is not None and chooser is None \
                 and (steps or 0) <= self.drafter.max_draft:
             # Every draft is verified: draft, verify, accept, commit and extend as one replayed pass
             # (its time counts as verify time).
-            packed = self.passes.draft_and_step(rows, pending, lens, longest, steps=steps).tolist()
+            packed = self.passes.draft_and_step(rows, pending, lens, longest, steps=steps, in_order=in_order).tolist()
             t1 = t0
             t2 = t3 = time.perf_counter()
         else:
-            packed, t1, t2, t3 = self._draft_then_verify(rows, pending, lens, longest, params, greedy, steps, chooser, t0)
+            packed, t1, t2, t3 = self._draft_then_verify(rows, pending, lens, longest, params, greedy, steps, chooser,
+                                                         t0, in_order)
+        if len(slots) != len(seqs):
+            index = {slot: i for i, slot in enumerate(slots)}
+            packed = [packed[index[s.slot]] for s in seqs]
         # Per row: accepted drafts, verified drafts, then the emitted tokens.
         acc_list, n_list, emit_list = [r[0] for r in packed], [r[1] for r in packed], [r[2:] for r in packed]
         kind = "decode" if self.drafter is None else "whole" if chooser is None else "choose"
@@ -310,30 +320,32 @@ class Engine:
 
     def _draft_then_verify(self, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor, longest: int,
                            params: list, greedy: bool, steps: int | None, chooser: LengthChooser | None,
-                           t0: float) -> tuple[list[list[int]], float, float, float]:
+                           t0: float, in_order: bool) -> tuple[list[list[int]], float, float, float]:
         """A step whose drafts the host must see (the head chooses lengths, or rows sample): the packed
-        host rows, and when drafting, verifying and extending ended."""
-        drafts, verify_n = self.passes.draft(rows, pending, lens, longest, steps=steps, choose=chooser)
+        host rows, and when drafting, verifying and extending ended. `in_order`: rows are slots 0..b-1."""
+        drafts, verify_n = self.passes.draft(rows, pending, lens, longest, steps=steps, choose=chooser,
+                                             in_order=in_order)
         t1 = time.perf_counter()
         if greedy and self.passes.padded:
             # Greedy on padded shapes (a GPU): verify, accept, commit and extend as one replayed pass.
-            packed = self.passes.greedy_step(rows, pending, drafts, verify_n, lens, longest).tolist()
+            packed = self.passes.greedy_step(rows, pending, drafts, verify_n, lens, longest, in_order=in_order).tolist()
             t2 = t3 = time.perf_counter()
         else:
-            accepted, packed = self._verify(rows, pending, drafts, verify_n, lens, longest, params, greedy)
+            accepted, packed = self._verify(rows, pending, drafts, verify_n, lens, longest, params, greedy, in_order)
             t2 = time.perf_counter()
             if self.drafter is not None:
-                self.passes.extend_drafter(rows, lens, accepted + 1, longest, max(r[0] for r in packed) + 1)
+                self.passes.extend_drafter(rows, lens, accepted + 1, longest, max(r[0] for r in packed) + 1,
+                                           in_order=in_order)
             t3 = time.perf_counter()
         return packed, t1, t2, t3
 
     def _verify(self, rows: torch.Tensor, pending: torch.Tensor, drafts: torch.Tensor, verify_n: torch.Tensor,
-                lens: torch.Tensor, longest: int, params: list,
-                greedy: bool) -> tuple[torch.Tensor, list[list[int]]]:
+                lens: torch.Tensor, longest: int, params: list, greedy: bool,
+                in_order: bool) -> tuple[torch.Tensor, list[list[int]]]:
         """The general verify (any sampling, exact shapes): accepted [b] and the packed host rows."""
         k = drafts.shape[1]
         block = torch.cat([pending[:, None], drafts], dim=1)
-        out, feats = self.passes.verify(rows, block, lens, longest, greedy=greedy)
+        out, feats = self.passes.verify(rows, block, lens, longest, greedy=greedy, in_order=in_order)
         if greedy:
             posterior = out
         else:

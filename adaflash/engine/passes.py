@@ -14,7 +14,8 @@ the drafter's context without the target running again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -191,6 +192,42 @@ class DevicePasses:
             fidx = (lens[:, None] + torch.arange(k + 1, device=self.device)).clamp(max=self.max_len - 1)
             self.feats[rows[:, None], fidx] = feats
 
+    # -- which rows a pass runs over -------------------------------------------------------------
+    def rows_for(self, slots: list[int], *, fill: bool) -> tuple[list[int], bool]:
+        """The rows a decode pass runs over for live `slots` (ascending), and whether they are slots
+        0..b-1 in order: then every layer reads its keys and values as views, where other rows are
+        gathered (two kernels a layer).
+
+        `fill`: the caller takes each live row's result by its slot, so on padded shapes, when every
+        live slot lies below the batch's padded size, the free slots in between are the padding (a
+        free slot's buffers are overwritten by its next prefill before anything reads them). At batch 32
+        a batch of 28-31 live rows, the usual between admissions, then runs in order too.
+        """
+        b = len(slots)
+        size = bucket(b, self.max_batch) if self.padded else b
+        if slots == list(range(b)) and size == b:
+            return slots, True
+        if fill and self.padded and slots[-1] < size:
+            return list(range(size)), True
+        return slots, False
+
+    @contextmanager
+    def _in_order(self, on: bool) -> Iterator[None]:
+        """While a pass over rows 0..b-1 runs (or is captured), the caches read them as views."""
+        caches = [self.cache] + ([self.draft_cache] if self.drafter is not None else [])
+        for cache in caches:
+            cache.in_order = on
+        try:
+            yield
+        finally:
+            for cache in caches:
+                cache.in_order = False
+
+    def _run(self, key: tuple, fn: Callable, inputs: list[torch.Tensor], in_order: bool):
+        """Replay (or capture, or on CPU call) `fn` for `key`, its reads in order when `in_order`."""
+        with self._in_order(in_order):
+            return self.graphs.run((*key, in_order), fn, inputs)
+
     # -- padding to captured shapes ----------------------------------------------------------------
     @property
     def _widest(self) -> int:
@@ -235,12 +272,13 @@ class DevicePasses:
 
     @torch.no_grad()
     def capture_graphs(self, max_context: int | None = None, *, steps: int | None = None,
-                       choose: LengthChooser | None = None) -> int:
+                       choose: LengthChooser | None = None, idle: bool = False) -> int:
         """Capture every decode graph a server can meet, so no request pays for a capture.
 
         Covers each batch bucket × kv-length bucket (up to `max_context`) × block width; `steps`
         and `choose` must be the ones decoding uses. Inputs point at the scratch slot, so no
-        sequence is touched. Returns the number of graphs.
+        sequence is touched; when no slot is live (`idle`), the passes over slots 0..b-1 in order
+        are captured too (`rows_for`). Returns the number of graphs.
         """
         if not self.graphs.enabled:
             return 0
@@ -256,6 +294,9 @@ class DevicePasses:
         zeros = lambda b, w=None: torch.zeros((b,) if w is None else (b, w), dtype=torch.long, device=self.device)  # noqa: E731
         for b in batches:
             rows = torch.full((b,), self.scratch, dtype=torch.long, device=self.device)
+            for in_order in (False, True) if idle else (False,):
+                self._capture_decode(torch.arange(b, device=self.device) if in_order else rows, kvs, top,
+                                     widths, steps=steps, choose=choose, in_order=in_order)
             width = PREFILL_MIN_WIDTH
             while width <= top and (dims := self._prefill_dims(b, width)) is not None:
                 # admissions: the prefill, then the drafter's extend over the same padded width
@@ -264,32 +305,41 @@ class DevicePasses:
                 if self.drafter is not None:
                     self.extend_drafter(rows, zeros(b), zeros(b) + 1, 0, width)
                 width *= 2  # past max_len (the widest bucket) it is past `top` too
-            for kv in kvs:
-                for w in widths:
-                    if kv - w < 0:
-                        continue
-                    # Greedy requests take the fused step; sampled ones verify, then extend.
-                    self.greedy_step(rows, zeros(b), zeros(b, w - 1), zeros(b), zeros(b) + kv - w, kv - w)
-                    self.verify(rows, zeros(b, w), zeros(b) + kv - w, kv - w)
-                    if self.drafter is not None:
-                        self.extend_drafter(rows, zeros(b) + kv - w, zeros(b) + 1, kv - w, w)
-                if self.drafter is not None:
-                    if choose is not None:  # the head's graph; whole-block greedy steps draft inside theirs
-                        self.draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest, steps=steps, choose=choose)
-                    self.draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest, steps=steps, choose=None)
-                    # its key pairs the drafter's context bucket with the verify's kv bucket: both pairings
-                    for longest in (kv - widest, kv):
-                        if longest + widest <= top:
-                            self.draft_and_step(rows, zeros(b), zeros(b) + longest, longest, steps=steps)
         return len(self.graphs)
+
+    def _capture_decode(self, rows: torch.Tensor, kvs: list[int], top: int, widths: list[int], *,
+                        steps: int | None, choose: LengthChooser | None, in_order: bool) -> None:
+        """The decode passes of one batch bucket (`capture_graphs`)."""
+        b, widest = rows.shape[0], self._widest
+        zeros = lambda b, w=None: torch.zeros((b,) if w is None else (b, w), dtype=torch.long, device=self.device)  # noqa: E731
+        for kv in kvs:
+            for w in widths:
+                if kv - w < 0:
+                    continue
+                # Greedy requests take the fused step; sampled ones verify, then extend.
+                self.greedy_step(rows, zeros(b), zeros(b, w - 1), zeros(b), zeros(b) + kv - w, kv - w, in_order=in_order)
+                self.verify(rows, zeros(b, w), zeros(b) + kv - w, kv - w, in_order=in_order)
+                if self.drafter is not None:
+                    self.extend_drafter(rows, zeros(b) + kv - w, zeros(b) + 1, kv - w, w, in_order=in_order)
+            if self.drafter is not None:
+                if choose is not None:  # the head's graph; whole-block greedy steps draft inside theirs
+                    self.draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest, steps=steps, choose=choose,
+                               in_order=in_order)
+                self.draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest, steps=steps, choose=None,
+                           in_order=in_order)
+                # its key pairs the drafter's context bucket with the verify's kv bucket: both pairings
+                for longest in (kv - widest, kv):
+                    if longest + widest <= top:
+                        self.draft_and_step(rows, zeros(b), zeros(b) + longest, longest, steps=steps, in_order=in_order)
 
     # -- the passes --------------------------------------------------------------------------------
     def extend_drafter(self, rows: torch.Tensor, start: torch.Tensor, count: torch.Tensor, base: int,
-                       width: int, *, graph: bool = True) -> None:
+                       width: int, *, graph: bool = True, in_order: bool = False) -> None:
         """Give the drafter the target features of positions [start, start + count) per row.
 
         `base` >= every start and `width` >= every count are host-side bounds. `graph=False` runs
         eagerly (prefill and hot swap, whose widths are prompt lengths, each a shape of its own).
+        `in_order`: the rows are slots 0..b-1 (`rows_for`), here and in the passes below.
         """
         assert self.drafter is not None and self.feats is not None
         b = rows.shape[0]
@@ -303,7 +353,7 @@ class DevicePasses:
             drafter.extend(cache, rows_p, positions, feats, next_tokens, count_p, model, kv)
 
         if graph:
-            self.graphs.run(("extend", b_pad, w_pad, kv), extend, inputs)
+            self._run(("extend", b_pad, w_pad, kv), extend, inputs, in_order)
         else:
             extend(*inputs)
         self.draft_cache.lens[rows] = start + count
@@ -316,7 +366,7 @@ class DevicePasses:
         return self.feats[rows[:, None], safe], self.tokens[rows[:, None], safe + 1]
 
     def verify(self, rows: torch.Tensor, block: torch.Tensor, lens: torch.Tensor, longest: int, *,
-               greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+               greedy: bool = False, in_order: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Target pass over [pending, drafts] at each row's positions, and the drafter's features.
 
         Returns logits [b, w, V], or with `greedy` the target's argmax tokens [b, w], taken inside
@@ -332,12 +382,13 @@ class DevicePasses:
             logits, feats = model(block_p, positions, cache, rows_p, capture=capture, kv_len=kv)
             return logits.argmax(-1) if greedy else logits, (torch.cat(feats, dim=-1) if feats else None)
 
-        out, feats = self.graphs.run(("verify", b_pad, w_pad, kv, greedy), verify,
-                                     [self._pad(block, b_pad, w_pad), positions, rows_p])
+        out, feats = self._run(("verify", b_pad, w_pad, kv, greedy), verify,
+                               [self._pad(block, b_pad, w_pad), positions, rows_p], in_order)
         return out[:b, :width], (feats[:b, :width] if feats is not None else None)
 
     def draft(self, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor, longest: int, *,
-              steps: int | None, choose: LengthChooser | None) -> tuple[torch.Tensor, torch.Tensor]:
+              steps: int | None, choose: LengthChooser | None,
+              in_order: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft tokens [b, K] and how many of them each row verifies [b].
 
         `steps` drafts per row (None: the drafter's own); `choose`, when given, turns the length
@@ -362,9 +413,9 @@ class DevicePasses:
             return drafter.draft(cache, rows_p, pending_p, lens_p, model, ctx, steps=steps, predict_length=predict)
 
         # Without a chooser the head's prediction is not read, so its graph leaves the head out.
-        drafts, length_pred = self.graphs.run(
+        drafts, length_pred = self._run(
             ("draft", b_pad, ctx, steps, predict), draft,
-            [self._pad_rows(rows, b_pad), self._pad(pending, b_pad), self._pad(lens, b_pad)])
+            [self._pad_rows(rows, b_pad), self._pad(pending, b_pad), self._pad(lens, b_pad)], in_order)
         drafts = drafts[:b]
         k = drafts.shape[1]
         verify_n = choose(length_pred[:b], k) if choose is not None and length_pred is not None else None
@@ -374,7 +425,7 @@ class DevicePasses:
 
 
     def greedy_step(self, rows: torch.Tensor, pending: torch.Tensor, drafts: torch.Tensor, verify_n: torch.Tensor,
-                    lens: torch.Tensor, longest: int) -> torch.Tensor:
+                    lens: torch.Tensor, longest: int, *, in_order: bool = False) -> torch.Tensor:
         """A greedy decode step after drafting, as ONE replayed pass: verify, accept, commit, extend.
 
         Returns [b, 2 + w]: per row the accepted draft count, the verified count, then the
@@ -391,11 +442,11 @@ class DevicePasses:
         block = torch.cat([pending[:, None], drafts], dim=1)
         inputs = [self._pad_rows(rows, b_pad), self._pad(block, b_pad, w_pad), self._pad(lens, b_pad),
                   self._pad(verify_n, b_pad)]
-        out = self.graphs.run(("greedy_step", b_pad, w_pad, kv), self._greedy_step_fn(kv), inputs)
+        out = self._run(("greedy_step", b_pad, w_pad, kv), self._greedy_step_fn(kv), inputs, in_order)
         return out[:b]
 
     def draft_and_step(self, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor, longest: int, *,
-                       steps: int | None) -> torch.Tensor:
+                       steps: int | None, in_order: bool = False) -> torch.Tensor:
         """Draft a block and take `greedy_step` on all of it, as ONE replayed pass; returns what
         `greedy_step` does.
 
@@ -417,8 +468,8 @@ class DevicePasses:
             block = torch.nn.functional.pad(torch.cat([pending_p[:, None], drafts], dim=1), (0, w_pad - k - 1))
             return step(rows_p, block, lens_p, torch.full_like(lens_p, k))
 
-        out = self.graphs.run(("draft_and_step", b_pad, w_pad, kv, ctx, steps), fused,
-                              [self._pad_rows(rows, b_pad), self._pad(pending, b_pad), self._pad(lens, b_pad)])
+        out = self._run(("draft_and_step", b_pad, w_pad, kv, ctx, steps), fused,
+                        [self._pad_rows(rows, b_pad), self._pad(pending, b_pad), self._pad(lens, b_pad)], in_order)
         return out[:b]
 
     def _greedy_step_fn(self, kv: int) -> Callable[..., torch.Tensor]:
