@@ -135,3 +135,27 @@ def test_folded_attention_is_taken_for_wide_verify_passes_on_a_gpu_only():
     assert not grouped_queries(gpu, 8, 4, 3)  # too few query rows: the grouped kernel is faster
     assert not grouped_queries(gpu, 128, 1, 3) and not grouped_queries(gpu, 1, 200, 3)  # decode, prefill
     assert not grouped_queries(gpu, 32, 4, 1) and not grouped_queries(cpu, 32, 4, 3)
+
+
+def test_rotary_table_gives_the_computed_values_within_its_bound():
+    """A fixed table serves positions below the caller's bound with the computed cos/sin bit for bit;
+    past its length (or without a bound) they are computed; growing it keeps the old one alive."""
+    from adaflash.models.layers import DecoderConfig, Rotary
+
+    rotary = Rotary(DecoderConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=16, vocab_size=32, rope_theta=10000.0))
+    positions = torch.tensor([[0, 5, 9], [30, 31, 2]])
+    computed = rotary(positions, torch.bfloat16, bound=32)
+    rotary.fix_table(32, torch.bfloat16)
+    looked_up = rotary(positions, torch.bfloat16, bound=32)
+    assert all(torch.equal(a, b) for a, b in zip(looked_up, computed))
+    rotary.table[5] = 7.0  # mark one row: lookups must see it
+    assert (rotary(positions, torch.bfloat16, bound=32)[0][0, 1] == 7).all()
+    rotary.table[5] = torch.stack(computed, dim=2)[0, 1]
+    far = torch.tensor([[40]])
+    assert torch.equal(rotary(far, torch.bfloat16, bound=41)[0], rotary(far, torch.bfloat16)[0])  # computed
+    first = rotary.table
+    rotary.fix_table(16, torch.bfloat16)
+    assert rotary.table is first  # already covered: nothing reallocated
+    rotary.fix_table(64, torch.bfloat16)
+    assert rotary.table.shape[0] == 64 and any(t is first for t in rotary._retired)  # graphs may still read it

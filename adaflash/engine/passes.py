@@ -60,6 +60,7 @@ class DevicePasses:
         # One slot beyond max_batch takes the writes of padding rows.
         self.scratch = max_batch
         self.cache = model.new_cache(max_batch + 1, max_len, static=self.graphs.enabled)
+        model.rotary.fix_table(max_len + 1, model.dtype)
         self.tokens = torch.zeros(max_batch + 1, max_len + 1, dtype=torch.long, device=self.device)
         self.drafter: Drafter | None = None
         self.capture: list[int] = []
@@ -71,6 +72,7 @@ class DevicePasses:
         drafter = drafter.to(device=self.device, dtype=self.model.dtype).eval()
         drafter.fuse_projections()
         drafter.bind_head(self.model, self.model.dtype)
+        drafter.rotary.fix_table(self.max_len + drafter.max_draft + 2, self.model.dtype)
         self.drafter = drafter
         self.capture = list(drafter.target_layer_ids)
         width = drafter.feature_size
@@ -249,6 +251,8 @@ class DevicePasses:
         return b_pad, w_pad, self._kv_bucket(base + w_pad)
 
     def _pad_rows(self, rows: torch.Tensor, size: int) -> torch.Tensor:
+        if rows.shape[0] == size:
+            return rows
         return torch.cat([rows, rows.new_full((size - rows.shape[0],), self.scratch)])
 
     @staticmethod

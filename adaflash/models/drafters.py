@@ -155,14 +155,17 @@ class DFlashDrafter(Drafter):
         token = torch.full(shape, self.mask_token_id, dtype=torch.long, device=self.fc.weight.device)
         return target.embed(token)
 
-    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        cos, sin = self.rotary(positions, ctx.dtype)
+    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor,
+                   bound: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Keys and values of context positions in every layer (`bound`: as `Rotary` takes it)."""
+        cos, sin = self.rotary(positions, ctx.dtype, bound)
         return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
 
     def run_block(self, h: torch.Tensor, positions: torch.Tensor,
-                  ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> torch.Tensor:
+                  ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor,
+                  bound: int | None = None) -> torch.Tensor:
         """Block queries over [context keys, block keys]; mask [b, q, ctx + q]. Returns normed hidden."""
-        cos, sin = self.rotary(positions, h.dtype)
+        cos, sin = self.rotary(positions, h.dtype, bound)
         for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
@@ -175,7 +178,7 @@ class DFlashDrafter(Drafter):
         cache.reserve(kv_len)
         ctx = self.context(feats.to(self.fc.weight.dtype))
         where = cache.where(rows, positions)
-        for index, (k, v) in enumerate(self.context_kv(ctx, positions)):
+        for index, (k, v) in enumerate(self.context_kv(ctx, positions, bound=kv_len)):
             cache.write(index, where, k, v)
 
     def block_hidden(self, cache: KVCache, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor,
@@ -188,7 +191,7 @@ class DFlashDrafter(Drafter):
         mask = torch.cat([ctx_visible.expand(b, size, ctx_len),
                           torch.ones(b, size, size, dtype=torch.bool, device=lens.device)], dim=-1)
         ctx_kv = [cache.read(i, rows, ctx_len) for i in range(len(self.layers))]
-        return self.run_block(h, positions, ctx_kv, mask)
+        return self.run_block(h, positions, ctx_kv, mask, bound=ctx_len + size)
 
     def predict_length(self, hidden: torch.Tensor) -> torch.Tensor | None:
         return self.length_head(hidden) if self.length_head is not None else None
@@ -245,9 +248,10 @@ class ChainDrafter(Drafter):
         u = self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(g)], dim=-1))
         return u, u
 
-    def qkv(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, u: torch.Tensor, positions: torch.Tensor,
+            bound: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         layer = self.midlayer
-        cos, sin = self.rotary(positions, u.dtype)
+        cos, sin = self.rotary(positions, u.dtype, bound)
         x = layer.input_layernorm(u)
         return layer.self_attn.project_qkv(x, cos, sin)
 
@@ -259,7 +263,7 @@ class ChainDrafter(Drafter):
     def layer(self, u: torch.Tensor, resid: torch.Tensor, positions: torch.Tensor, cache: KVCache,
               rows: torch.Tensor, kv_len: int) -> torch.Tensor:
         """One cached pass: these positions' keys join the cache, queries see it causally."""
-        q, k, v = self.qkv(u, positions)
+        q, k, v = self.qkv(u, positions, bound=kv_len)
         cache.write(0, cache.where(rows, positions), k, v)
         keys, values = cache.read(0, rows, kv_len)
         return self.attend_mlp(q, keys, values, resid, causal_mask(positions, kv_len))

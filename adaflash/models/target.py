@@ -103,8 +103,8 @@ class TargetModel(nn.Module):
         (feature of layer i = hidden_states[i + 1] in HF terms), each [b, q, H].
         """
         h = self.model.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions, h.dtype)
         kv_len = int(positions.max()) + 1 if kv_len is None else kv_len
+        cos, sin = self.rotary(positions, h.dtype, bound=kv_len)
         cache.reserve(kv_len)
         mask = additive_mask(causal_mask(positions, kv_len), h.dtype)
         groups = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
