@@ -48,8 +48,12 @@ def test_captured_hidden_states_are_hf_hidden_states(tiny_llama):
     torch.testing.assert_close(feats[1], ref[3], atol=1e-3, rtol=1e-4)
 
 
-def test_greedy_equals_transformers_generate_on_smollm2(smollm2_folder):
-    target = load_target(str(smollm2_folder))
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU"))])
+def test_greedy_equals_transformers_generate_on_smollm2(smollm2_folder, device):
+    """Our engine (on a GPU: graphs, in-order reads, the rotary table) against transformers on a CPU, both
+    float32: bf16 parts ways at near-ties, so the default dtype of a GPU is not compared."""
+    target = load_target(str(smollm2_folder), device=device, dtype="float32")
     hf = AutoModelForCausalLM.from_pretrained(str(smollm2_folder), dtype=torch.float32).eval()
     prompts = ["What is 2+3?", "Name three colors of the rainbow."]
     requests, expected = [], []
