@@ -175,6 +175,42 @@ def test_length_rate_and_min_length_reach_the_engine_and_the_run_config(workspac
     assert bad.exit_code == 2 and "--length-policy" in bad.output
 
 
+def test_every_graph_is_captured_before_the_warm_up(workspace, tiny_llama, drafts, prompt_file, monkeypatch):
+    """Where graphs replay, each engine captures every shape it can meet before its warm-up, so the timed run
+    (AdaFlash's rare re-timing widths included) captures nothing on the clock."""
+    import adaflash.engine.build as build
+    from tests.test_engine_graphs import _RecordingRunner
+
+    engines = []
+    real = build.build_engine
+
+    def with_graphs(target, method="vanilla", draft=None, **kw):
+        engine = real(target, method, draft, **kw)
+        engine.graphs, engine.padded = _RecordingRunner(), True  # graphs "replay" (eagerly, keys recorded)
+        capture = engine.capture_graphs
+        engine.captured = None
+
+        def recorded(max_context=None):
+            count = capture(max_context)
+            engine.captured = set(engine.graphs.keys)
+            return count
+
+        engine.capture_graphs = recorded
+        engines.append(engine)
+        return engine
+
+    monkeypatch.setattr(build, "build_engine", with_graphs)
+    result = _invoke("--target", str(tiny_llama), "--methods", "vanilla,dflash,adaflash", "--draft-dir", str(drafts),
+                     "--prompts", str(prompt_file), "--num-prompts", "3", "--max-new-tokens", "12", "--device", "cpu",
+                     "--batch-sizes", "2", "--warmup", "full", "--format", "json")
+    assert result.exit_code == 0, result.output
+    measured = [engine for engine in engines if engine.graphs.keys]
+    assert {engine.method for engine in measured} == {"vanilla", "dflash", "adaflash"}
+    for engine in measured:
+        assert engine.captured, engine.method  # captured before any generate: the set was taken then
+        assert engine.graphs.keys == engine.captured, engine.graphs.keys - engine.captured
+
+
 def test_interleaved_order_takes_turns_and_measures_the_same_tokens(workspace, tiny_llama, drafts, prompt_file,
                                                                     monkeypatch):
     """--order interleaved: every engine has every prompt queued and the methods take turns of a few steps

@@ -6,8 +6,8 @@ so the speed-up column divides like by like. Each (batch size, method) cell buil
 once: output tok/s = completion tokens / wall time, τ = completion tokens / verify steps (the
 engine's `spec_verify_ct`). The warm-up is where lazy allocation and CUDA-graph capture happen:
 "short" fills every slot for a few tokens; "full" (the default on a GPU) runs the measured
-requests once, and since greedy decoding repeats itself exactly, every graph the timed run needs
-(per batch, block and context bucket) is captured before the clock starts.
+requests once. On a GPU every graph the engine can meet (per batch, block and context bucket) is
+captured before the warm-up, as a server does.
 
 Order: "sequential" measures one method after the other, every prompt queued at once (continuous
 batching, as a server sees them). "interleaved" builds every method's engine first, queues every
@@ -352,8 +352,11 @@ class EngineBench:
         engine = build_engine(self.target, method, spec.drafts.get(method), max_batch=batch, max_len=self.max_len,
                               length_rate=spec.length_rate, min_length=spec.min_length,
                               length_policy=spec.length_policy)
-        # Graphs are captured on first use, in the warm-up: capturing every shape before it (as `serve` does)
-        # did not close AdaFlash's fixed gap to OSD on an H200 (0.56 s at batch 1, `s10-pipe-b1-il`).
+        if self.warmup != "none" and engine.graphs.enabled:
+            # Every graph the run can meet, as `serve` and `eval` capture them: a warm-up replays the
+            # timed run's shapes, but not the rare widths AdaFlash's cost rule re-times, whose captures
+            # then landed on the clock (0.15 s of AdaFlash's 2.60 s at batch 32, `s12-b32-views`).
+            engine.capture_graphs(self.max_len)
         if self.warmup == "full":
             engine.generate(self._requests(list(range(len(self.prompts)))))
         elif self.warmup == "short":
