@@ -173,21 +173,21 @@ class Rotary(nn.Module):
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
         self.register_buffer("inv_freq", _inv_freq(cfg), persistent=False)
-        self.table: torch.Tensor | None = None  # [positions, 2, d]: cos and signed sin, from `fix_table`
-        self._retired: list[torch.Tensor] = []
+        self.table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos and signed sin [positions, d]
+        self._retired: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def fix_table(self, length: int, dtype: torch.dtype) -> None:
         """Keep cos/sin of positions [0, length) in `dtype`, so a forward whose positions lie below that
-        looks them up: one kernel where computing them takes seven (a speculative decode step runs three:
+        looks them up: two kernels where computing them takes seven (a speculative decode step runs three:
         target, drafter, its extend). The values are the computed ones, bit for bit.
 
         A table is never freed: CUDA graphs captured against it keep its address (engines share a target).
         """
         table = self.table
-        if table is not None and table.shape[0] >= length and table.dtype == dtype:
+        if table is not None and table[0].shape[0] >= length and table[0].dtype == dtype:
             return
         positions = torch.arange(length, device=self.inv_freq.device)
-        fresh = torch.stack(self._compute(positions, dtype), dim=1)
+        fresh = self._compute(positions, dtype)
         if table is not None:
             self._retired.append(table)
         self.table = fresh
@@ -199,10 +199,9 @@ class Rotary(nn.Module):
         `bound`: a host-side bound every position lies below; the fixed table serves when it covers it.
         """
         table = self.table
-        if bound is not None and table is not None and bound <= table.shape[0] and table.dtype == dtype \
-                and table.device == positions.device:
-            both = table[positions]  # [b, q, 2, d]
-            return both[..., 0, :], both[..., 1, :]
+        if bound is not None and table is not None and bound <= table[0].shape[0] and table[0].dtype == dtype \
+                and table[0].device == positions.device:
+            return table[0][positions], table[1][positions]  # dense [b, q, d], as computed ones are
         return self._compute(positions, dtype)
 
     def _compute(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
