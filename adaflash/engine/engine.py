@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from adaflash.engine.capture import capture_all
 from adaflash.engine.graphs import GraphRunner
 from adaflash.engine.length_policy import CostRule
 from adaflash.engine.params import DEFAULT_LENGTH_POLICY, LENGTH_POLICIES, Output, Request
@@ -155,9 +156,8 @@ class Engine:
 
     def capture_graphs(self, max_context: int | None = None) -> int:
         """Capture every decode graph a server can meet, so no request pays for a capture."""
-        return self.passes.capture_graphs(max_context, steps=self._draft_steps(),
-                                          choose=self._choose_lengths if self._reads_head() else None,
-                                          idle=not self.active)
+        return capture_all(self.passes, max_context, steps=self._draft_steps(),
+                           choose=self._choose_lengths if self._reads_head() else None, idle=not self.active)
 
     # -- drafter management -----------------------------------------------------------------
     def swap_drafter(self, drafter: Drafter, version: int | None = None) -> None:

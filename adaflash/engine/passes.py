@@ -132,7 +132,7 @@ class DevicePasses:
         the graph, and a prompt's features are tens of megabytes.
         """
         b, width = ids.shape
-        dims = self._prefill_dims(b, width)
+        dims = self.prefill_dims(b, width)
         b_pad, w_pad = dims if dims is not None else (b, width)
         if self.drafter is not None:
             self.ensure_feats(w_pad)
@@ -154,7 +154,7 @@ class DevicePasses:
             self._pad(ids, b_pad, w_pad), self._pad_rows(rows, b_pad), self._pad(length, b_pad, fill=1)])
         return logits[:b]
 
-    def _prefill_dims(self, b: int, width: int) -> tuple[int, int] | None:
+    def prefill_dims(self, b: int, width: int) -> tuple[int, int] | None:
         """(rows, width) a prefill is padded to and replayed at, or None: it runs eagerly, exact."""
         if not self.padded:
             return None
@@ -169,7 +169,7 @@ class DevicePasses:
         """
         self.tokens[rows, length] = first
         if self.drafter is not None:
-            dims = self._prefill_dims(rows.shape[0], width)
+            dims = self.prefill_dims(rows.shape[0], width)
             span = width if dims is None else dims[1]  # a replayed extend covers the prefill's padded width
             self.extend_drafter(rows, torch.zeros_like(length), length, 0, span, graph=dims is not None)
 
@@ -232,11 +232,11 @@ class DevicePasses:
 
     # -- padding to captured shapes ----------------------------------------------------------------
     @property
-    def _widest(self) -> int:
+    def widest(self) -> int:
         """The widest verified block: the pending token plus every draft."""
         return (self.drafter.max_draft if self.drafter is not None else 0) + 1
 
-    def _kv_bucket(self, length: int) -> int:
+    def kv_bucket(self, length: int) -> int:
         return bucket(length, self.cache.max_len, floor=128) if self.padded else length
 
     def _dims(self, b: int, width: int, base: int) -> tuple[int, int, int]:
@@ -247,8 +247,8 @@ class DevicePasses:
         """
         if not self.padded:
             return b, width, base + width
-        b_pad, w_pad = bucket(b, self.max_batch), bucket(width, max(self._widest, width))
-        return b_pad, w_pad, self._kv_bucket(base + w_pad)
+        b_pad, w_pad = bucket(b, self.max_batch), bucket(width, max(self.widest, width))
+        return b_pad, w_pad, self.kv_bucket(base + w_pad)
 
     def _pad_rows(self, rows: torch.Tensor, size: int) -> torch.Tensor:
         if rows.shape[0] == size:
@@ -273,68 +273,6 @@ class DevicePasses:
     def _positions(self, start: torch.Tensor, b: int, width: int) -> torch.Tensor:
         """start + 0..width-1 per row; padding rows count from 0 in the scratch slot."""
         return self._pad(start, b)[:, None] + torch.arange(width, device=self.device)
-
-    @torch.no_grad()
-    def capture_graphs(self, max_context: int | None = None, *, steps: int | None = None,
-                       choose: LengthChooser | None = None, idle: bool = False) -> int:
-        """Capture every decode graph a server can meet, so no request pays for a capture.
-
-        Covers each batch bucket × kv-length bucket (up to `max_context`) × block width; `steps`
-        and `choose` must be the ones decoding uses. Inputs point at the scratch slot, so no
-        sequence is touched; when no slot is live (`idle`), the passes over slots 0..b-1 in order
-        are captured too (`rows_for`). Returns the number of graphs.
-        """
-        if not self.graphs.enabled:
-            return 0
-        top = self._kv_bucket(min(max_context or self.cache.max_len, self.cache.max_len))
-        kvs, kv = [], 128
-        while kv < top:
-            kvs.append(kv)
-            kv *= 2
-        kvs.append(top)
-        widest = self._widest
-        widths = sorted({bucket(w, widest) for w in range(1, widest + 1)})
-        batches = sorted({bucket(b, self.max_batch) for b in range(1, self.max_batch + 1)})
-        zeros = lambda b, w=None: torch.zeros((b,) if w is None else (b, w), dtype=torch.long, device=self.device)  # noqa: E731
-        for b in batches:
-            rows = torch.full((b,), self.scratch, dtype=torch.long, device=self.device)
-            for in_order in (False, True) if idle else (False,):
-                self._capture_decode(torch.arange(b, device=self.device) if in_order else rows, kvs, top,
-                                     widths, steps=steps, choose=choose, in_order=in_order)
-            width = PREFILL_MIN_WIDTH
-            while width <= top and (dims := self._prefill_dims(b, width)) is not None:
-                # admissions: the prefill, then the drafter's extend over the same padded width
-                width = dims[1]
-                self.prefill(zeros(b, width), rows, zeros(b) + 1)
-                if self.drafter is not None:
-                    self.extend_drafter(rows, zeros(b), zeros(b) + 1, 0, width)
-                width *= 2  # past max_len (the widest bucket) it is past `top` too
-        return len(self.graphs)
-
-    def _capture_decode(self, rows: torch.Tensor, kvs: list[int], top: int, widths: list[int], *,
-                        steps: int | None, choose: LengthChooser | None, in_order: bool) -> None:
-        """The decode passes of one batch bucket (`capture_graphs`)."""
-        b, widest = rows.shape[0], self._widest
-        zeros = lambda b, w=None: torch.zeros((b,) if w is None else (b, w), dtype=torch.long, device=self.device)  # noqa: E731
-        for kv in kvs:
-            for w in widths:
-                if kv - w < 0:
-                    continue
-                # Greedy requests take the fused step; sampled ones verify, then extend.
-                self.greedy_step(rows, zeros(b), zeros(b, w - 1), zeros(b), zeros(b) + kv - w, kv - w, in_order=in_order)
-                self.verify(rows, zeros(b, w), zeros(b) + kv - w, kv - w, in_order=in_order)
-                if self.drafter is not None:
-                    self.extend_drafter(rows, zeros(b) + kv - w, zeros(b) + 1, kv - w, w, in_order=in_order)
-            if self.drafter is not None:
-                if choose is not None:  # the head's graph; whole-block greedy steps draft inside theirs
-                    self.draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest, steps=steps, choose=choose,
-                               in_order=in_order)
-                self.draft(rows, zeros(b), zeros(b) + kv - widest, kv - widest, steps=steps, choose=None,
-                           in_order=in_order)
-                # its key pairs the drafter's context bucket with the verify's kv bucket: both pairings
-                for longest in (kv - widest, kv):
-                    if longest + widest <= top:
-                        self.draft_and_step(rows, zeros(b), zeros(b) + longest, longest, steps=steps, in_order=in_order)
 
     # -- the passes --------------------------------------------------------------------------------
     def extend_drafter(self, rows: torch.Tensor, start: torch.Tensor, count: torch.Tensor, base: int,
@@ -410,7 +348,7 @@ class DevicePasses:
                 verify_n = torch.full((b,), drafter.max_draft, dtype=torch.long, device=self.device)
             return drafter.tokens(hidden, int(verify_n.max()), self.model), verify_n
         b_pad = self._dims(b, 1, longest)[0]
-        ctx = self._kv_bucket(longest)
+        ctx = self.kv_bucket(longest)
         cache, model, predict = self.draft_cache, self.model, choose is not None
 
         def draft(rows_p, pending_p, lens_p):
@@ -462,7 +400,7 @@ class DevicePasses:
         assert self.drafter is not None
         b, k = rows.shape[0], steps or self.drafter.max_draft
         b_pad, w_pad, kv = self._dims(b, k + 1, longest)
-        ctx = self._kv_bucket(longest)
+        ctx = self.kv_bucket(longest)
         self.ensure_feats(longest + w_pad + 1)
         self.cache.reserve(kv)
         drafter, cache, model, step = self.drafter, self.draft_cache, self.model, self._greedy_step_fn(kv)
