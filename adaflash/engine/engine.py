@@ -276,12 +276,7 @@ class Engine:
         greedy = all(p.temperature == 0 for p in params)
         steps, chooser = self._draft_steps(), self._length_chooser(len(seqs))
         # Greedy whole-block steps give every row its own result, so free slots may pad the batch.
-        slots, in_order = self.passes.rows_for([s.slot for s in seqs], fill=greedy and chooser is None)
-        live = {s.slot: s for s in seqs}
-        # One host-to-device copy for the three per-row inputs (free slots pad with zeros).
-        rows, pending, lens = torch.tensor(
-            [slots, [live[r].pending if r in live else 0 for r in slots],
-             [live[r].length if r in live else 0 for r in slots]], device=self.device).unbind(0)
+        slots, in_order, (rows, pending, lens) = self._step_rows(seqs, fill=greedy and chooser is None)
         longest = max(s.length for s in seqs)
         t0 = time.perf_counter()
         if greedy and self.passes.padded and self.drafter is not None and chooser is None \
@@ -313,6 +308,16 @@ class Engine:
             n_acc = acc_list[i]
             events.append(self._emit(seq, emit_list[i][: n_acc + 1], accepted=n_acc, proposed=n_list[i]))
         return events
+
+    def _step_rows(self, seqs: list[RunningSeq], *, fill: bool) -> tuple[list[int], bool, list[torch.Tensor]]:
+        """The slots a step runs over (`DevicePasses.rows_for`), whether they are 0..b-1 in order, and
+        per row its slot, pending token and length on the device, in one host-to-device copy (free
+        slots that pad the batch get zeros)."""
+        slots, in_order = self.passes.rows_for([s.slot for s in seqs], fill=fill)
+        live = {s.slot: s for s in seqs}
+        columns = torch.tensor([slots, [live[r].pending if r in live else 0 for r in slots],
+                                [live[r].length if r in live else 0 for r in slots]], device=self.device)
+        return slots, in_order, list(columns.unbind(0))
 
     def _count(self, kind: str, seconds: float) -> None:
         self.step_counts[kind] += 1
