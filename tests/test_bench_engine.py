@@ -204,6 +204,7 @@ def test_every_graph_is_captured_before_the_warm_up(workspace, tiny_llama, draft
                      "--prompts", str(prompt_file), "--num-prompts", "3", "--max-new-tokens", "12", "--device", "cpu",
                      "--batch-sizes", "2", "--warmup", "full", "--format", "json")
     assert result.exit_code == 0, result.output
+    assert "adaflash @ batch 2: captured " in result.stderr  # said, with the count and the time
     measured = [engine for engine in engines if engine.graphs.keys]
     assert {engine.method for engine in measured} == {"vanilla", "dflash", "adaflash"}
     for engine in measured:

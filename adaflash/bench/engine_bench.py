@@ -356,7 +356,9 @@ class EngineBench:
             # Every graph the run can meet, as `serve` and `eval` capture them: a warm-up replays the
             # timed run's shapes, but not the rare widths AdaFlash's cost rule re-times, whose captures
             # then landed on the clock (0.15 s of AdaFlash's 2.60 s at batch 32, `s12-b32-views`).
-            engine.capture_graphs(self.max_len)
+            started = time.perf_counter()
+            count = engine.capture_graphs(self.max_len)
+            self.say(f"{method} @ batch {batch}: captured {count} CUDA graphs in {time.perf_counter() - started:.1f} s")
         if self.warmup == "full":
             engine.generate(self._requests(list(range(len(self.prompts)))))
         elif self.warmup == "short":
