@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -225,7 +226,7 @@ class DevicePasses:
             for cache in caches:
                 cache.in_order = False
 
-    def _run(self, key: tuple, fn: Callable, inputs: list[torch.Tensor], in_order: bool):
+    def _run(self, key: tuple, fn: Callable[..., Any], inputs: list[torch.Tensor], in_order: bool) -> Any:
         """Replay (or capture, or on CPU call) `fn` for `key`, its reads in order when `in_order`."""
         with self._in_order(in_order):
             return self.graphs.run((*key, in_order), fn, inputs)
