@@ -296,8 +296,9 @@ class Engine:
         acc_list, n_list, emit_list = [r[0] for r in packed], [r[1] for r in packed], [r[2:] for r in packed]
         kind = "decode" if self.drafter is None else "whole" if chooser is None else "choose"
         if self._reads_head() and self.length_policy == "cost":
-            kind = self._cost_rule().planned or kind
-            self._cost_rule().record(len(seqs), max(n_list) + 1, t3 - t0, tokens=sum(acc_list) + len(seqs))
+            rule = self._cost_rule()
+            kind = rule.planned or kind
+            rule.record(len(seqs), max(n_list) + 1, t3 - t0, tokens=sum(acc_list) + len(seqs))
         self._count(kind, t3 - t0)
         events = []
         for i, seq in enumerate(seqs):
