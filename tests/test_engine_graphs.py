@@ -270,3 +270,22 @@ def test_a_settled_whole_block_drafts_without_the_length_head(tiny_target):
     used = set(engine.graphs.keys)
     assert decode_kinds(used) == {"draft_and_step"} and used <= captured  # drafts inside the step, no head
     assert not calls  # the head never ran
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fused_silu_mul_gives_the_eager_bits(dtype):
+    """The Triton SwiGLU kernel returns, bit for bit, what torch's silu then mul return, for decode,
+    verify and prefill row counts, a width that is no multiple of its block, and strided rows."""
+    from adaflash.models.kernels import fused_silu_mul_available, silu_mul, silu_mul_eager
+
+    torch.manual_seed(0)
+    probe = torch.zeros(1, 2, device="cuda")
+    if not fused_silu_mul_available(probe):
+        pytest.skip("Triton is not installed")
+    for rows, width in ((1, 1536), (4, 1536), (128, 1536), (3, 1000)):
+        x = (torch.randn(rows, 2 * width, device="cuda") * 4).to(dtype)
+        assert torch.equal(silu_mul(x), silu_mul_eager(x)), (rows, width)
+    wide = (torch.randn(5, 4 * 700, device="cuda") * 4).to(dtype)[:, : 2 * 700]  # rows strided by 2800
+    assert torch.equal(silu_mul(wide), silu_mul_eager(wide))
+    assert silu_mul(x.view(1, 3, -1)).shape == (1, 3, 1000)

@@ -193,10 +193,10 @@ def test_an_installed_drafter_runs_fused_and_a_swap_fills_its_fused_weights(tiny
     assert attns and all(a.qkv is not None for a in attns)
     assert {k: v.shape for k, v in engine.drafter.state_dict().items()} == keys
     x = torch.randn(2, 3, attns[0].q_proj.in_features)
-    cos, sin = engine.drafter.rotary(torch.arange(3).expand(2, 3), x.dtype)
+    rope = engine.drafter.rotary(torch.arange(3).expand(2, 3), x.dtype)
     plain_attn = next(m for m in plain.modules() if isinstance(m, Attention))
-    fused_outs = (*attns[0].project_qkv(x, cos, sin), *attns[0].project_kv(x, cos, sin))
-    plain_outs = (*plain_attn.project_qkv(x, cos, sin), *plain_attn.project_kv(x, cos, sin))
+    fused_outs = (*attns[0].project_qkv(x, rope), *attns[0].project_kv(x, rope))
+    plain_outs = (*plain_attn.project_qkv(x, rope), *plain_attn.project_kv(x, rope))
     for fused_out, plain_out in zip(fused_outs, plain_outs, strict=True):
         torch.testing.assert_close(fused_out, plain_out, atol=1e-5, rtol=1e-5)
     other = make(2)

@@ -152,14 +152,33 @@ def test_rotary_table_gives_the_computed_values_within_its_bound():
     computed = rotary(positions, torch.bfloat16, bound=32)
     rotary.fix_table(32, torch.bfloat16)
     looked_up = rotary(positions, torch.bfloat16, bound=32)
-    assert all(torch.equal(a, b) for a, b in zip(looked_up, computed))
+    assert torch.equal(looked_up.cos, computed.cos) and torch.equal(looked_up.sin, computed.sin)
     rotary.table[0][5] = 7.0  # mark one row: lookups must see it
-    assert (rotary(positions, torch.bfloat16, bound=32)[0][0, 1] == 7).all()
-    rotary.table[0][5] = computed[0][0, 1]
+    assert (rotary(positions, torch.bfloat16, bound=32).cos[0, 1] == 7).all()
+    rotary.table[0][5] = computed.cos[0, 1]
     far = torch.tensor([[40]])
-    assert torch.equal(rotary(far, torch.bfloat16, bound=41)[0], rotary(far, torch.bfloat16)[0])  # computed
+    assert torch.equal(rotary(far, torch.bfloat16, bound=41).cos, rotary(far, torch.bfloat16).cos)  # computed
     first = rotary.table
     rotary.fix_table(16, torch.bfloat16)
     assert rotary.table is first  # already covered: nothing reallocated
     rotary.fix_table(64, torch.bfloat16)
     assert rotary.table[0].shape[0] == 64 and any(t is first for t in rotary._retired)  # graphs may still read it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_over_fused_heads_rotates_q_and_k_and_passes_values_through(dtype):
+    """Rope over a whole fused projection (`Rope.over`) gives, bit for bit, rope of the q/k heads with
+    cos/sin broadcast per head (the textbook form) and the value heads unchanged."""
+    from adaflash.models.layers import DecoderConfig, Rotary, apply_rope
+
+    rotary = Rotary(DecoderConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=16, vocab_size=32))
+    rope = rotary(torch.tensor([[0, 5, 9], [30, 31, 2]]), dtype)
+    heads = torch.randn(2, 3, 8, 16).to(dtype)  # 4 q + 2 k heads rotate, 2 v heads do not
+    out = apply_rope(heads, *rope.over(6, 8))
+    x = heads[:, :, :6]
+    half = x.shape[-1] // 2
+    textbook = x * rope.cos[:, :, None] + torch.cat([x[..., half:], x[..., :half]], dim=-1) * rope.sin[:, :, None]
+    assert torch.equal(out[:, :, :6], textbook)
+    assert torch.equal(out[:, :, 6:], heads[:, :, 6:])
+    assert rope.over(6, 8)[0] is rope.over(6, 8)[0]  # built once a pass, shared by its layers

@@ -409,7 +409,9 @@ class DevicePasses:
         def fused(rows_p: torch.Tensor, pending_p: torch.Tensor, lens_p: torch.Tensor) -> torch.Tensor:
             drafts, _ = drafter.draft(cache, rows_p, pending_p, lens_p, model, ctx, steps=steps, predict_length=False)
             block = torch.nn.functional.pad(torch.cat([pending_p[:, None], drafts], dim=1), (0, w_pad - k - 1))
-            return step(rows_p, block, lens_p, torch.full_like(lens_p, k))
+            # Every draft is verified: accept need not mask, unless the block carries padding columns.
+            verify_n = None if w_pad == k + 1 else torch.full_like(lens_p, k)
+            return step(rows_p, block, lens_p, verify_n, verified=k)
 
         out = self._run(("draft_and_step", b_pad, w_pad, kv, ctx, steps), fused,
                         [self._pad_rows(rows, b_pad), self._pad(pending, b_pad), self._pad(lens, b_pad)], in_order)
@@ -419,7 +421,8 @@ class DevicePasses:
         model, cache, capture, drafter = self.model, self.cache, self.capture, self.drafter
 
         def step(rows_p: torch.Tensor, block_p: torch.Tensor, lens_p: torch.Tensor,
-                 verify_n_p: torch.Tensor) -> torch.Tensor:
+                 verify_n_p: torch.Tensor | None, verified: int = 0) -> torch.Tensor:
+            """`verify_n_p` per row, or None: every row verifies all `verified` drafts of the block."""
             w = block_p.shape[1]
             positions = lens_p[:, None] + torch.arange(w, device=lens_p.device)
             logits, feats = model(block_p, positions, cache, rows_p, capture=capture, kv_len=kv)
@@ -431,7 +434,8 @@ class DevicePasses:
                 drafter.extend(self.draft_cache, rows_p, positions, *self._context_inputs(rows_p, positions), count,
                                model, kv)
                 self.draft_cache.lens[rows_p] = lens_p + count
-            return torch.cat([accepted[:, None], verify_n_p[:, None], emitted], dim=1)
+            counts = verify_n_p[:, None] if verify_n_p is not None else torch.full_like(accepted[:, None], verified)
+            return torch.cat([accepted[:, None], counts, emitted], dim=1)
 
         return step
 

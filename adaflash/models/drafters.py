@@ -158,18 +158,18 @@ class DFlashDrafter(Drafter):
     def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor,
                    bound: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Keys and values of context positions in every layer (`bound`: as `Rotary` takes it)."""
-        cos, sin = self.rotary(positions, ctx.dtype, bound)
-        return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+        rope = self.rotary(positions, ctx.dtype, bound)
+        return [layer.self_attn.project_kv(ctx, rope) for layer in self.layers]
 
     def run_block(self, h: torch.Tensor, positions: torch.Tensor,
                   ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor,
                   bound: int | None = None) -> torch.Tensor:
         """Block queries over [context keys, block keys]; mask [b, q, ctx + q]. Returns normed hidden."""
-        cos, sin = self.rotary(positions, h.dtype, bound)
+        rope = self.rotary(positions, h.dtype, bound)
         for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q, k, v = attn.project_qkv(x, cos, sin)
+            q, k, v = attn.project_qkv(x, rope)
             h = h + attn.attend(q, torch.cat([k_ctx, k], 1), torch.cat([v_ctx, v], 1), mask)
             h = layer.mlp_block(h)
         return self.norm(h)
@@ -251,9 +251,9 @@ class ChainDrafter(Drafter):
     def qkv(self, u: torch.Tensor, positions: torch.Tensor,
             bound: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         layer = self.midlayer
-        cos, sin = self.rotary(positions, u.dtype, bound)
+        rope = self.rotary(positions, u.dtype, bound)
         x = layer.input_layernorm(u)
-        return layer.self_attn.project_qkv(x, cos, sin)
+        return layer.self_attn.project_qkv(x, rope)
 
     def attend_mlp(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, resid: torch.Tensor,
                    mask: torch.Tensor) -> torch.Tensor:

@@ -104,7 +104,7 @@ class TargetModel(nn.Module):
         """
         h = self.model.embed_tokens(input_ids)
         kv_len = int(positions.max()) + 1 if kv_len is None else kv_len
-        cos, sin = self.rotary(positions, h.dtype, bound=kv_len)
+        rope = self.rotary(positions, h.dtype, bound=kv_len)
         cache.reserve(kv_len)
         mask = additive_mask(causal_mask(positions, kv_len), h.dtype)
         groups = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
@@ -116,7 +116,7 @@ class TargetModel(nn.Module):
         for index, layer in enumerate(self.model.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q, k, v = attn.project_qkv(x, cos, sin)
+            q, k, v = attn.project_qkv(x, rope)
             cache.write(index, where, k, v)
             keys, values = cache.read(index, rows, kv_len)
             h = h + attn.attend(q, keys, values, mask)
