@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adaflash.models.kernels import silu_mul
+from adaflash.models.kernels import fused_rope_available, rope_heads, silu_mul
 
 
 @dataclass
@@ -312,6 +312,10 @@ class Attention(nn.Module):
         read one dense tensor; with norms the normed heads are gathered back into one first.
         """
         roped = queries + self.num_kv
+        if fused_rope_available(heads):  # one kernel on a GPU, norms included
+            norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.cfg.qk_norm else None
+            out = rope_heads(heads, rope.cos, rope.sin, queries, roped, norms)
+            return (out[:, :, :queries] if queries else None), out[:, :, queries:roped], out[:, :, roped:]
         if self.cfg.qk_norm:
             parts = [self.q_norm(heads[:, :, :queries])] if queries else []
             heads = torch.cat([*parts, self.k_norm(heads[:, :, queries:roped]), heads[:, :, roped:]], dim=2)
