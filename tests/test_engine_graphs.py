@@ -339,3 +339,37 @@ def test_bf16_graph_replay_gives_the_eager_passes_tokens(tiny_llama, method):
         engine = Engine(gpu, method, drafter, max_batch=3, max_len=512, cuda_graphs=graphs, pad_shapes=True)
         outputs.append([o.output_ids for o in engine.generate(make_requests(gpu, max_new_tokens=32, ignore_eos=True))])
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_fused_accept_commit_matches_accept_and_commit():
+    """The Triton acceptance kernel returns what `accept` does and makes the commit's token and length
+    writes, with and without per-row verify counts, for widths 1 (Vanilla) to 9."""
+    from adaflash.engine.sampling import accept
+    from adaflash.models.kernels import accept_commit, fused_accept_available
+
+    torch.manual_seed(0)
+    if not fused_accept_available(torch.zeros(1, device="cuda")):
+        pytest.skip("Triton is not installed")
+    slots, max_len = 6, 40
+    for trial in range(60):
+        b, w = int(torch.randint(1, 5, ())), int(torch.randint(1, 10, ()))
+        block, post = torch.randint(0, 4, (b, w)), torch.randint(0, 4, (b, w))
+        for r in range(b):  # long accepted prefixes, as well as none
+            m = int(torch.randint(0, w, ()))
+            post[r, :m] = block[r, 1:1 + m]
+        lens, rows = torch.randint(0, max_len - w - 1, (b,)), torch.randperm(slots)[:b]
+        verify = torch.randint(0, w, (b,)) if trial % 2 else None
+        tokens, lengths, draft_lengths = (torch.zeros(slots, max_len + 1, dtype=torch.long, device="cuda"),
+                                          torch.zeros(slots, dtype=torch.long, device="cuda"),
+                                          torch.zeros(slots, dtype=torch.long, device="cuda"))
+        cuda = [t.cuda() for t in (block, post, lens, rows)]
+        packed = accept_commit(*cuda, verify.cuda() if verify is not None else None, w - 1, tokens, lengths,
+                               draft_lengths).cpu()
+        accepted, emitted = accept(block[:, 1:], post, verify)
+        counts = verify if verify is not None else torch.full((b,), w - 1)
+        assert torch.equal(packed, torch.cat([accepted[:, None], counts[:, None], emitted], dim=1))
+        expected = torch.zeros(slots, max_len + 1, dtype=torch.long)
+        expected[rows[:, None], lens[:, None] + torch.arange(1, w + 1)] = emitted
+        assert torch.equal(tokens.cpu(), expected)
+        assert torch.equal(lengths.cpu()[rows], lens + accepted + 1) and torch.equal(draft_lengths, lengths)

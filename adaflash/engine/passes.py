@@ -24,6 +24,7 @@ from adaflash.engine.graphs import GraphRunner, bucket
 from adaflash.engine.sampling import accept
 from adaflash.models.cache import KVCache
 from adaflash.models.drafters import DFlashDrafter, Drafter
+from adaflash.models.kernels import accept_commit, fused_accept_available
 from adaflash.models.target import TargetModel
 
 # Prefills replayed from graphs: widths padded to powers of two from PREFILL_MIN_WIDTH, and at most
@@ -191,9 +192,13 @@ class DevicePasses:
         idx = (lens[:, None] + torch.arange(1, k + 2, device=self.device)).clamp(max=self.max_len)
         self.tokens[rows[:, None], idx] = emitted
         if self.drafter is not None and feats is not None:
-            assert self.feats is not None
-            fidx = (lens[:, None] + torch.arange(k + 1, device=self.device)).clamp(max=self.max_len - 1)
-            self.feats[rows[:, None], fidx] = feats
+            self._commit_feats(rows, lens, feats)
+
+    def _commit_feats(self, rows: torch.Tensor, lens: torch.Tensor, feats: torch.Tensor) -> None:
+        """Keep the target features [b, w, F] of positions lens..lens+w-1 (the drafter's context)."""
+        assert self.feats is not None
+        fidx = (lens[:, None] + torch.arange(feats.shape[1], device=self.device)).clamp(max=self.max_len - 1)
+        self.feats[rows[:, None], fidx] = feats
 
     # -- which rows a pass runs over -------------------------------------------------------------
     def rows_for(self, slots: list[int], *, fill: bool) -> tuple[list[int], bool]:
@@ -426,14 +431,28 @@ class DevicePasses:
             w = block_p.shape[1]
             positions = lens_p[:, None] + torch.arange(w, device=lens_p.device)
             logits, feats = model(block_p, positions, cache, rows_p, capture=capture, kv_len=kv)
-            accepted, emitted = accept(block_p[:, 1:], logits.argmax(-1), verify_n_p)
-            self._commit(rows_p, lens_p, accepted, emitted, torch.cat(feats, dim=-1) if feats else None)
+            posterior = logits.argmax(-1)
+            features = torch.cat(feats, dim=-1) if feats else None
+            packed = None
+            if fused_accept_available(block_p):  # acceptance, token and length writes: one kernel
+                packed = accept_commit(block_p, posterior, lens_p, rows_p, verify_n_p, verified, self.tokens,
+                                       self.cache.lens, self.draft_cache.lens if drafter is not None else None)
+                accepted, emitted = packed[:, 0], packed[:, 2:]
+                if features is not None:
+                    self._commit_feats(rows_p, lens_p, features)
+            else:
+                accepted, emitted = accept(block_p[:, 1:], posterior, verify_n_p)
+                self._commit(rows_p, lens_p, accepted, emitted, features)
             if drafter is not None:
-                # The drafter's context gains the accepted positions and the bonus position.
+                # The drafter's context gains the accepted positions and the bonus position: their
+                # features and next tokens are this pass's own, where `_context_inputs` would read back
+                # what the commit just stored (four kernels more, the same values for every kept position).
                 count = accepted + 1
-                drafter.extend(self.draft_cache, rows_p, positions, *self._context_inputs(rows_p, positions), count,
-                               model, kv)
-                self.draft_cache.lens[rows_p] = lens_p + count
+                drafter.extend(self.draft_cache, rows_p, positions, features, emitted, count, model, kv)
+                if packed is None:
+                    self.draft_cache.lens[rows_p] = lens_p + count
+            if packed is not None:
+                return packed
             counts = verify_n_p[:, None] if verify_n_p is not None else torch.full_like(accepted[:, None], verified)
             return torch.cat([accepted[:, None], counts, emitted], dim=1)
 

@@ -5,6 +5,7 @@ training) the caller's eager code runs. `silu_mul` gives the eager bits in every
 (bf16 and fp16 only) agrees with eager rope to rounding: on the H200 its q/k values differed from
 torch's separate kernels by up to 2 units in bf16's last place. Vanilla and the speculative methods
 run the same kernels, so their comparison is unchanged; float32 runs eager and stays exact.
+`accept_commit` is integer bookkeeping, exact by construction, in every dtype.
 """
 
 from __future__ import annotations
@@ -81,6 +82,33 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out.view(*gate_up.shape[:-1], width)
 
 
+
+def fused_accept_available(block: torch.Tensor) -> bool:
+    return triton is not None and block.is_cuda
+
+
+def accept_commit(block: torch.Tensor, posterior: torch.Tensor, lens: torch.Tensor, rows: torch.Tensor,
+                  verify_n: torch.Tensor | None, verified: int, tokens: torch.Tensor, cache_lens: torch.Tensor,
+                  draft_lens: torch.Tensor | None = None) -> torch.Tensor:
+    """A greedy verify's acceptance and its bookkeeping in one kernel: what `engine.sampling.accept`
+    and the token and length writes of `DevicePasses._commit` do in about twenty small ones.
+
+    block [b, w]: the pending token and the drafts; posterior [b, w]: the target's argmax tokens;
+    verify_n [b] drafts verified per row, or None: `verified` for every row. Writes each row's emitted
+    tokens after its length into `tokens` (its slot's row, clamped to the last column) and the new
+    length into `cache_lens` (and `draft_lens`). Returns [b, 2 + w]: accepted drafts, verified drafts,
+    then the drafts with the bonus token at column `accepted` and at the end, as `accept` emits them.
+    Check with `fused_accept_available` first.
+    """
+    b, w = block.shape
+    out = torch.empty(b, 2 + w, dtype=torch.long, device=block.device)
+    _accept_commit_kernel[(b,)](
+        block, posterior, lens, rows, verify_n if verify_n is not None else lens, tokens, cache_lens,
+        draft_lens if draft_lens is not None else cache_lens, out, w, verified, tokens.shape[1] - 1,
+        block.stride(0), posterior.stride(0), tokens.stride(0),
+        W=triton.next_power_of_2(w), HAS_VERIFY=verify_n is not None, HAS_DRAFT=draft_lens is not None, num_warps=1)
+    return out
+
 if triton is not None:
 
     @triton.jit
@@ -128,3 +156,34 @@ if triton is not None:
         r = (xr.to(tl.float32) * s).to(x.dtype)
         y = (a.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         tl.store(out_ptr + token * total * D + head * D + col, tl.where(rotate, y, x), mask=keep)
+
+    @triton.jit
+    def _accept_commit_kernel(block_ptr, post_ptr, lens_ptr, rows_ptr, verify_ptr, tokens_ptr, cache_lens_ptr,
+                              draft_lens_ptr, out_ptr, w, verified, max_len, block_stride, post_stride, tokens_stride,
+                              W: tl.constexpr, HAS_VERIFY: tl.constexpr, HAS_DRAFT: tl.constexpr):
+        """One row: the longest prefix of verified drafts equal to the target's tokens, the bonus token
+        after it, and the row's writes."""
+        row = tl.program_id(0)
+        col = tl.arange(0, W)
+        k = w - 1
+        draft = tl.load(block_ptr + row * block_stride + 1 + col, mask=col < k, other=0)
+        post = tl.load(post_ptr + row * post_stride + col, mask=col < w, other=0)
+        match = (draft == post) & (col < k)
+        if HAS_VERIFY:
+            count = tl.load(verify_ptr + row)
+            match = match & (col < count)
+        else:
+            count = verified
+        accepted = tl.min(tl.where(match | (col >= k), k, col), axis=0)  # the first mismatch, or k
+        bonus = tl.load(post_ptr + row * post_stride + accepted)
+        emitted = tl.where((col == accepted) | (col == k), bonus, draft)
+        base = out_ptr + row * (2 + w)
+        tl.store(base, accepted)
+        tl.store(base + 1, count)
+        tl.store(base + 2 + col, emitted, mask=col < w)
+        length = tl.load(lens_ptr + row)
+        slot = tl.load(rows_ptr + row)
+        tl.store(tokens_ptr + slot * tokens_stride + tl.minimum(length + 1 + col, max_len), emitted, mask=col < w)
+        tl.store(cache_lens_ptr + slot, length + accepted + 1)
+        if HAS_DRAFT:
+            tl.store(draft_lens_ptr + slot, length + accepted + 1)
