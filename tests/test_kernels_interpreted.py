@@ -79,3 +79,16 @@ def test_triton_kernels_under_the_interpreter():
     assert result["accept"] == 80 and result["accept_failures"] == []
     assert result["rope"] == [True] * 6 and result["rope_values"] == [True] * 3
     assert max(result["normed_rope_max"]) < 0.02
+
+
+def test_adaflash_triton_turns_the_kernels_off_and_refuses_a_bad_value():
+    """ADAFLASH_TRITON=0 leaves every pass to the eager code; another value is refused with the
+    variable's name (here with Triton installed, so only the variable decides)."""
+    code = "import adaflash.models.kernels as k; print(k.ENABLED)"
+    def run(value):
+        return subprocess.run([sys.executable, "-c", code], env={**os.environ, "ADAFLASH_TRITON": value},
+                              capture_output=True, text=True, timeout=300)
+    assert run("1").stdout.strip() == "True"
+    assert run("0").stdout.strip() == "False"
+    refused = run("sometimes")
+    assert refused.returncode != 0 and "ADAFLASH_TRITON='sometimes': expected 0 or 1" in refused.stderr

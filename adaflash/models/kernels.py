@@ -1,7 +1,7 @@
 """Fused GPU kernels (Triton) for steps that eager torch splits into several small, strided kernels.
 
-Each runs only on a CUDA tensor outside autograd, with Triton importable; everywhere else (CPU,
-training) the caller's eager code runs. `silu_mul` gives the eager bits in every dtype; `rope_heads`
+Each runs only on a CUDA tensor outside autograd, with Triton importable and not turned off
+(`ADAFLASH_TRITON=0`); everywhere else (CPU, training) the caller's eager code runs. `silu_mul` gives the eager bits in every dtype; `rope_heads`
 (bf16 and fp16 only) agrees with eager rope to rounding: on the H200 its q/k values differed from
 torch's separate kernels by up to 2 units in bf16's last place. Vanilla and the speculative methods
 run the same kernels, so their comparison is unchanged; float32 runs eager and stays exact.
@@ -9,6 +9,8 @@ run the same kernels, so their comparison is unchanged; float32 runs eager and s
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +23,17 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 
+def _wanted() -> bool:
+    """ADAFLASH_TRITON=0 runs the eager code everywhere: to compare with it, or around a kernel problem."""
+    value = os.environ.get("ADAFLASH_TRITON", "1").strip().lower()
+    if value not in ("0", "1", "false", "true", "off", "on"):
+        raise ValueError(f"ADAFLASH_TRITON={value!r}: expected 0 or 1")
+    return value in ("1", "true", "on")
+
+
+ENABLED = triton is not None and _wanted()
+
+
 def silu_mul_eager(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) · up of a fused [..., 2I] gate/up projection: the textbook two kernels."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -28,7 +41,7 @@ def silu_mul_eager(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def fused_silu_mul_available(x: torch.Tensor) -> bool:
-    return triton is not None and x.is_cuda and not (torch.is_grad_enabled() and x.requires_grad)
+    return ENABLED and x.is_cuda and not (torch.is_grad_enabled() and x.requires_grad)
 
 
 def fused_rope_available(heads: torch.Tensor) -> bool:
@@ -84,7 +97,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def fused_accept_available(block: torch.Tensor) -> bool:
-    return triton is not None and block.is_cuda
+    return ENABLED and block.is_cuda
 
 
 def accept_commit(block: torch.Tensor, posterior: torch.Tensor, lens: torch.Tensor, rows: torch.Tensor,
