@@ -73,6 +73,8 @@ def test_every_method_and_hf_side_by_side_recorded_and_lossless(workspace, tiny_
         assert record["hardware"] == "cpu" and record["warmup"] == "full"
     assert cells[("dflash", 1)]["draft"].endswith("dflash") and cells[("adaflash", 2)]["draft"].endswith("adaflash")
     assert {r["backend"] for r in records} == {"embedded", "transformers"}
+    assert {r["kernels"] for r in records if r["backend"] == "embedded"} == {"eager"}  # a CPU: no Triton kernels
+    assert {r["kernels"] for r in records if r["backend"] == "transformers"} == {None}
     # Lossless: every method (and transformers on the same folder) matches our greedy Vanilla token for token.
     assert cells[("vanilla", 1)]["mismatches"] is None  # the reference itself
     for key, record in cells.items():

@@ -165,6 +165,7 @@ class EngineBench:
     def load(self) -> None:
         from adaflash.engine.build import build_engine
         from adaflash.models.drafter_io import DrafterError
+        from adaflash.models.kernels import kernels_on
         from adaflash.models.loading import load_target
 
         spec = self.spec
@@ -178,6 +179,7 @@ class EngineBench:
             raise EngineBenchError("a prompt renders to no tokens; check the prompt file")
         self.max_len = max(len(ids) for ids in self.ids) + spec.max_new_tokens + DRAFT_MARGIN
         self.hardware = hardware_of(self.target.device)
+        self.kernels = kernels_on(self.target.device)
         self.warmup = spec.warmup
         if self.warmup == "auto":
             self.warmup = "full" if str(self.target.device).startswith("cuda") else "short"
@@ -328,6 +330,7 @@ class EngineBench:
             "identical": None if count is None else count == 0, "mismatches": count, "mismatched_ids": bad[:10],
             "identical_reference": reference_name if reference is not None else None, "warmup": self.warmup,
             "order": self.order if backend == "embedded" else "sequential",
+            "kernels": self.kernels if backend == "embedded" else None,
             "accuracy": accuracy(spec.dataset, [(self.target.decode(out), p.reference)
                                                 for out, p in zip(outputs, self.prompts)]),
         }

@@ -34,6 +34,12 @@ def _wanted() -> bool:
 ENABLED = triton is not None and _wanted()
 
 
+def kernels_on(device: torch.device | str) -> str:
+    """What runs the fused steps on `device`, as benchmarks record it: "triton <version>", or "eager"
+    (a CPU, no Triton, or ADAFLASH_TRITON=0). In bf16 the two round differently."""
+    return f"triton {triton.__version__}" if ENABLED and str(device).startswith("cuda") else "eager"
+
+
 def silu_mul_eager(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) · up of a fused [..., 2I] gate/up projection: the textbook two kernels."""
     gate, up = gate_up.chunk(2, dim=-1)
