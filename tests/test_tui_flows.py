@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Select
 
 from adaflash.runlog import RunLog
@@ -56,10 +57,15 @@ def make_app(workspace: Path, **kwargs) -> AdaflashApp:
     return app
 
 
-def cell_offset(table: DataTable, row: int, column: int) -> tuple[int, int]:
-    """Where to click a DataTable cell (inside the widget)."""
-    x = sum(c.get_render_width(table) for c in table.ordered_columns[:column]) + 2
-    return x, row + (1 if table.show_header else 0)
+async def click_cell(pilot: Pilot, table: DataTable, row: int, column: int) -> None:
+    """Click a DataTable cell where it is on screen now: after any scroll the last click started (a
+    click moves the cursor, and the table scrolls it into view with an animation) and net of the
+    table's scroll offsets. (A click computed without them once toggled the next column, in a CI run
+    with the machine loaded.)"""
+    await pilot.wait_for_scheduled_animations()
+    x = sum(c.get_render_width(table) for c in table.ordered_columns[:column]) + 2 - int(table.scroll_x)
+    y = row + (1 if table.show_header else 0) - int(table.scroll_y)
+    await pilot.click(table, offset=(x, y))
 
 
 def stop_leftovers(workspace: Path) -> None:
@@ -128,10 +134,10 @@ async def test_assign_launch_monitor_and_stop_a_real_cpu_job(ws: Path, leases: P
             await settle(pilot)
             assert launch.assignment()["inference"] == (1,)
             # ...and with the mouse: GPU 0 too, then off again
-            await pilot.click(grid, offset=cell_offset(grid, 0, 1))
+            await click_cell(pilot, grid, 0, 1)
             await settle(pilot)
             assert launch.assignment()["inference"] == (0, 1)
-            await pilot.click(grid, offset=cell_offset(grid, 0, 1))
+            await click_cell(pilot, grid, 0, 1)
             await settle(pilot)
             assert launch.assignment()["inference"] == (1,)
             assert launch.errors == []
