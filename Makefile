@@ -35,5 +35,10 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-test: lint model
+# The tests also run the GPU kernels through Triton's interpreter: Triton for them, not for `make run`.
+$(VENV)/.kernel-tests: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[kernel-tests]"
+	touch $@
+
+test: lint model $(VENV)/.kernel-tests
 	$(BIN)/pytest -q
