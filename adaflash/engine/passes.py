@@ -433,28 +433,26 @@ class DevicePasses:
             logits, feats = model(block_p, positions, cache, rows_p, capture=capture, kv_len=kv)
             posterior = logits.argmax(-1)
             features = torch.cat(feats, dim=-1) if feats else None
-            packed = None
+            draft_lens = self.draft_cache.lens if drafter is not None else None
             if fused_accept_available(block_p):  # acceptance, token and length writes: one kernel
                 packed = accept_commit(block_p, posterior, lens_p, rows_p, verify_n_p, verified, self.tokens,
-                                       self.cache.lens, self.draft_cache.lens if drafter is not None else None)
-                accepted, emitted = packed[:, 0], packed[:, 2:]
+                                       self.cache.lens, draft_lens)
                 if features is not None:
                     self._commit_feats(rows_p, lens_p, features)
             else:
                 accepted, emitted = accept(block_p[:, 1:], posterior, verify_n_p)
                 self._commit(rows_p, lens_p, accepted, emitted, features)
+                if draft_lens is not None:
+                    draft_lens[rows_p] = lens_p + accepted + 1
+                counts = verify_n_p if verify_n_p is not None else torch.full_like(accepted, verified)
+                packed = torch.cat([accepted[:, None], counts[:, None], emitted], dim=1)
             if drafter is not None:
                 # The drafter's context gains the accepted positions and the bonus position: their
                 # features and next tokens are this pass's own, where `_context_inputs` would read back
                 # what the commit just stored (four kernels more, the same values for every kept position).
-                count = accepted + 1
-                drafter.extend(self.draft_cache, rows_p, positions, features, emitted, count, model, kv)
-                if packed is None:
-                    self.draft_cache.lens[rows_p] = lens_p + count
-            if packed is not None:
-                return packed
-            counts = verify_n_p[:, None] if verify_n_p is not None else torch.full_like(accepted[:, None], verified)
-            return torch.cat([accepted[:, None], counts, emitted], dim=1)
+                drafter.extend(self.draft_cache, rows_p, positions, features, packed[:, 2:], packed[:, 0] + 1,
+                               model, kv)
+            return packed
 
         return step
 

@@ -315,11 +315,11 @@ class Attention(nn.Module):
         if fused_rope_available(heads):  # one kernel on a GPU, norms included
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.cfg.qk_norm else None
             out = rope_heads(heads, rope.cos, rope.sin, queries, roped, norms)
-            return (out[:, :, :queries] if queries else None), out[:, :, queries:roped], out[:, :, roped:]
-        if self.cfg.qk_norm:
-            parts = [self.q_norm(heads[:, :, :queries])] if queries else []
-            heads = torch.cat([*parts, self.k_norm(heads[:, :, queries:roped]), heads[:, :, roped:]], dim=2)
-        out = apply_rope(heads, *rope.over(roped, heads.shape[2]))
+        else:
+            if self.cfg.qk_norm:
+                parts = [self.q_norm(heads[:, :, :queries])] if queries else []
+                heads = torch.cat([*parts, self.k_norm(heads[:, :, queries:roped]), heads[:, :, roped:]], dim=2)
+            out = apply_rope(heads, *rope.over(roped, heads.shape[2]))
         return (out[:, :, :queries] if queries else None), out[:, :, queries:roped], out[:, :, roped:]
 
     def project_q(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
