@@ -46,13 +46,13 @@ def silu_mul_eager(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def _fusable(x: torch.Tensor) -> bool:
+def fusable(x: torch.Tensor) -> bool:
     """A CUDA tensor outside autograd (the kernels have no backward), the kernels on."""
     return ENABLED and x.is_cuda and not (torch.is_grad_enabled() and x.requires_grad)
 
 
 def fused_silu_mul_available(x: torch.Tensor) -> bool:
-    return _fusable(x)
+    return fusable(x)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -80,7 +80,7 @@ def fused_rope_available(heads: torch.Tensor) -> bool:
     """bf16/fp16 only: in float32 the compiler may contract rope's multiply-add into one FMA, which
     rounds once where torch rounds twice; a power-of-two head size, as the kernel's tile needs."""
     d = heads.shape[-1]
-    return _fusable(heads) and heads.dtype in (torch.bfloat16, torch.float16) \
+    return fusable(heads) and heads.dtype in (torch.bfloat16, torch.float16) \
         and d & (d - 1) == 0 and heads.is_contiguous()
 
 

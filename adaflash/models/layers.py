@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adaflash.models import invariant
 from adaflash.models.kernels import fused_rope_available, rope_heads, silu_mul
 
 
@@ -96,6 +97,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     W @ [x, x]ᵀ, and 4 rows 27 ms through F.linear against 7.7 ms here). Verifying a few drafted
     tokens then costs about what decoding one does, on both sides of the comparison.
     """
+    if invariant.mm_available(x, weight):  # bf16/fp16 on a GPU: the same bits for any number of rows
+        return invariant.mm(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if x.device.type != "cpu" or torch.is_grad_enabled() or not 1 <= rows <= 16:
         return F.linear(x, weight, bias)
@@ -144,6 +147,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # torch's own kernel (float32 inside): one kernel on a GPU where the written-out formula
         # took eight, about a quarter of a SmolLM2 decode step's device time on the H200.
+        if invariant.rms_norm_available(x):  # bf16/fp16 on a GPU: a row's bits whatever the batch
+            return invariant.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
 
 
@@ -347,6 +352,9 @@ class Attention(nn.Module):
         """q: [b, q, h, d]; k, v: [b, s, kv, d]; mask [b, q, s]: bool (True = may attend) or additive
         (`additive_mask`, made once per forward rather than converted by every layer)."""
         b, nq = q.shape[:2]
+        if invariant.attention_available(q, self.head_dim):  # bf16/fp16 on a GPU: a query's bits whatever the batch
+            out = invariant.attention(q, k, v, mask)
+            return self.o_proj(out.reshape(b, nq, self.num_heads * self.head_dim))
         if mask.shape[1] != nq:
             return self._attend_grouped(q, k, v, mask)
         q = q.transpose(1, 2)

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from adaflash.models import invariant
 from adaflash.models.cache import KVCache
 from adaflash.models.layers import (
     DecoderConfig,
@@ -108,7 +109,8 @@ class TargetModel(nn.Module):
         cache.reserve(kv_len)
         mask = additive_mask(causal_mask(positions, kv_len), h.dtype)
         groups = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
-        if grouped_queries(h.device, *input_ids.shape, groups):
+        if grouped_queries(h.device, *input_ids.shape, groups) \
+                and not invariant.attention_available(h, self.cfg.head_dim):
             mask = fold_mask(mask, groups)
         where = cache.where(rows, positions)
         wanted = {layer: i for i, layer in enumerate(capture)}

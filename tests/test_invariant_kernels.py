@@ -1,0 +1,130 @@
+"""Batch-invariant kernels (`adaflash.models.invariant`): a row's bits do not depend on how many rows,
+queries or keys run beside it, and bf16 speculative decoding on a GPU gives Vanilla's tokens.
+
+On a CPU the kernels run under Triton's interpreter in fp16 (its bf16 dot is not the GPU's); on a GPU
+compiled, bf16 and fp16, on SmolLM2's shapes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")  # the kernel-tests extra installs it; torch's CPU wheels do not
+
+CHECKS = r"""
+import json, sys, torch
+import torch.nn.functional as F
+from adaflash.models import invariant as inv
+
+device, dtype = sys.argv[1], getattr(torch, sys.argv[2])
+torch.manual_seed(0)
+result = {"mm_rows": [], "mm_err": [], "norm_rows": [], "norm_err": [], "attn_rows": [], "attn_err": []}
+shapes = [(960, 576, True), (576, 1536, False)] if device == "cpu" else [(960, 576, False), (3072, 576, False), (576, 1536, False), (49152, 576, False), (960, 576, True)]
+counts = (1, 4, 9) if device == "cpu" else (1, 2, 4, 32, 128, 300)
+for n, k, with_bias in shapes:
+    w = (torch.randn(n, k, device=device) * 0.05).to(dtype)
+    bias = (torch.randn(n, device=device) * 0.1).to(dtype) if with_bias else None
+    x = torch.randn(max(counts), k, device=device).to(dtype)
+    full = inv.mm(x, w, bias)
+    ref = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+    result["mm_err"].append(float(((full.float() - ref).abs() / (ref.abs() + 1)).max()))
+    result["mm_rows"].append(all(torch.equal(inv.mm(x[:m], w, bias), full[:m]) for m in counts)
+                             and torch.equal(inv.mm(x[5:9].view(2, 2, k), w, bias).view(4, n), full[5:9]))
+xs = (torch.randn(300, 576, device=device) * 3).to(dtype)
+weight = (torch.rand(576, device=device) + 0.5).to(dtype)
+normed = inv.rms_norm(xs, weight, 1e-5)
+result["norm_rows"].append(all(torch.equal(inv.rms_norm(xs[:m], weight, 1e-5), normed[:m]) for m in counts))
+result["norm_err"].append(float((normed.float() - F.rms_norm(xs.float(), (576,), weight.float(), 1e-5)).abs().max()))
+b, heads, kv, d = 3, 9, 3, 64
+for queries, length in ((4, 200), (16, 70), (2, 130)):
+    s = length + 100  # a bucket wider than any row's context
+    q = torch.randn(b, queries, heads, d, device=device).to(dtype)
+    k = torch.randn(b, s, kv, d, device=device).to(dtype)
+    v = torch.randn(b, s, kv, d, device=device).to(dtype)
+    pos = torch.randint(0, length - queries, (b, 1), device=device) + torch.arange(queries, device=device)
+    allowed = torch.arange(s, device=device)[None, None, :] <= pos[:, :, None]
+    additive = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    out = inv.attention(q, k, v, additive)
+    ref = F.scaled_dot_product_attention(q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
+                                         attn_mask=allowed.unsqueeze(1), enable_gqa=True).transpose(1, 2)
+    result["attn_err"].append(float((out.float() - ref).abs().max()))
+    same = torch.equal(inv.attention(q, k, v, allowed), out)
+    for row in range(b):  # each query alone, over only the keys it may see: the same bits
+        for i in range(queries):
+            see = int(pos[row, i]) + 1
+            alone = inv.attention(q[row:row + 1, i:i + 1], k[row:row + 1, :see], v[row:row + 1, :see],
+                                  additive[row:row + 1, i:i + 1, :see])
+            same = same and torch.equal(alone, out[row:row + 1, i:i + 1])
+    result["attn_rows"].append(same)
+print(json.dumps(result))
+"""
+
+
+def _check(device: str, dtype: str, env: dict[str, str] | None = None) -> dict:
+    done = subprocess.run([sys.executable, "-c", CHECKS, device, dtype], env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _assert_invariant_and_close(result: dict, tolerance: float) -> None:
+    assert all(result["mm_rows"]) and all(result["norm_rows"]) and all(result["attn_rows"]), result
+    assert max(result["mm_err"]) < tolerance and max(result["norm_err"]) < 8 * tolerance, result
+    assert max(result["attn_err"]) < tolerance, result
+
+
+def test_invariant_kernels_under_the_interpreter():
+    """fp16 on a CPU: GEMM rows (with and without bias, 2-D and 3-D input), norm rows and attention
+    queries keep their bits across row counts, query counts and key ranges; values within fp16
+    rounding of float32 math."""
+    _assert_invariant_and_close(_check("cpu", "float16", {"TRITON_INTERPRET": "1"}), 0.01)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_invariant_kernels_compiled(dtype):
+    _assert_invariant_and_close(_check("cuda", dtype), 0.02 if dtype == "bfloat16" else 0.01)
+
+
+GSM8K_LIKE = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?",
+    "Betty is saving money for a new wallet which costs $100. Betty has only half of the money she needs. "
+    "Her parents decided to give her $15 for that purpose, and her grandparents twice as much as her parents. "
+    "How much more money does Betty need to buy the wallet?",
+    "James writes a 3-page letter to 2 different friends twice a week. How many pages does he write a year?",
+    "Albert is wondering how much pizza he can eat in one day. He buys 2 large pizzas and 2 small pizzas. "
+    "A large pizza has 16 slices and a small pizza has 8 slices. If he eats it all, how many pieces does he eat that day?",
+    "Tina makes $18.00 an hour. If she works more than 8 hours per shift, she is eligible for overtime, which is "
+    "paid by your hourly wage + 1/2 your hourly wage. If she works 10 hours every day for 5 days, how much money does she make?",
+    "A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts in total does it take?",
+    "Write a haiku about the sea.",
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_bf16_speculative_decoding_gives_vanilla_tokens_on_smollm2(smollm2_folder):
+    """The goal the kernels exist for: in bf16 on a GPU, with CUDA graphs and the built-in drafter
+    (drafts accepted and rejected), DFlash and AdaFlash at batch 4 emit Vanilla-at-batch-1's tokens."""
+    from adaflash.engine.build import build_engine
+    from adaflash.engine.params import Request, SamplingParams
+    from adaflash.models.loading import load_target
+
+    target = load_target(str(smollm2_folder), device="cuda", dtype="bfloat16")
+
+    def requests():
+        return [Request(target.encode(target.render(p)), SamplingParams(max_new_tokens=160, ignore_eos=True), rid=str(i))
+                for i, p in enumerate(GSM8K_LIKE)]
+
+    reference = [o.output_ids for o in build_engine(target, max_batch=1, max_len=1024).generate(requests())]
+    for method in ("dflash", "adaflash"):
+        engine = build_engine(target, method, "smollm2-135m-dflash", max_batch=4, max_len=1024)
+        outputs = engine.generate(requests())
+        assert [o.output_ids for o in outputs] == reference, method
+        assert sum(o.meta_info["spec_accept_length"] for o in outputs) / len(outputs) > 1.5
