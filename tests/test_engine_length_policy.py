@@ -59,22 +59,38 @@ def test_refresh_retries_the_stalest_width():
 def test_modes_are_weighed_by_the_tokens_per_second_they_yield(whole_rate, choose_rate, expected):
     """Per-width timings favour short verifies, but steps that verify whole blocks unread may still yield
     more tokens per second (a GPU drafts inside the step then): the rule follows what the steps yield,
-    trying each mode first and the other one step in `refresh`."""
+    trying each mode first, then the other one ever less often while the better one holds."""
     rule = trained(CostRule(block=4, min_length=2, tries=1, refresh=64, mode_tries=4), 1, lambda w: 0.5 + 0.1 * w)
     assert not rule.whole_block_cheapest(1)
     modes = []
-    for _ in range(200):
+    for _ in range(600):
         whole = rule.whole_blocks(1)
         modes.append(whole)
         width = 4 if whole else 2
         rule.record(1, width, 1.0, tokens=int(whole_rate if whole else choose_rate))
     assert modes[:4] == [False] * 4 and modes[4:8] == [True] * 4  # the head's choice tried first, then whole blocks
-    settled = modes[-128:]
-    # per 64 steps one step retries the other mode; the stalest width is timed with the head read, so
-    # not at all here while whole blocks win (every 8 x 64 steps), and as a head-read step otherwise
-    assert settled.count(not expected) == 2
+    others = [i for i, whole in enumerate(modes[8:], start=8) if whole != expected]
+    # retries 32, 96, 224, 480 steps after the better mode settled (at step 8); while whole blocks win,
+    # the stalest width is also re-timed (a head-read step) after 8 x 64 steps
+    assert others == [40, 104, 232, 488] + ([520] if expected else [])
     assert rule.mode_rate(1, "whole") == whole_rate and rule.mode_rate(1, "choose") == choose_rate
     assert rule.mode_rate(2, "whole") is None  # each batch bucket weighs its own
+
+
+def test_a_change_of_the_better_mode_restarts_the_retries():
+    rule = trained(CostRule(block=4, min_length=2, tries=1, refresh=8, mode_tries=2, mode_window=2), 1,
+                   lambda w: 0.5 + 0.1 * w)
+    rates = {True: 3, False: 2}
+    modes = []
+    for step in range(120):
+        if step == 60:
+            rates = {True: 1, False: 4}  # whole blocks now yield less: the head's choice becomes better
+        whole = rule.whole_blocks(1)
+        modes.append(whole)
+        rule.record(1, 4 if whole else 2, 1.0, tokens=rates[whole])
+    # from step 61 the head's choice is the better mode: whole blocks come back only as its retries,
+    # 4, 12 and 28 steps (½, 1½, 3½ periods of 8) after the change
+    assert [i for i in range(60, 120) if modes[i]] == [60, 65, 73, 89]
 
 
 def test_stale_widths_are_retimed_ever_less_often_while_whole_blocks_win():

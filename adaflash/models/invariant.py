@@ -35,12 +35,16 @@ ATTN_ROWS = 16  # attention tile rows (query × head-of-group pairs)
 ATTN_KEYS = 64  # keys per step of attention's online softmax; fixed, so the reduction order is
 
 
-def _half(x: torch.Tensor) -> bool:
-    return x.dtype in (torch.bfloat16, torch.float16) and fusable(x)
+def _half(*tensors: torch.Tensor | None) -> bool:
+    """All bf16 or all fp16, on the GPU, none needing a gradient (the kernels have no backward: a
+    drafter's weights in training must not pass through them, whatever their inputs)."""
+    given = [t for t in tensors if t is not None]
+    return given[0].dtype in (torch.bfloat16, torch.float16) \
+        and all(t.dtype == given[0].dtype and fusable(t) for t in given)
 
 
-def mm_available(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return _half(x) and weight.dtype == x.dtype and weight.is_cuda
+def mm_available(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    return _half(x, weight, bias)
 
 
 def mm_tiles(n: int, k: int) -> tuple[int, int]:
@@ -66,8 +70,8 @@ def mm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) 
     return out.view(*x.shape[:-1], n)
 
 
-def rms_norm_available(x: torch.Tensor) -> bool:
-    return _half(x)
+def rms_norm_available(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return _half(x, weight)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -84,9 +88,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.view(x.shape)
 
 
-def attention_available(x: torch.Tensor, head_dim: int) -> bool:
-    """Whether a pass whose activations are `x` attends here (a power-of-two head size, for the tile)."""
-    return _half(x) and head_dim >= 16 and head_dim & (head_dim - 1) == 0
+def attention_available(head_dim: int, *tensors: torch.Tensor) -> bool:
+    """Whether attention over `tensors` (q, k, v; or any of a pass's activations) runs here: a
+    power-of-two head size, for the tile."""
+    return _half(*tensors) and head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -97,7 +97,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     W @ [x, x]ᵀ, and 4 rows 27 ms through F.linear against 7.7 ms here). Verifying a few drafted
     tokens then costs about what decoding one does, on both sides of the comparison.
     """
-    if invariant.mm_available(x, weight):  # bf16/fp16 on a GPU: the same bits for any number of rows
+    if invariant.mm_available(x, weight, bias):  # bf16/fp16 on a GPU: the same bits for any number of rows
         return invariant.mm(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if x.device.type != "cpu" or torch.is_grad_enabled() or not 1 <= rows <= 16:
@@ -147,7 +147,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # torch's own kernel (float32 inside): one kernel on a GPU where the written-out formula
         # took eight, about a quarter of a SmolLM2 decode step's device time on the H200.
-        if invariant.rms_norm_available(x):  # bf16/fp16 on a GPU: a row's bits whatever the batch
+        if invariant.rms_norm_available(x, self.weight):  # bf16/fp16 on a GPU: a row's bits whatever the batch
             return invariant.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
 
@@ -352,7 +352,7 @@ class Attention(nn.Module):
         """q: [b, q, h, d]; k, v: [b, s, kv, d]; mask [b, q, s]: bool (True = may attend) or additive
         (`additive_mask`, made once per forward rather than converted by every layer)."""
         b, nq = q.shape[:2]
-        if invariant.attention_available(q, self.head_dim):  # bf16/fp16 on a GPU: a query's bits whatever the batch
+        if invariant.attention_available(self.head_dim, q, k, v):  # bf16/fp16 on a GPU: a query's bits whatever the batch
             out = invariant.attention(q, k, v, mask)
             return self.o_proj(out.reshape(b, nq, self.num_heads * self.head_dim))
         if mask.shape[1] != nq:

@@ -110,7 +110,7 @@ class TargetModel(nn.Module):
         mask = additive_mask(causal_mask(positions, kv_len), h.dtype)
         groups = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
         if grouped_queries(h.device, *input_ids.shape, groups) \
-                and not invariant.attention_available(h, self.cfg.head_dim):
+                and not invariant.attention_available(self.cfg.head_dim, h):
             mask = fold_mask(mask, groups)
         where = cache.where(rows, positions)
         wanted = {layer: i for i, layer in enumerate(capture)}
