@@ -146,3 +146,50 @@ def test_bf16_speculative_decoding_gives_vanilla_tokens_on_smollm2(smollm2_folde
         outputs = engine.generate(requests())
         assert [o.output_ids for o in outputs] == reference, method
         assert sum(o.meta_info["spec_accept_length"] for o in outputs) / len(outputs) > 1.5
+
+
+ENGINE_CHECK = r"""
+import json, sys, torch
+from adaflash.models import invariant
+from adaflash.models.loading import load_target
+from tests.test_engine_lossless import make_requests, oracle_engine, vanilla
+
+on = [False]
+invariant.fusable = lambda t: on[0] and not (torch.is_grad_enabled() and t.requires_grad)  # a CPU, interpreted
+calls = {}
+for name in ("mm", "rms_norm", "attention"):
+    def counted(*args, _f=getattr(invariant, name), _n=name):
+        calls[_n] = calls.get(_n, 0) + 1
+        return _f(*args)
+    setattr(invariant, name, counted)
+target = load_target(sys.argv[1], device="cpu", dtype="float16")
+ids = torch.tensor([target.encode("Natalia sold clips to 48 of her friends in April.")])
+def logits():
+    return target.model(ids, torch.arange(ids.shape[1])[None], target.model.new_cache(1, 64), torch.tensor([0]))[0].float()
+eager = logits()
+on[0] = True
+error = float((logits() - eager).abs().max() / eager.abs().max())
+reference = vanilla(target, make_requests(target, n=2, max_new_tokens=8, ignore_eos=True))
+engine = oracle_engine(target, make_requests(target, n=2), reference, "dflash")
+outputs = engine.generate(make_requests(target, n=2, max_new_tokens=8, ignore_eos=True))
+print(json.dumps({"same": [o.output_ids for o in outputs] == [o.output_ids for o in reference], "error": error,
+                  "tau": [o.meta_info["spec_accept_length"] for o in outputs], "calls": calls}))
+"""
+
+
+@pytest.mark.skipif(tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 9),
+                    reason="Triton < 3.9's interpreter cannot loop to a bound passed at run time (numpy >= 2.5)")
+def test_the_engine_runs_on_the_invariant_kernels_under_the_interpreter(tiny_llama):
+    """The wiring a CPU cannot see otherwise: an fp16 target whose every GEMM, norm and attention goes
+    through the kernels (the interpreter standing in for the GPU) gives torch's logits to fp16 rounding,
+    and decodes Vanilla's tokens with drafts accepted, cache views, GQA and masks as the engine hands
+    them over."""
+    done = subprocess.run([sys.executable, "-c", ENGINE_CHECK, str(tiny_llama)], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["same"] and result["error"] < 0.01, result
+    assert min(result["tau"]) > 1.3, result
+    layers = 4  # the tiny target's: every layer's projections, norms and attention, each pass
+    assert result["calls"]["attention"] >= 2 * layers and result["calls"]["rms_norm"] >= 4 * layers, result
+    assert result["calls"]["mm"] >= 4 * layers, result

@@ -5,7 +5,8 @@ Each runs only on a CUDA tensor outside autograd, with Triton importable and not
 (bf16 and fp16 only) agrees with eager rope to rounding: on the H200 its q/k values differed from
 torch's separate kernels by up to 2 units in bf16's last place. Vanilla and the speculative methods
 run the same kernels, so their comparison is unchanged; float32 runs eager and stays exact.
-`accept_commit` is integer bookkeeping, exact by construction, in every dtype.
+`accept_commit` is integer bookkeeping, exact by construction, in every dtype. The batch-invariant
+GEMM, RMSNorm and attention are in `invariant.py`.
 """
 
 from __future__ import annotations

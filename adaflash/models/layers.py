@@ -265,7 +265,8 @@ def grouped_queries(device: torch.device, batch: int, queries: int, groups: int)
     Measured on an H200 (bf16, 9 query heads over 3 kv heads, 30 layers a graph): at 32 rows x 4
     verified tokens cuDNN's GQA kernel took 13-30 us a layer by context (128-512 keys), the folded
     layout 13-18 us with its two copies; at a single token or 8 rows the folded one lost (5-7 against
-    7-12 us). So: verify blocks of at least 128 query rows, on a GPU, with GQA.
+    7-12 us). So: verify blocks of at least 128 query rows, on a GPU, with GQA, where the batch-invariant
+    kernel does not attend (float32, or ADAFLASH_TRITON=0).
     """
     return device.type == "cuda" and groups > 1 and 1 < queries <= 16 and batch * queries >= 128
 
