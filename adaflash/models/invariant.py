@@ -32,7 +32,7 @@ if triton is not None:
 
 MM_ROWS = 64  # GEMM tile rows, for every row count: the per-row result must not depend on it
 ATTN_ROWS = 16  # attention tile rows (query × head-of-group pairs)
-ATTN_KEYS = 64  # keys per step of attention's online softmax; fixed, so the reduction order is
+ATTN_KEYS = 64  # keys per step of attention's online softmax: fixed, so each query's sums run in one order
 
 
 def _half(*tensors: torch.Tensor | None) -> bool:
