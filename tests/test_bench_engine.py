@@ -324,3 +324,26 @@ def test_passes_by_kind_account_for_every_step(workspace, tiny_llama, drafts, pr
         steps = sum(p["steps"] for p in passes.values())
         assert steps == pytest.approx(record["total_output_tokens"] / record["accept_length"]), method
         assert 0 < sum(p["seconds"] for p in passes.values()) <= record["duration"], method
+
+
+def test_rows_that_differ_from_vanilla_are_explained_by_what_their_records_show():
+    from adaflash.bench.engine_table import mismatch_notes
+
+    def row(method, backend, dtype, kernels, mismatches, batch=1):
+        return {"method": method, "backend": backend, "dtype": dtype, "kernels": kernels, "mismatches": mismatches,
+                "concurrency": batch}
+
+    notes = mismatch_notes([
+        row("vanilla", "embedded", "bfloat16", "eager", None),
+        row("dflash", "embedded", "bfloat16", "eager", 3),
+        row("adaflash", "embedded", "bfloat16", "eager", 0),
+        row("hf-generate", "transformers", "bfloat16", None, 5),
+        row("osd", "embedded", "bfloat16", "triton 3.9.0", 1, batch=8),
+        row("eagle3", "embedded", "float32", "eager", 2),
+    ])
+    assert len(notes) == 3
+    assert notes[0].startswith("greedy output differs from Vanilla for dflash@b1: bfloat16 without the batch-invariant")
+    assert notes[1] == "greedy output differs from Vanilla for hf-generate@b1: transformers rounds its own way in bfloat16"
+    # with the invariant kernels on, or in float32, a difference is a real loss: no excuse offered
+    assert notes[2] == "greedy output differs from Vanilla for osd@b8, eagle3@b1 (see `identical`)"
+    assert mismatch_notes([row("dflash", "embedded", "bfloat16", "eager", 0)]) == []

@@ -38,13 +38,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaflash.bench.engine_spec import EngineBenchError, EngineBenchSpec
+from adaflash.bench.engine_table import HF_GENERATE, HF_PROMPT_LOOKUP
 from adaflash.bench.hf_generate import hf_generate
 from adaflash.bench.metrics import TokenGaps, accuracy, compute_metrics, engine_results
 from adaflash.bench.prompts import BenchPrompt
-from adaflash.engine.params import DRAFT_MARGIN, METHODS
+from adaflash.engine.params import DRAFT_MARGIN
 
-HF_GENERATE = "hf-generate"
-HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 WARMUP_TOKENS = 8  # at most; never more than half of max_new_tokens (prefill + a few decode/verify steps)
 
 
@@ -434,28 +433,3 @@ def run_engine_bench(spec: EngineBenchSpec, prompts: list[BenchPrompt], log: Any
     bench = EngineBench(spec, prompts, log, events)
     run_id = bench.run()
     return run_id, bench.records
-
-
-def table_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows for the printed table: speed-up vs our Vanilla row of the same batch size, τ, lossless check."""
-    base = {r["concurrency"]: r["output_throughput"] for r in records if r["method"] == "vanilla"}
-    order = {m: i for i, m in enumerate((*METHODS, HF_GENERATE, HF_PROMPT_LOOKUP))}
-    rows = []
-    for r in sorted(records, key=lambda r: (r["concurrency"], order.get(r["method"], len(order)))):
-        vanilla = base.get(r["concurrency"])
-        mismatches = r.get("mismatches")
-        rows.append({
-            "method": r["method"], "batch": r["concurrency"], "backend": r["backend"],
-            "out tok/s": f"{r['output_throughput']:.1f}",
-            "speed-up": f"{r['output_throughput'] / vanilla:.2f}x" if vanilla else None,
-            "τ": None if r.get("accept_length") is None else f"{r['accept_length']:.2f}",
-            "accept rate": None if r.get("accept_rate") is None else f"{100 * r['accept_rate']:.1f}%",
-            "identical": (("ref" if r["method"] == "vanilla" else None) if mismatches is None
-                          else "yes" if mismatches == 0 else f"no ({mismatches}/{r['completed']})"),
-            "tokens": r["total_output_tokens"], "wall s": f"{r['duration']:.2f}", "n": r["completed"],
-        })
-    return rows
-
-
-# `backend` stays in the rows (json/csv) but not in the table: the hf-* names already say it.
-TABLE_COLUMNS = ["method", "batch", "out tok/s", "speed-up", "τ", "accept rate", "identical", "tokens", "wall s", "n"]

@@ -354,7 +354,7 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     --compare-hf also transformers' own generate() (plain, and prompt-lookup assisted at batch 1).
     Every row lands in the run log: `adaflash runs compare RUN` shows the speed-ups again.
     """
-    from adaflash.bench.engine_bench import TABLE_COLUMNS, EngineBenchEvents, run_engine_bench, table_rows
+    from adaflash.bench.engine_bench import EngineBenchEvents, run_engine_bench
     from adaflash.bench.engine_spec import (
         EngineBenchError,
         EngineBenchSpec,
@@ -362,6 +362,7 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
         parse_methods,
         resolve_drafts,
     )
+    from adaflash.bench.engine_table import TABLE_COLUMNS, mismatch_notes, table_rows
 
     explicit: dict[str, str] = {}
     for item in drafts:
@@ -398,7 +399,6 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     else:
         emit_rows(rows, TABLE_COLUMNS, fmt, title=f"bench engine · {spec.target} · {name} · {len(prompts)} prompts · "
                   f"{max_new_tokens} max tokens · {records[0]['hardware'] if records else ''} [{run_id}]")
-    bad = [f"{r['method']}@b{r['concurrency']}" for r in records if r.get("mismatches")]
-    if bad:
-        click.secho(f"greedy output differs from Vanilla for {', '.join(bad)} (see `identical`)", fg="yellow", err=True)
+    for note in mismatch_notes(records):
+        click.secho(note, fg="yellow", err=True)
     click.secho(f"recorded in the run log: adaflash runs compare {run_id}", err=True)
