@@ -15,6 +15,9 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")  # the kernel-tests extra installs it; torch's CPU wheels do not
+interpreted_loops = pytest.mark.skipif(
+    tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 9),
+    reason="Triton < 3.9's interpreter cannot loop to a bound passed at run time (numpy >= 2.5)")
 
 CHECKS = r"""
 import json, sys, torch
@@ -79,8 +82,7 @@ def _assert_invariant_and_close(result: dict, tolerance: float) -> None:
     assert max(result["attn_err"]) < tolerance and max(result["bool_err"]) < tolerance, result
 
 
-@pytest.mark.skipif(tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 9),
-                    reason="Triton < 3.9's interpreter cannot loop to a bound passed at run time (numpy >= 2.5)")
+@interpreted_loops
 def test_invariant_kernels_under_the_interpreter():
     """fp16 on a CPU: GEMM rows (with and without bias, 2-D and 3-D input), norm rows and attention
     queries keep their bits across row counts, query counts and key ranges; values within fp16
@@ -177,8 +179,7 @@ print(json.dumps({"same": [o.output_ids for o in outputs] == [o.output_ids for o
 """
 
 
-@pytest.mark.skipif(tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 9),
-                    reason="Triton < 3.9's interpreter cannot loop to a bound passed at run time (numpy >= 2.5)")
+@interpreted_loops
 def test_the_engine_runs_on_the_invariant_kernels_under_the_interpreter(tiny_llama):
     """The wiring a CPU cannot see otherwise: an fp16 target whose every GEMM, norm and attention goes
     through the kernels (the interpreter standing in for the GPU) gives torch's logits to fp16 rounding,
