@@ -31,7 +31,6 @@ def _workers(tmp_path, ws, argv: list[str], env: dict[str, str]) -> dict[str, st
     (tmp_path / "prompts.jsonl").write_text('{"prompt": "hi"}\n')
     args[args.index("--draft") + 1] = str(tmp_path / "draft")
     args[args.index("--data") + 1] = str(tmp_path / "prompts.jsonl")
-    args[args.index("--skip") + 1] = "0"  # the recipe skips GSM8K's first 6,000; this file has one prompt
     result = CliRunner().invoke(cli, ["--workspace", str(ws), *args, "--dry-run"], env=env)
     assert result.exit_code == 0, result.output
     return dict(line.split(": ", 1) for line in result.stdout.strip().splitlines())
@@ -41,16 +40,19 @@ def test_h200x2_recipe_places_inference_on_gpu0_and_torchrun_training_on_the_res
     ws = tmp_path / "ws"
     plan = _plan(ws)
     jobs = {row["name"]: row for row in plan["jobs"]}
-    assert list(jobs) == ["prepare", "pipeline", "report"]
+    assert list(jobs) == ["prepare", "vary", "pipeline", "report"]
     pipe = jobs["pipeline"]
     argv = pipe["argv"]
     assert argv[argv.index("-m") + 1] == "adaflash.cli.main" and "pipeline" in argv
     assert _option(argv, "--infer-gpus") == "0" and _option(argv, "--train-gpus") == "1"
     assert _option(argv, "--max-minutes") == "15" and _option(argv, "--preset") == "adaflash"
-    assert _option(argv, "--draft") == "smollm2-135m-dflash" and _option(argv, "--skip") == "6000"
+    assert _option(argv, "--draft") == "smollm2-135m-dflash" and "--skip" not in argv
+    vary = jobs["vary"]["argv"]  # the prompts the drafter has not seen, with redrawn-number copies
+    assert _option(vary, "--skip") == "6000" and _option(vary, "--variants") == "3"
+    assert _option(vary, "--out") == _option(argv, "--data") and jobs["vary"]["after"] == ["prepare"]
     assert pipe["env"] == {"NCCL_NVLS_ENABLE": "0"}
     assert pipe["cuda_visible_devices"] is None  # a launcher: the pipeline gives each worker its GPUs
-    assert jobs["pipeline"]["after"] == ["prepare"] and jobs["report"]["after"] == ["pipeline"]
+    assert jobs["pipeline"]["after"] == ["vary"] and jobs["report"]["after"] == ["pipeline"]
     swap = _option(argv, "--swap-dir")
     assert jobs["report"]["argv"][-4:] == ["pipeline", "status", "--swap-dir", swap]
 

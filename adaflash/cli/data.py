@@ -103,6 +103,52 @@ def _print_summary(summary: dict[str, Any]) -> None:
     click.secho(f"  run {summary['run_id']}", fg="bright_black")
 
 
+@data.command("vary", short_help="Add variants of each prompt with its numbers redrawn (more answers to train on).")
+@click.option("--dataset", "dataset_file", required=True, type=click.Path(dir_okay=False),
+              help='JSONL of normalized rows (`adaflash data prepare`) or {"prompt": ...} rows.')
+@click.option("--variants", type=click.IntRange(1, 64), default=3, show_default=True,
+              help="Redrawn copies per prompt, beside the original.")
+@click.option("--num-samples", type=click.IntRange(1), default=None, help="Vary the first N prompts [default: all].")
+@click.option("--skip", type=click.IntRange(0), default=0, show_default=True,
+              help="Leave out the first N prompts (as `regenerate --skip`).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draws.")
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Output JSONL (written atomically).")
+@click.pass_context
+def vary(ctx: click.Context, dataset_file: str, variants: int, num_samples: int | None, skip: int, seed: int,
+         out_file: str) -> None:
+    """Write each prompt and VARIANTS copies whose integers are redrawn (half to twice each value).
+
+    The target answers the copies anew (`adaflash data regenerate --dataset OUT`), so a drafter sees
+    several answers per question and must read the numbers from the context instead of recalling them.
+    Copies have ids `<id>~v1`, ... and no reference (the dataset's answer belongs to the original numbers).
+    """
+    from adaflash.data.io import write_jsonl_atomic
+    from adaflash.data.prompts import PromptFileError, read_prompt_file
+    from adaflash.data.vary import vary_rows
+
+    try:
+        prompts = read_prompt_file(dataset_file, num_samples, skip)
+    except PromptFileError as err:
+        fail(str(err))
+    result = vary_rows(prompts, variants, seed=seed)
+    log = runlog_of(ctx)
+    run_id = log.create_run("data", name="vary", dataset=str(dataset_file),
+                            run_dir=str(Path(out_file).expanduser().resolve().parent),
+                            config={"command": "vary", "out": str(out_file), "variants": variants, "seed": seed,
+                                    "num_samples": len(prompts), "skip": skip})
+    with run_guard(log, run_id, (OSError,)):
+        path = write_jsonl_atomic(out_file, result.rows)
+    log.log_metrics(run_id, {"rows": len(result.rows), "prompts": len(prompts),
+                             "without_numbers": result.without_numbers, "repeats": result.repeats})
+    log.finish_run(run_id, note=f"{len(prompts)} prompts -> {len(result.rows)} rows -> {path}")
+    click.echo(f"{len(prompts)} prompts -> {len(result.rows)} rows -> {path}")
+    if result.without_numbers:
+        click.echo(f"  {result.without_numbers} prompts hold no integer: kept once, without variants")
+    if result.repeats:
+        click.echo(f"  {result.repeats} variants left out: their draws only repeated prompts already written")
+    click.secho(f"  run {run_id}", fg="bright_black")
+
+
 @data.command("regenerate", short_help="Answer a dataset's prompts with the target, for drafter training.")
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
 @click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
