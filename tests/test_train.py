@@ -155,7 +155,9 @@ def test_train_cli_records_run_and_checkpoint(tmp_path, learnable, regen):
     log = RunLog.open(ws)
     run = log.list_runs(kind="train")[0]
     names = {m["name"] for m in log.metrics_since(0, run_id=run["id"])}
-    assert {"loss", "lr", "tokens_per_s", "eval_tau"} <= names
+    assert {"loss", "lr", "tokens_per_s", "eval_tau", "feature_memo_gb"} <= names
+    memo = [m["value"] for m in log.metrics_since(0, run_id=run["id"]) if m["name"] == "feature_memo_gb"]
+    assert memo[0] > 0  # the first batch's features are kept (a CPU budget is 4 GB)
     assert log.checkpoints(run["id"])[0]["path"] == str(out)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt_text": "x"}\n')

@@ -297,6 +297,9 @@ class Trainer:
                 self.state.batch_index += 1
                 last = self.step_on(group, lr_at(self.state.step, total, cfg)) or {}
                 last["tokens_per_s"] = (self.state.tokens - tokens_at_start) / max(time.perf_counter() - started, 1e-9)
+                # past its budget the memo stops storing and each batch pays a target pass again: the
+                # throughput drops, and this says why
+                last["feature_memo_gb"] = self.memo.used / 1e9
                 last["epoch"] = self.state.epoch
                 if eval_prompts and cfg.eval_every and self.state.step % cfg.eval_every == 0 and rank == 0:
                     last.update(self.evaluate(eval_prompts))
