@@ -234,6 +234,31 @@ def test_memo_greedy_tokens_give_the_length_head_the_same_labels_as_teacher_logi
     assert not full.store and full.batch_greedy is not None  # over budget: the batch's pass, nothing kept
 
 
+def test_memo_in_bf16_changes_no_bit_of_a_dflash_loss_under_autocast(learnable, regen):
+    """The GPU trainer keeps features in bf16: its autocast rounds them so before the fc anyway."""
+    from adaflash.models.drafter_io import new_drafter
+    from adaflash.train.data import pad
+    from adaflash.train.dflash import dflash_loss
+    from adaflash.train.features import FeatureMemo
+
+    target = learnable.model
+    sequences = load_sequences(regen, learnable, 256)[:4]
+    ids, lens, starts = pad(sequences, torch.device("cpu"))
+    drafter = new_drafter("dflash", target.cfg, block_size=4, length_head=True, seed=2)
+    wide, half, other = (FeatureMemo(target, drafter.target_layer_ids, keep_greedy=True, store_dtype=dtype)
+                         for dtype in (None, torch.bfloat16, torch.float16))
+    keys = [id(s) for s in sequences]
+    losses = []
+    for memo in (wide, half, other):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, stats = dflash_loss(drafter, target, ids, lens, starts, blocks_per_seq=4, loss_cfg=LossConfig("ce"),
+                                      gen=torch.Generator().manual_seed(0), train_head=True, features=memo.source(keys))
+        losses.append(float(loss.detach()))
+    assert losses[0] == losses[1]
+    assert losses[2] != losses[0]  # another rounding than the autocast's own would show
+    assert all(f.dtype == torch.bfloat16 for f, _ in half.store.values())
+    assert half.used * 2 == wide.used  # the same sequences in half the bytes
+
 def test_init_from_target_copies_the_layers_after_the_deepest_feature(learnable):
     """The drafter starts as the target's next layer reading the deepest feature layer's output."""
     from adaflash.models.drafter_io import init_from_target, new_drafter

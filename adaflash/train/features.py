@@ -52,10 +52,15 @@ class FeatureMemo:
     """
 
     def __init__(self, target: TargetModel, layer_ids: list[int], budget_bytes: float | None = None,
-                 keep_greedy: bool = False) -> None:
+                 keep_greedy: bool = False, store_dtype: torch.dtype | None = None) -> None:
         self.target = target
         self.layer_ids = list(layer_ids)
         self.budget = default_budget(next(target.parameters()).device) if budget_bytes is None else budget_bytes
+        # Under bf16 autocast the drafter's first use of a feature is a matmul that rounds it to bf16
+        # anyway (DFlash's and EAGLE-3's fc), so storing it rounded changes no bit there and keeps
+        # twice the sequences within the budget (MTP's norm then reads the bf16 values inference has).
+        # The last layer's output (teacher logits, through the final norm) stays as computed.
+        self.store_dtype = store_dtype
         self.used = 0
         # Over budget, the last batch's greedy tokens, from the one target pass that made its features.
         self.batch_greedy: tuple[list[int], torch.Tensor] | None = None
@@ -84,7 +89,7 @@ class FeatureMemo:
             feats, final = target_features(self.target, ids[missing, :width], self.layer_ids, with_last=need_last)
             for j, i in enumerate(missing):
                 n = int(lens[i])
-                entry = (feats[j, :n].clone(), final[j, :n].clone() if with_last and final is not None else None)
+                entry = (self._kept(feats[j, :n]), final[j, :n].clone() if with_last and final is not None else None)
                 self.store[keys[i]] = entry
                 self.used += sum(t.numel() * t.element_size() for t in entry if t is not None)
                 if self.keep_greedy and final is not None:
@@ -99,6 +104,9 @@ class FeatureMemo:
             if last is not None and h is not None:
                 last[i, : h.shape[0]] = h
         return out, last
+
+    def _kept(self, feats: torch.Tensor) -> torch.Tensor:
+        return feats.to(self.store_dtype, copy=True) if self.store_dtype is not None else feats.clone()
 
     def greedy(self, keys: list[int], ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         """[b, width] the target's greedy next token after each position of the padded batch."""

@@ -278,7 +278,8 @@ class Trainer:
         if cfg.resume:
             self.restore(cfg.out)
         self.memo = FeatureMemo(self.target.model, self.drafter.target_layer_ids,
-                                keep_greedy=cfg.length_head and cfg.loss.kind == "ce")
+                                keep_greedy=cfg.length_head and cfg.loss.kind == "ce",
+                                store_dtype=torch.bfloat16 if self.mixed else None)
         per_epoch = [b for i, b in enumerate(batches(epoch_order(len(sequences), cfg.seed, 0), sequences,
                                                      cfg.batch_tokens)) if i % world == rank]
         total = cfg.steps or cfg.epochs * len(per_epoch)
