@@ -324,6 +324,9 @@ def test_passes_by_kind_account_for_every_step(workspace, tiny_llama, drafts, pr
         steps = sum(p["steps"] for p in passes.values())
         assert steps == pytest.approx(record["total_output_tokens"] / record["accept_length"]), method
         assert 0 < sum(p["seconds"] for p in passes.values()) <= record["duration"], method
+    # and the command says where each speculative row's speed-up went, from those passes
+    lines = [line.strip() for line in result.stderr.splitlines() if " a step costs " in line]
+    assert [line.split(":")[0] for line in lines] == ["dflash@b1", "adaflash@b1"]
 
 
 def test_rows_that_differ_from_vanilla_are_explained_by_what_their_records_show():
@@ -347,3 +350,22 @@ def test_rows_that_differ_from_vanilla_are_explained_by_what_their_records_show(
     # with the invariant kernels on, or in float32, a difference is a real loss: no excuse offered
     assert notes[2] == "greedy output differs from Vanilla for osd@b8, eagle3@b1 (see `identical`)"
     assert mismatch_notes([row("dflash", "embedded", "bfloat16", "eager", 0)]) == []
+
+
+def test_the_speedup_breakdown_splits_steps_prefills_and_host_time():
+    from adaflash.bench.engine_table import speedup_breakdown
+
+    def row(method, passes, tokens, throughput, duration, backend="embedded", batch=32):
+        return {"method": method, "concurrency": batch, "backend": backend, "total_output_tokens": tokens,
+                "output_throughput": throughput, "duration": duration,
+                "passes": {kind: {"steps": n, "seconds": s} for kind, (n, s) in passes.items()}}
+
+    vanilla = row("vanilla", {"decode": (1000, 2.0), "prefill": (10, 0.5)}, 4000, 1600.0, 2.5 + 0.5)
+    ada = row("adaflash", {"whole": (400, 0.96), "choose": (100, 0.24), "prefill": (10, 0.5)}, 4000, 2400.0, 1.7 + 0.2)
+    hf = row("hf-generate", {"decode": (1, 1.0)}, 4000, 800.0, 5.0, backend="transformers")
+    other_batch = row("dflash", {"whole": (10, 0.1)}, 40, 400.0, 0.1, batch=1)  # no Vanilla at batch 1: no line
+    (line,) = speedup_breakdown([vanilla, ada, hf, other_batch])
+    # a step: 1.2 s / 500 = 2.4 ms against 2.0 s / 1000 = 2.0 ms; steps alone 2.0 / 1.2; with prefills 2.5 / 1.7
+    assert line == ("adaflash@b32: a step costs 1.200 of Vanilla's; steps alone 1.67x, with prefills 1.47x, "
+                    "measured 1.50x (host time outside the passes 0.20 s against Vanilla's 0.50 s)")
+    assert speedup_breakdown([ada]) == []  # nothing to compare with

@@ -362,7 +362,7 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
         parse_methods,
         resolve_drafts,
     )
-    from adaflash.bench.engine_table import TABLE_COLUMNS, mismatch_notes, table_rows
+    from adaflash.bench.engine_table import TABLE_COLUMNS, mismatch_notes, speedup_breakdown, table_rows
 
     explicit: dict[str, str] = {}
     for item in drafts:
@@ -401,4 +401,9 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
                   f"{max_new_tokens} max tokens · {records[0]['hardware'] if records else ''} [{run_id}]")
     for note in mismatch_notes(records):
         click.secho(note, fg="yellow", err=True)
+    breakdown = speedup_breakdown(records)
+    if breakdown:
+        click.echo("where the speed-up goes (engine pass timings):", err=True)
+        for line in breakdown:
+            click.echo(f"  {line}", err=True)
     click.secho(f"recorded in the run log: adaflash runs compare {run_id}", err=True)
