@@ -6,13 +6,10 @@ compiled, bf16 and fp16, on SmolLM2's shapes."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+
+from tests.json_script import run_json_script
 
 triton = pytest.importorskip("triton")  # the kernel-tests extra installs it; torch's CPU wheels do not
 interpreted_loops = pytest.mark.skipif(
@@ -70,10 +67,7 @@ print(json.dumps(result))
 
 
 def _check(device: str, dtype: str, env: dict[str, str] | None = None) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHECKS, device, dtype], env={**os.environ, **(env or {})},
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_script(CHECKS, device, dtype, env=env)
 
 
 def _assert_invariant_and_close(result: dict, tolerance: float) -> None:
@@ -185,10 +179,7 @@ def test_the_engine_runs_on_the_invariant_kernels_under_the_interpreter(tiny_lla
     through the kernels (the interpreter standing in for the GPU) gives torch's logits to fp16 rounding,
     and decodes Vanilla's tokens with drafts accepted, cache views, GQA and masks as the engine hands
     them over."""
-    done = subprocess.run([sys.executable, "-c", ENGINE_CHECK, str(tiny_llama)], capture_output=True, text=True,
-                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_json_script(ENGINE_CHECK, str(tiny_llama), env={"TRITON_INTERPRET": "1"})
     assert result["same"] and result["error"] < 0.01, result
     assert min(result["tau"]) > 1.3, result
     layers = 4  # the tiny target's: every layer's projections, norms and attention, each pass

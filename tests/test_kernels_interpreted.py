@@ -5,12 +5,13 @@ SwiGLU and bf16 are left to the GPU tests."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+from tests.json_script import run_json_script
 
 pytest.importorskip("triton")  # the dev extra installs it; torch's CPU wheels do not
 
@@ -72,10 +73,7 @@ def test_triton_kernels_under_the_interpreter():
     """Acceptance kernel = `accept` plus the commit's writes (80 random cases: widths 1-9, with and
     without verify counts); rope kernel = eager rope in fp16 bit for bit, q/k layouts and k/v only;
     with q/k norms within fp16 rounding, values copied."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_json_script(CHECKS, env={"TRITON_INTERPRET": "1"}, timeout=600)
     assert result["accept"] == 80 and result["accept_failures"] == []
     assert result["rope"] == [True] * 6 and result["rope_values"] == [True] * 3
     assert max(result["normed_rope_max"]) < 0.02
