@@ -143,6 +143,18 @@ def test_cli_bad_inputs(tmp_path):
     assert not out.exists()
 
 
+def test_cli_refuses_to_write_over_its_input(tmp_path, prompts_file, monkeypatch):
+    before = prompts_file.read_text()
+    monkeypatch.chdir(prompts_file.parent)
+    result = vary(tmp_path / "ws", "--dataset", str(prompts_file), "--out", "./prompts.jsonl")
+    assert result.exit_code == 2 and "is the --dataset file itself" in result.output
+    assert prompts_file.read_text() == before
+    result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "data", "regenerate", "--dataset",
+                                      "prompts.jsonl", "--out", str(prompts_file)])
+    assert result.exit_code == 2 and "is the --dataset file itself" in result.output
+    assert prompts_file.read_text() == before
+
+
 def test_cli_failed_write_leaves_no_partial_file(tmp_path, prompts_file, monkeypatch):
     ws = tmp_path / "ws"
     blocker = tmp_path / "blocker"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adaflash.data.prompts import PromptFileError, PromptRow, read_prompt_file
+from adaflash.data.prompts import PromptFileError, PromptRow, prompt_source, read_prompt_file
 
 BUILTIN_DATASETS = ("gsm8k", "humaneval", "mt-bench", "sharegpt")
 
@@ -27,33 +27,17 @@ class BenchPrompt:
     reference: Any = None
 
 
-def is_file_spec(dataset: str) -> bool:
-    return dataset.endswith((".jsonl", ".json")) or Path(dataset).expanduser().is_file()
-
-
-def prepared_file(name: str, workspace: str | Path) -> Path:
-    return Path(workspace) / "data" / f"{name}_test.jsonl"
-
-
 def load_rows(dataset: str, workspace: str | Path, num_prompts: int | None = None,
               seed: int | None = None) -> tuple[str, list[PromptRow]]:
     """(dataset name, rows): the first N rows, or N sampled with `seed` when a seed is given."""
-    if is_file_spec(dataset):
-        path = Path(dataset).expanduser()
-        name = path.stem.removesuffix("_test")
-    else:
-        name = dataset
-        path = prepared_file(name, workspace)
-        if not path.is_file():
-            hint = f"adaflash --workspace {workspace} data prepare {name}"
-            raise BenchDataError(f"dataset {name!r} is not prepared: {path} does not exist; run `{hint}`")
     try:
+        path = prompt_source(dataset, workspace, "test")
         rows = read_prompt_file(path, None if seed is not None else num_prompts)
     except PromptFileError as err:
         raise BenchDataError(str(err)) from None
     if seed is not None and num_prompts is not None and num_prompts < len(rows):
         rows = random.Random(seed).sample(rows, num_prompts)
-    return name, rows  # a file holding fewer than num_prompts gives them all; the caller says so
+    return path.stem.removesuffix("_test"), rows  # a file holding fewer than num_prompts gives them all; the caller says so
 
 
 class PromptRenderer:

@@ -90,6 +90,25 @@ def drafter_folder(option: str, value: str | None) -> str | None:
     return str(folder)
 
 
+def prompt_file(split: str):
+    """A click callback: a JSONL file, or a prepared dataset's name read as its `split` split."""
+
+    def resolve(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        from adaflash.data.prompts import PromptFileError, prompt_source
+
+        if value is None:
+            return None
+        try:
+            path = prompt_source(value, workspace_of(ctx), split)
+        except PromptFileError as err:
+            raise click.BadParameter(str(err), ctx=ctx, param=param) from None
+        if not path.is_file():
+            raise click.BadParameter(f"{value}: no such file", ctx=ctx, param=param)
+        return str(path)
+
+    return resolve
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print a clear error (no traceback) and exit."""
     click.secho(f"error: {message}", fg="red", err=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, run_guard, runlog_of, workspace_of
+from adaflash.cli.common import emit_rows, fail, prompt_file, run_guard, runlog_of, workspace_of
 from adaflash.data.builtin_datasets import describe_builtins
 from adaflash.data.column_map import parse_column_map
 from adaflash.data.errors import DatasetError
@@ -20,6 +20,13 @@ from adaflash.engine.params import METHODS
 @click.group()
 def data() -> None:
     """Prepare datasets into normalized rows, and regenerate answers with the target."""
+
+
+def refuse_same_file(dataset_file: str, out_file: str) -> None:
+    """Writing over the input would lose its rows (and a second run would vary the copies again)."""
+    src, dst = Path(dataset_file).expanduser().resolve(), Path(out_file).expanduser().resolve()
+    if src == dst:
+        fail(f"--out {out_file} is the --dataset file itself: write the result to another file")
 
 
 @data.command("list")
@@ -104,8 +111,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 @data.command("vary", short_help="Add variants of each prompt with its numbers redrawn (more answers to train on).")
-@click.option("--dataset", "dataset_file", required=True, type=click.Path(dir_okay=False),
-              help='JSONL of normalized rows (`adaflash data prepare`) or {"prompt": ...} rows.')
+@click.option("--dataset", "dataset_file", required=True, callback=prompt_file("train"),
+              help='JSONL of normalized rows or {"prompt": ...} rows, or a prepared dataset\'s name (its train split).')
 @click.option("--variants", type=click.IntRange(1, 64), default=3, show_default=True,
               help="Redrawn copies per prompt, beside the original.")
 @click.option("--num-samples", type=click.IntRange(1), default=None, help="Vary the first N prompts [default: all].")
@@ -126,6 +133,7 @@ def vary(ctx: click.Context, dataset_file: str, variants: int, num_samples: int 
     from adaflash.data.prompts import PromptFileError, read_prompt_file
     from adaflash.data.vary import vary_rows
 
+    refuse_same_file(dataset_file, out_file)
     try:
         prompts = read_prompt_file(dataset_file, num_samples, skip)
     except PromptFileError as err:
@@ -153,8 +161,8 @@ def vary(ctx: click.Context, dataset_file: str, variants: int, num_samples: int 
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
 @click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
 @click.option("--draft", type=click.Path(file_okay=False), default=None, help="Drafter folder (methods other than vanilla).")
-@click.option("--dataset", "dataset_file", required=True, type=click.Path(dir_okay=False),
-              help='JSONL of normalized rows (`adaflash data prepare`) or {"prompt": ...} rows.')
+@click.option("--dataset", "dataset_file", required=True, callback=prompt_file("train"),
+              help='JSONL of normalized rows or {"prompt": ...} rows, or a prepared dataset\'s name (its train split).')
 @click.option("--num-samples", type=click.IntRange(1), default=None, help="Answer the first N prompts [default: all].")
 @click.option("--skip", type=click.IntRange(0), default=0, show_default=True,
               help="Leave out the first N prompts (e.g. those a drafter was already trained on).")
@@ -189,6 +197,7 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
     from adaflash.models.drafter_io import DrafterError
     from adaflash.models.loading import load_target
 
+    refuse_same_file(dataset_file, out_file)
     try:
         check_method(method, draft)
         prompts = read_prompt_file(dataset_file, num_samples, skip)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, length_policy_option, run_guard, runlog_of
+from adaflash.cli.common import emit_rows, fail, length_policy_option, run_guard, runlog_of, workspace_of
 
 
 def _parse_methods(specs: tuple[str, ...]) -> list[tuple[str, str | None]]:
@@ -36,20 +36,17 @@ def _parse_methods(specs: tuple[str, ...]) -> list[tuple[str, str | None]]:
 def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_size, max_new_tokens, temperature, chat,
              length_rate, length_policy, min_length, device, dtype, label, fmt) -> None:
     """Measure τ and throughput of each method on the same prompts, offline (one run, same hardware)."""
-    from pathlib import Path
 
-    from adaflash.data.prompts import PromptFileError, read_prompt_file
+    from adaflash.data.prompts import PromptFileError, prompt_source, read_prompt_file
     from adaflash.engine.build import build_engine
     from adaflash.engine.measure import measure
     from adaflash.models.drafter_io import DrafterError
     from adaflash.models.loading import load_target
-    from adaflash.workspace import workspace_dir
 
-    path = Path(dataset)
-    if not path.is_file():
-        path = workspace_dir(ctx.find_root().obj.get("workspace")) / "data" / f"{dataset}_test.jsonl"
-        if not path.is_file():
-            fail(f"--dataset {dataset}: no file {path}; run `adaflash data prepare {dataset}` first")
+    try:
+        path = prompt_source(dataset, workspace_of(ctx), "test")
+    except PromptFileError as err:
+        fail(f"--dataset {err}")
     try:
         rows = read_prompt_file(path, num_prompts)
         tgt = load_target(target, device=device, dtype=dtype)

@@ -17,6 +17,7 @@ from adaflash.cli.common import (
     fmt_cell,
     length_policy_option,
     output_format_option,
+    prompt_file,
     run_or_fail,
     runlog_of,
     workspace_of,
@@ -31,7 +32,8 @@ PRESETS = {
 @click.group(invoke_without_command=True)
 @click.option("--target", default="smollm2-135m", show_default=True)
 @click.option("--draft", help="Initial drafter (offline-trained DFlash): a folder or a built-in drafter's name.")
-@click.option("--data", type=click.Path(dir_okay=False), help="Prompts (normalized rows or {\"prompt\"} rows).")
+@click.option("--data", callback=prompt_file("train"),
+              help="Prompts: normalized rows or {\"prompt\"} rows, or a prepared dataset's name (its train split).")
 @click.option("--infer-gpus", default="cpu", show_default=True, help="'cpu' or GPU indices for the inference worker.")
 @click.option("--train-gpus", default="cpu", show_default=True, help="'cpu' or GPU indices (several = torchrun).")
 @click.option("--train-procs", type=click.IntRange(1), default=None,
@@ -84,8 +86,6 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     if not draft or not data:
         fail("--draft DIR and --data FILE are required (see `adaflash pipeline --help`)")
     draft = drafter_folder("--draft", draft)
-    if not Path(data).is_file():
-        fail(f"--data {data}: no such file")
     if skip:
         from adaflash.data.prompts import read_prompt_file
 
@@ -244,7 +244,7 @@ def _print_report(report: dict[str, Any]) -> None:
                f"({inf['seconds_without_training']:.1f}s); {inf['output_tokens']} tokens in all")
     if tr["ranks"]:
         emit_rows(tr["ranks"], ["rank", "samples", "tokens", "seconds", "tokens_per_s"], "table",
-                  title="training tokens/s per rank (one GPU each)")
+                  title="training tokens/s per rank" + (" (one GPU each)" if report["train_gpus"] != "cpu" else ""))
     click.echo(f"training: {tr['steps']} steps, {tr['samples']} samples, world size {fmt_cell(tr['world_size'])}, "
                f"{fmt_cell(tr['tokens_per_s'])} tokens/s in all")
     lags = [v["publish_to_swap_s"] for v in report["versions"] if v.get("publish_to_swap_s") is not None]

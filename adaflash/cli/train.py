@@ -6,7 +6,7 @@ import json
 
 import click
 
-from adaflash.cli.common import drafter_folder, emit_rows, fail, runlog_of
+from adaflash.cli.common import drafter_folder, emit_rows, fail, prompt_file, runlog_of
 
 
 def _progress(description: str, enabled: bool = True):
@@ -43,14 +43,15 @@ def train() -> None:
 def common_options(func):
     options = [
         click.option("--target", default="smollm2-135m", show_default=True),
-        click.option("--data", required=True, type=click.Path(dir_okay=False, exists=True),
-                     help="Training rows (regenerated: prompt_text + response; or normalized conversations)."),
+        click.option("--data", required=True, callback=prompt_file("train"),
+                     help="Training rows (regenerated: prompt_text + response; or normalized conversations), "
+                          "or a prepared dataset's name (its train split)."),
         click.option("--out", required=True, type=click.Path(file_okay=False), help="Drafter folder (checkpoints land here)."),
         click.option("--max-len", type=click.IntRange(8), default=512, show_default=True),
         click.option("--batch-tokens", type=click.IntRange(16), default=4096, show_default=True),
         click.option("--limit", type=int, default=None, help="Use at most this many rows."),
-        click.option("--eval-data", type=click.Path(dir_okay=False, exists=True), default=None,
-                     help="Held-out rows for evaluation τ."),
+        click.option("--eval-data", callback=prompt_file("test"), default=None,
+                     help="Held-out rows for evaluation τ, or a prepared dataset's name (its test split)."),
         click.option("--eval-prompts", type=click.IntRange(0), default=8, show_default=True),
         click.option("--device", default="auto", show_default=True),
         click.option("--seed", type=int, default=0, show_default=True),

@@ -46,6 +46,21 @@ def row_to_prompt(row: Any, where: str) -> PromptRow:
     raise PromptFileError(f"{where}: expected a string 'prompt' or a non-empty 'conversations' list")
 
 
+def prompt_source(spec: str | Path, workspace: str | Path, split: str) -> Path:
+    """A prompt file given as a path, or as the name of a dataset `adaflash data prepare` wrote.
+
+    One rule for every command: training commands read a name's train split, measurements its test split.
+    """
+    path = Path(spec).expanduser()
+    if path.is_file() or path.suffix in (".jsonl", ".json") or len(path.parts) > 1:
+        return path
+    prepared = Path(workspace) / "data" / f"{spec}_{split}.jsonl"
+    if not prepared.is_file():
+        raise PromptFileError(f"{spec}: neither a file nor a prepared dataset ({prepared} does not exist); "
+                              f"run `adaflash --workspace {workspace} data prepare {spec}` or give a JSONL file")
+    return prepared
+
+
 def read_prompt_file(path: str | Path, limit: int | None = None, skip: int = 0) -> list[PromptRow]:
     """Prompts `skip` .. `skip + limit` of the file (every row read is checked)."""
     from adaflash.data.io import read_jsonl
