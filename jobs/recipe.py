@@ -333,6 +333,10 @@ def load_recipe(
     file = find_recipe(path)
     try:
         text = file.read_text()
+    except FileNotFoundError:
+        names = ", ".join(p.stem for p in shipped_recipes())
+        problem = Problem("", f"no such recipe file, nor a shipped recipe of that name (shipped: {names})")
+        raise RecipeError(str(path), [problem]) from None
     except OSError as err:
         problem = Problem("", f"cannot read the recipe: {err.strerror or err}")
         raise RecipeError(str(path), [problem]) from None

@@ -220,6 +220,8 @@ def test_every_shipped_recipe_validates() -> None:
             assert not re.search(r"\{(vars|gpus|nproc)\.|\{run_(id|dir)\}", text), (path, text)
     cpu = load_recipe("smollm2-cpu")
     assert cpu.gpus_in_use() == set()  # the local default runs anywhere
+    with pytest.raises(RecipeError, match=r"smollm2-cpux: no such recipe file, nor a shipped .*smollm2-cpu, "):
+        load_recipe("smollm2-cpux")
 
 
 @pytest.mark.parametrize("name", ["smollm2-cpu", "qwen3-8b", "qwen3-coder-30b-a3b", "qwen3.5-9b", "smollm2-drafter-h200",
