@@ -91,6 +91,33 @@ def test_inference_worker_refuses_a_torn_version_and_keeps_going(tmp_path, tiny_
     assert any("refused version 2" in m for m in events), events
 
 
+def test_inference_worker_restarted_after_a_kill_resumes_after_its_buffered_answers(tmp_path, tiny_llama, tiny_target):
+    from adaflash.pipeline.inference import InferenceConfig, run_inference
+
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Count to {i}."}) + "\n" for i in range(4)))
+    log = RunLog.open(tmp_path / "ws")
+    run = log.create_run("pipeline")
+
+    def infer(max_samples: int) -> int:
+        return run_inference(InferenceConfig(target=str(tiny_llama), draft=str(draft), data=str(prompts),
+                                             swap_dir=str(tmp_path / "swap"), run_id=run, workspace=str(tmp_path / "ws"),
+                                             method="dflash", batch_size=2, max_new_tokens=6, loop=True,
+                                             max_samples=max_samples, flush_every=1))
+
+    assert infer(3) == 3
+    buffer = SwapBuffer(tmp_path / "swap")
+    with buffer.path.open("a") as handle:  # a writer killed in the middle of an append
+        handle.write('{"seq": 3, "id": "p3#3", "prompt_te')
+    assert infer(6) == 6
+    rows = SwapBuffer(tmp_path / "swap").read(0, 10)
+    assert [r["seq"] for r in rows] == list(range(6))
+    ids = sorted((r["id"] for r in rows), key=lambda rid: int(rid.split("#")[1]))
+    assert ids == ["p0#0", "p1#1", "p2#2", "p3#3", "p0#4", "p1#5"]  # none lost or repeated
+    assert all(json.loads(line) for line in buffer.path.read_text().splitlines())
+
+
 def test_pipeline_end_to_end_on_cpu(tmp_path, tiny_llama, tiny_target):
     draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
     prompts = tmp_path / "p.jsonl"

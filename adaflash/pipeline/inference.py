@@ -53,109 +53,146 @@ class InferenceConfig:
 
 
 def run_inference(cfg: InferenceConfig) -> int:
-    log = RunLog.open(cfg.workspace)
-    buffer, store = SwapBuffer(cfg.swap_dir), WeightStore(cfg.swap_dir)
-    produced = buffer.repair()
-    target = load_target(cfg.target, device=cfg.device, dtype=cfg.dtype)
-    version = store.latest_version()
-    try:
-        loaded = store.load(target.model.cfg) if version else None
-    except DrafterError as err:
-        log.log_event(cfg.run_id, f"refused version {version}: {err}", level="warning", job="inference")
-        loaded = None
-    drafter = loaded[1] if loaded else load_drafter(cfg.draft, target.model.cfg)
-    version = loaded[0] if loaded else 0
-    method = cfg.method if getattr(drafter, "length_head", None) is not None or cfg.method != "adaflash" else "dflash"
-    engine = Engine(target, method, drafter, max_batch=cfg.batch_size, seed=cfg.seed,
-                    max_len=min(target.max_context, 4096), length_policy=cfg.length_policy)
-    engine.drafter_version = version
-    prompts = [(row.id, target.render(row.prompt, chat=cfg.chat)) for row in read_prompt_file(cfg.data)][cfg.skip:]
-    if not prompts:
-        raise ValueError(f"{cfg.data}: no prompts left after --skip {cfg.skip}")
-    total = cfg.max_samples or (None if cfg.loop else len(prompts))
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
-    next_prompt = produced  # resume: the buffer already holds the first `produced` answers
-    refused: set[int] = set()
-    pending_rows: list[dict] = []
-    started = time.time()
-    window_tokens, window_verify, window_start = 0, 0, time.perf_counter()
+    """Answer prompts until the data, the sample budget or the time runs out; returns the buffer's rows."""
+    return InferenceWorker(cfg).run()
 
-    def flush() -> None:
-        nonlocal produced, window_tokens, window_verify, window_start
-        served: dict[int, list[float]] = {}
-        for row in pending_rows:
-            acc = served.setdefault(int(row["drafter_version"] or 0), [0, 0.0, 0, 0])
-            acc[0] += 1
-            acc[1] += row["tau"]
-            acc[2] += row["completion_tokens"]
-            acc[3] += row["spec_verify_ct"]
-        if pending_rows:
-            produced = buffer.append(pending_rows)
-            pending_rows.clear()
-        elapsed = max(time.perf_counter() - window_start, 1e-9)
-        pointer = store.pointer() or {}
-        log.log_metrics(cfg.run_id, {
-            "tau": window_tokens / window_verify if window_verify else None,
-            "tokens_per_s": window_tokens / elapsed,
-            "window_tokens": window_tokens,
-            "window_seconds": elapsed,
-            "buffer_depth": produced - int(pointer.get("consumed", 0)),
-            "samples": produced,
-            "drafter_version": engine.drafter_version or 0,
-        }, step=produced, job="inference")
-        for version, (n, tau_sum, tokens, verify) in sorted(served.items()):
-            log.log_metrics(cfg.run_id, {"served_requests": n, "served_tau_sum": tau_sum, "served_tokens": tokens,
-                                         "served_verify": verify}, step=version, job="inference")
-        window_tokens, window_verify, window_start = 0, 0, time.perf_counter()
 
-    def out_of_time() -> bool:
+class InferenceWorker:
+    """One engine kept full of prompts; finished answers go to the buffer, new versions into the engine."""
+
+    def __init__(self, cfg: InferenceConfig) -> None:
+        self.cfg = cfg
+        self.log = RunLog.open(cfg.workspace)
+        self.buffer, self.store = SwapBuffer(cfg.swap_dir), WeightStore(cfg.swap_dir)
+        self.produced = self.buffer.repair()  # a restart resumes after the answers already buffered
+        self.target = load_target(cfg.target, device=cfg.device, dtype=cfg.dtype)
+        self.engine = self._engine()
+        self.prompts = [(row.id, self.target.render(row.prompt, chat=cfg.chat))
+                        for row in read_prompt_file(cfg.data)][cfg.skip:]
+        if not self.prompts:
+            raise ValueError(f"{cfg.data}: no prompts left after --skip {cfg.skip}")
+        self.total = cfg.max_samples or (None if cfg.loop else len(self.prompts))
+        self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+        self.next_prompt = self.produced
+        self.refused: set[int] = set()
+        self.pending: list[dict] = []
+        self.started = time.time()
+        self.window_tokens, self.window_verify, self.window_start = 0, 0, time.perf_counter()
+
+    def _engine(self) -> Engine:
+        """The engine with the newest valid published version, else the initial drafter."""
+        cfg, version = self.cfg, self.store.latest_version()
+        try:
+            loaded = self.store.load(self.target.model.cfg) if version else None
+        except DrafterError as err:
+            self._event(f"refused version {version}: {err}", level="warning")
+            loaded = None
+        drafter = loaded[1] if loaded else load_drafter(cfg.draft, self.target.model.cfg)
+        has_head = getattr(drafter, "length_head", None) is not None
+        method = cfg.method if has_head or cfg.method != "adaflash" else "dflash"
+        engine = Engine(self.target, method, drafter, max_batch=cfg.batch_size, seed=cfg.seed,
+                        max_len=min(self.target.max_context, 4096), length_policy=cfg.length_policy)
+        engine.drafter_version = loaded[0] if loaded else 0
+        return engine
+
+    def run(self) -> int:
+        while True:
+            if not (self.buffer.stop_requested() or self._out_of_time()):
+                self._admit()
+            if not self.engine.has_work():
+                break
+            self._collect(self.engine.step())
+            if len(self.pending) >= self.cfg.flush_every:
+                self._flush()
+            self._maybe_swap()
+        self._flush()
+        self.buffer.mark_done()
+        self._event(f"inference done: {self.produced} trajectories")
+        return self.produced
+
+    def _out_of_time(self) -> bool:
         now = time.time()
-        return ((cfg.duration is not None and now - started >= cfg.duration)
-                or (cfg.deadline is not None and now >= cfg.deadline))
+        return ((self.cfg.duration is not None and now - self.started >= self.cfg.duration)
+                or (self.cfg.deadline is not None and now >= self.cfg.deadline))
 
-    while True:
-        stopping = buffer.stop_requested() or out_of_time()
-        while (not stopping and len(engine.active) + len(engine.waiting) < cfg.batch_size
-               and (total is None or next_prompt < total)):
-            rid, text = prompts[next_prompt % len(prompts)]
-            engine.add(Request(target.encode(text), params, prompt_text=text, rid=f"{rid}#{next_prompt}"))
-            next_prompt += 1
-        if not engine.has_work():
-            break
-        for event in engine.step():
+    def _admit(self) -> None:
+        """Top the engine up to the batch size, cycling over the prompts (ids carry the sample number)."""
+        engine = self.engine
+        while (len(engine.active) + len(engine.waiting) < self.cfg.batch_size
+               and (self.total is None or self.next_prompt < self.total)):
+            rid, text = self.prompts[self.next_prompt % len(self.prompts)]
+            engine.add(Request(self.target.encode(text), self.params, prompt_text=text, rid=f"{rid}#{self.next_prompt}"))
+            self.next_prompt += 1
+
+    def _collect(self, events) -> None:
+        for event in events:
             if event.output is None:
                 continue
             meta = event.output.meta_info
-            window_tokens += meta["completion_tokens"]
-            window_verify += meta["spec_verify_ct"]
-            pending_rows.append({
+            self.window_tokens += meta["completion_tokens"]
+            self.window_verify += meta["spec_verify_ct"]
+            self.pending.append({
                 "id": event.rid, "prompt_text": event.output.prompt_text, "response": event.output.text,
                 "output_ids": event.output.output_ids, "finish_reason": meta["finish_reason"],
                 "drafter_version": meta["drafter_version"], "tau": meta["spec_accept_length"],
                 "completion_tokens": meta["completion_tokens"], "spec_verify_ct": meta["spec_verify_ct"],
             })
-        if len(pending_rows) >= cfg.flush_every:
-            flush()
-        latest = store.latest_version()
-        if latest > (engine.drafter_version or 0) and latest not in refused:
-            try:
-                asked = time.time()
-                pointer = store.pointer() or {}
-                loaded = store.load(target.model.cfg, newer_than=engine.drafter_version or 0)
-                if loaded:
-                    engine.swap_drafter(loaded[1], loaded[0])
-                    swapped = time.time()
-                    published = pointer.get("published_at") if pointer.get("version") == loaded[0] else None
-                    log.log_metrics(cfg.run_id, {
-                        "swapped_version": loaded[0], "swap_load_seconds": swapped - asked,
-                        "swap_lag_seconds": swapped - float(published) if published else None,
-                    }, step=produced, job="inference")
-                    log.log_event(cfg.run_id, f"hot-swapped drafter v{loaded[0]} "
-                                  f"({len(engine.active)} requests in flight)", job="inference")
-            except (DrafterError, ValueError) as err:
-                refused.add(latest)
-                log.log_event(cfg.run_id, f"refused version {latest}: {err}", level="warning", job="inference")
-    flush()
-    buffer.mark_done()
-    log.log_event(cfg.run_id, f"inference done: {produced} trajectories", job="inference")
-    return produced
+
+    def _flush(self) -> None:
+        """Append the finished answers to the buffer and record the window's τ, speed and depth."""
+        served: dict[int, list[float]] = {}
+        for row in self.pending:
+            acc = served.setdefault(int(row["drafter_version"] or 0), [0, 0.0, 0, 0])
+            acc[0] += 1
+            acc[1] += row["tau"]
+            acc[2] += row["completion_tokens"]
+            acc[3] += row["spec_verify_ct"]
+        if self.pending:
+            self.produced = self.buffer.append(self.pending)
+            self.pending.clear()
+        elapsed = max(time.perf_counter() - self.window_start, 1e-9)
+        consumed = int((self.store.pointer() or {}).get("consumed", 0))
+        self.log.log_metrics(self.cfg.run_id, {
+            "tau": self.window_tokens / self.window_verify if self.window_verify else None,
+            "tokens_per_s": self.window_tokens / elapsed,
+            "window_tokens": self.window_tokens,
+            "window_seconds": elapsed,
+            "buffer_depth": self.produced - consumed,
+            "samples": self.produced,
+            "drafter_version": self.engine.drafter_version or 0,
+        }, step=self.produced, job="inference")
+        for version, (n, tau_sum, tokens, verify) in sorted(served.items()):
+            self.log.log_metrics(self.cfg.run_id, {"served_requests": n, "served_tau_sum": tau_sum,
+                                                   "served_tokens": tokens, "served_verify": verify},
+                                 step=version, job="inference")
+        self.window_tokens, self.window_verify, self.window_start = 0, 0, time.perf_counter()
+
+    def _maybe_swap(self) -> None:
+        """Hot-swap a newer published version between steps; a version that fails to load is never retried."""
+        current = self.engine.drafter_version or 0
+        latest = self.store.latest_version()
+        if latest <= current or latest in self.refused:
+            return
+        asked = time.time()
+        pointer = self.store.pointer() or {}
+        try:
+            loaded = self.store.load(self.target.model.cfg, newer_than=current)
+            if loaded:
+                self.engine.swap_drafter(loaded[1], loaded[0])  # refuses a drafter of another kind or layers
+        except (DrafterError, ValueError) as err:
+            self.refused.add(latest)
+            self._event(f"refused version {latest}: {err}", level="warning")
+            return
+        if not loaded:
+            return
+        version = loaded[0]
+        swapped = time.time()
+        published = pointer.get("published_at") if pointer.get("version") == version else None
+        self.log.log_metrics(self.cfg.run_id, {
+            "swapped_version": version, "swap_load_seconds": swapped - asked,
+            "swap_lag_seconds": swapped - float(published) if published else None,
+        }, step=self.produced, job="inference")
+        self._event(f"hot-swapped drafter v{version} ({len(self.engine.active)} requests in flight)")
+
+    def _event(self, message: str, level: str = "info") -> None:
+        self.log.log_event(self.cfg.run_id, message, level=level, job="inference")

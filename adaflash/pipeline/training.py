@@ -122,105 +122,137 @@ def pipeline_lr(cfg: TrainingConfig, step: int, now: float) -> float:
 
 
 def run_training(cfg: TrainingConfig) -> int:
-    rank, world = rank_world()
-    target = load_target(cfg.target, device=_rank_device(cfg.device), dtype="float32")
-    setup_distributed(target.device)
-    log = RunLog.open(cfg.workspace) if rank == 0 else None
-    buffer, store = SwapBuffer(cfg.swap_dir), WeightStore(cfg.swap_dir)
-    ledger = ConsumeLedger(cfg.swap_dir)
-    trainer = _initial_trainer(cfg, target, store)
-    loss_cfg = trainer.cfg.loss
-    unpublished = 0
-    last_step_at = time.perf_counter()
-    if log:
-        dropped = ledger.rewind(trainer.state.consumed)
-        if dropped:
-            log.log_event(cfg.run_id, f"resumed at sample {trainer.state.consumed} (last published version); "
-                          f"{dropped} unpublished step(s) will be learned again", job="training")
-        log.log_metrics(cfg.run_id, {"world_size": world}, step=trainer.state.step, job="training")
+    """Train on the buffer until the producer is done (or a stop or the deadline); returns samples consumed."""
+    return TrainingWorker(cfg).run()
 
-    def publish() -> int:
-        nonlocal unpublished
-        version = 0
-        if rank == 0:
-            meta = {"target": cfg.target, "num_target_layers": target.model.cfg.num_hidden_layers,
-                    "consumed": trainer.state.consumed, "step": trainer.state.step, "loss": cfg.loss}
-            version = store.publish(trainer.drafter, meta, keep=cfg.keep,
-                                    extra_files={STATE_FILE: lambda p: torch.save(trainer.state_blob(), p)},
-                                    pointer_extra={"consumed": trainer.state.consumed})
-            published_at = float((store.pointer() or {}).get("published_at") or time.time())
-            log.log_metrics(cfg.run_id, {"published_version": version, "consumed": trainer.state.consumed},
-                            step=trainer.state.step, job="training")
-            log.add_checkpoint(cfg.run_id, str(store.folder(version)), kind="drafter", version=version,
-                               step=trainer.state.step,
-                               metrics={"published_at": published_at, "consumed": trainer.state.consumed})
-        unpublished = 0
-        return version
 
-    started = trainer.state.step > 0
-    while True:
-        available = buffer.count() - trainer.state.consumed
-        done = buffer.producer_done() is not None
-        started = started or available >= cfg.min_buffer or (done and available > 0)
+class TrainingWorker:
+    """One rank of the training job; rank 0 also writes the run log, the ledger and the versions."""
+
+    def __init__(self, cfg: TrainingConfig) -> None:
+        self.cfg = cfg
+        self.rank, self.world = rank_world()
+        self.target = load_target(cfg.target, device=_rank_device(cfg.device), dtype="float32")
+        setup_distributed(self.target.device)
+        self.log = RunLog.open(cfg.workspace) if self.rank == 0 else None
+        self.buffer, self.store = SwapBuffer(cfg.swap_dir), WeightStore(cfg.swap_dir)
+        self.ledger = ConsumeLedger(cfg.swap_dir)
+        self.trainer = _initial_trainer(cfg, self.target, self.store)
+        self.unpublished = 0
+        self.started = self.trainer.state.step > 0
+        self.last_step_at = time.perf_counter()
+        if self.log:
+            consumed = self.trainer.state.consumed
+            dropped = self.ledger.rewind(consumed)
+            if dropped:
+                self._event(f"resumed at sample {consumed} (last published version); "
+                            f"{dropped} unpublished step(s) will be learned again")
+            self.log.log_metrics(cfg.run_id, {"world_size": self.world}, step=self.trainer.state.step, job="training")
+
+    def run(self) -> int:
+        cfg, state = self.cfg, self.trainer.state
+        while True:
+            take, finish, lr = self._decide()
+            if finish:
+                break
+            if take == 0:
+                time.sleep(cfg.poll_seconds)
+                continue
+            self._step(take, lr)
+            self.unpublished += 1
+            if self.unpublished >= cfg.publish_every:
+                self._publish()
+        if self.unpublished or self.store.latest_version() == 0:
+            self._publish()
+        if self.log:
+            why = " (time budget reached)" if cfg.deadline is not None and time.time() >= cfg.deadline else ""
+            self._event(f"training done{why}: {state.consumed} samples, {state.step} steps, "
+                        f"version {self.store.latest_version()}")
+        if self.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+        return state.consumed
+
+    def _decide(self) -> tuple[int, bool, float]:
+        """(rows the next step takes, whether to finish, learning rate), as rank 0 sees them.
+
+        Training starts once `min_buffer` rows wait (or the producer is done); a step takes a whole
+        `train_batch` unless the producer is done and fewer are left.
+        """
+        cfg, consumed = self.cfg, self.trainer.state.consumed
+        available = self.buffer.count() - consumed
+        done = self.buffer.producer_done() is not None
+        self.started = self.started or available >= cfg.min_buffer or (done and available > 0)
         out_of_time = cfg.deadline is not None and time.time() >= cfg.deadline
-        finish = buffer.stop_requested() or (done and available == 0) or out_of_time
-        take = min(available, cfg.train_batch) if started and (available >= cfg.train_batch or done) else 0
-        take, finish, lr = _agree([take, int(finish), pipeline_lr(cfg, trainer.state.step, time.time())], target.device)
-        take = int(take)
-        if finish:
-            break
-        if take == 0:
-            time.sleep(cfg.poll_seconds)
-            continue
+        finish = self.buffer.stop_requested() or (done and available == 0) or out_of_time
+        take = min(available, cfg.train_batch) if self.started and (available >= cfg.train_batch or done) else 0
+        lr = pipeline_lr(cfg, self.trainer.state.step, time.time())
+        take, finish, lr = _agree([take, int(finish), lr], self.target.device)
+        return int(take), bool(finish), lr
+
+    def _step(self, take: int, lr: float) -> None:
+        """One optimizer update over rows [consumed, consumed + take), each rank on its slice."""
         began = time.perf_counter()
-        start = trainer.state.consumed
-        mine = buffer.read(start, take)[rank::world]
+        start = self.trainer.state.consumed
+        mine = self.buffer.read(start, take)[self.rank::self.world]
         sequences: list[Sequence] = []
         usable: list[bool] = []
         for row in mine:
-            seq = row_to_sequence(row, target, cfg.max_len, f"buffer seq {row['seq']}")
+            seq = row_to_sequence(row, self.target, self.cfg.max_len, f"buffer seq {row['seq']}")
             usable.append(seq is not None)
             if seq is not None:
                 sequences.append(seq)
-        stats = trainer.step_on(sequences, lr, loss_cfg)
+        stats = self.trainer.step_on(sequences, lr, self.trainer.cfg.loss)
         seconds = time.perf_counter() - began
-        # what every rank took and spent: [rows trained, tokens, seconds, loss·rows, then its seqs (-1 pad)]
-        width = math.ceil(take / world)
+        # what every rank took and spent: [rows trained, tokens, seconds, loss·rows, then its seqs (-1 pad)];
+        # seq s is sent as s (trained) or -2 - s (an unusable row, e.g. an empty answer)
+        width = math.ceil(take / self.world)
         seqs = [float(r["seq"]) if ok else -2.0 - r["seq"] for r, ok in zip(mine, usable)]
         tokens = sum(len(s.ids) for s in sequences)
         loss_sum = (stats or {}).get("loss", 0.0) * len(sequences)
         shares = gather_floats([float(len(sequences)), float(tokens), seconds, loss_sum, *seqs,
-                          *[-1.0] * (width - len(seqs))], target.device)
-        trainer.state.consumed += take
-        if log:
-            now = time.perf_counter()
-            metrics: dict[str, float] = dict(stats or {})
-            trained = sum(sh[0] for sh in shares)
-            if world > 1 and trained:
-                metrics["loss"] = sum(sh[3] for sh in shares) / trained
-            slowest = max(sh[2] for sh in shares)
-            metrics.update({"step_seconds": now - last_step_at, "step_compute_seconds": slowest,
-                            "train_samples": trained, "train_tokens": sum(sh[1] for sh in shares),
-                            "train_tokens_per_s": sum(sh[1] for sh in shares) / max(slowest, 1e-9),
-                            "consumed": trainer.state.consumed})
-            for r, sh in enumerate(shares):
-                metrics.update({f"rank{r}_samples": sh[0], f"rank{r}_tokens": sh[1], f"rank{r}_seconds": sh[2]})
-            last_step_at = now
-            log.log_metrics(cfg.run_id, metrics, step=trainer.state.step, job="training")
-            # seq s was sent as s (trained) or -2 - s (unusable row, e.g. an empty answer); -1 pads
-            ranks = [[int(v) if v >= 0 else int(-2 - v) for v in sh[4:] if v != -1.0] for sh in shares]
-            unusable = sorted(int(-2 - v) for sh in shares for v in sh[4:] if v <= -2)
-            ledger.append({"step": trainer.state.step, "from": start, "to": start + take, "ranks": ranks,
-                           "unusable": unusable, "time": time.time()})
-        unpublished += 1
-        if unpublished >= cfg.publish_every:
-            publish()
-    if unpublished or store.latest_version() == 0:
-        publish()
-    if log:
-        why = " (time budget reached)" if cfg.deadline is not None and time.time() >= cfg.deadline else ""
-        log.log_event(cfg.run_id, f"training done{why}: {trainer.state.consumed} samples, {trainer.state.step} steps, "
-                      f"version {store.latest_version()}", job="training")
-    if world > 1 and dist.is_initialized():
-        dist.destroy_process_group()
-    return trainer.state.consumed
+                                *[-1.0] * (width - len(seqs))], self.target.device)
+        self.trainer.state.consumed += take
+        if self.log:
+            self._record(stats or {}, shares, start, take)
+
+    def _record(self, stats: dict[str, float], shares: list[list[float]], start: int, take: int) -> None:
+        """Rank 0: the step's metrics (per rank too) and its ledger line for the integrity check."""
+        state = self.trainer.state
+        now = time.perf_counter()
+        metrics: dict[str, float] = dict(stats)
+        trained = sum(sh[0] for sh in shares)
+        if self.world > 1 and trained:
+            metrics["loss"] = sum(sh[3] for sh in shares) / trained
+        slowest = max(sh[2] for sh in shares)
+        tokens = sum(sh[1] for sh in shares)
+        metrics.update({"step_seconds": now - self.last_step_at, "step_compute_seconds": slowest,
+                        "train_samples": trained, "train_tokens": tokens,
+                        "train_tokens_per_s": tokens / max(slowest, 1e-9), "consumed": state.consumed})
+        for r, sh in enumerate(shares):
+            metrics.update({f"rank{r}_samples": sh[0], f"rank{r}_tokens": sh[1], f"rank{r}_seconds": sh[2]})
+        self.last_step_at = now
+        self.log.log_metrics(self.cfg.run_id, metrics, step=state.step, job="training")
+        ranks = [[int(v) if v >= 0 else int(-2 - v) for v in sh[4:] if v != -1.0] for sh in shares]
+        unusable = sorted(int(-2 - v) for sh in shares for v in sh[4:] if v <= -2)
+        self.ledger.append({"step": state.step, "from": start, "to": start + take, "ranks": ranks,
+                            "unusable": unusable, "time": time.time()})
+
+    def _publish(self) -> None:
+        """Rank 0 publishes a version holding the drafter, the trainer's state and the consumed offset."""
+        self.unpublished = 0
+        if self.rank != 0:
+            return
+        cfg, state, store = self.cfg, self.trainer.state, self.store
+        meta = {"target": cfg.target, "num_target_layers": self.target.model.cfg.num_hidden_layers,
+                "consumed": state.consumed, "step": state.step, "loss": cfg.loss}
+        version = store.publish(self.trainer.drafter, meta, keep=cfg.keep,
+                                extra_files={STATE_FILE: lambda p: torch.save(self.trainer.state_blob(), p)},
+                                pointer_extra={"consumed": state.consumed})
+        published_at = float((store.pointer() or {}).get("published_at") or time.time())
+        self.log.log_metrics(cfg.run_id, {"published_version": version, "consumed": state.consumed},
+                             step=state.step, job="training")
+        self.log.add_checkpoint(cfg.run_id, str(store.folder(version)), kind="drafter", version=version,
+                                step=state.step, metrics={"published_at": published_at, "consumed": state.consumed})
+
+    def _event(self, message: str) -> None:
+        self.log.log_event(self.cfg.run_id, message, job="training")
