@@ -288,7 +288,7 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
 
         sys.exit(supervise_existing(workspace_of(ctx), supervise_run).exit_code)
 
-    from jobs.recipe import RecipeError, shipped_recipes
+    from jobs.recipe import shipped_recipes
 
     if list_recipes or not recipe:
         shipped = [p.stem for p in shipped_recipes()]
@@ -296,13 +296,32 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
             fail(f"missing RECIPE (a .toml file or a shipped recipe: {', '.join(shipped)})")
         click.echo("\n".join(shipped))
         return
-    from jobs.assign import AssignmentError, LeaseError
-    from jobs.plan import prepare
-
     root = ctx.find_root()
     explicit = workspace or (root.obj or {}).get("workspace")
+    prepared = _prepare_or_fail(recipe, overrides, explicit, rerun)
+    use_cache = not no_cache
+    if backend == "slurm":
+        _run_slurm(prepared, dry_run=dry_run, detach=detach, as_json=as_json)
+        return
+    _print_plan(prepared, use_cache, rerun, as_json=as_json, dry_run=dry_run)
+    if dry_run:
+        _warn_gpus(prepared)
+        return
+    if detach:
+        _run_detached(prepared, use_cache, rerun, as_json)
+        return
+    rerun_hint = shlex.join(["adaflash", *(["--workspace", explicit] if explicit else []), "run", recipe,
+                             *(f"--set={o}" for o in overrides)])
+    sys.exit(_run_attached(prepared, use_cache, rerun, as_json, progress_every, rerun_hint))
+
+
+def _prepare_or_fail(recipe: str, overrides: tuple[str, ...], workspace: str | None, rerun: tuple[str, ...]) -> Any:
+    """The recipe read, validated and planned, or a clean error naming what is wrong."""
+    from jobs.plan import prepare
+    from jobs.recipe import RecipeError
+
     try:
-        prepared = prepare(recipe, overrides, workspace=explicit)
+        prepared = prepare(recipe, overrides, workspace=workspace)
     except RecipeError as err:
         fail(f"invalid recipe:\n{err}")
     except ValueError as err:
@@ -311,10 +330,11 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
     if unknown:
         fail(f"--rerun: no job {', '.join(unknown)} in recipe {prepared.recipe.name} "
              f"(jobs: {', '.join(prepared.recipe.order())})")
-    use_cache = not no_cache
-    if backend == "slurm":
-        _run_slurm(prepared, dry_run=dry_run, detach=detach, as_json=as_json)
-        return
+    return prepared
+
+
+def _print_plan(prepared: Any, use_cache: bool, rerun: tuple[str, ...], *, as_json: bool, dry_run: bool) -> None:
+    """The plan as text (what runs, what is reused); as JSON only for a dry run."""
     if as_json and dry_run:
         click.echo(json.dumps({"run_id": prepared.run_id, "run_dir": str(prepared.run_dir),
                                "workspace": str(prepared.workspace),
@@ -324,14 +344,35 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
                                                                                 rerun=rerun)]}, indent=2))
     elif not as_json:
         click.echo(prepared.plan_text(use_cache=use_cache, rerun=rerun))
-    if dry_run:
-        _warn_gpus(prepared)
-        return
 
+
+def _run_detached(prepared: Any, use_cache: bool, rerun: tuple[str, ...], as_json: bool) -> None:
+    from adaflash.runlog import RunLog
+    from jobs.assign import AssignmentError, LeaseError
+    from jobs.detached import start_detached
+
+    runlog = RunLog.open(prepared.workspace)
+    try:
+        run_id = start_detached(prepared, runlog, use_cache=use_cache, rerun=rerun)
+    except (AssignmentError, LeaseError) as err:
+        fail(str(err))
+    except RuntimeError as err:
+        fail(str(err), code=1)
+    pid = runlog.get_run(run_id)["pid"]
+    if as_json:
+        click.echo(json.dumps({"run_id": run_id, "supervisor_pid": pid, "status": "running"}))
+    else:
+        click.echo(f"\nrun {run_id} is running in the background (supervisor pid {pid})\n"
+                   f"  follow: adaflash runs attach {run_id}\n  stop:   adaflash runs stop {run_id}")
+
+
+def _run_attached(prepared: Any, use_cache: bool, rerun: tuple[str, ...], as_json: bool, progress_every: float,
+                  rerun_hint: str) -> int:
+    """Start the jobs, show where the run stands until they end, then the summary; returns the exit code."""
     from rich.console import Console
 
     from adaflash.runlog import RunLog
-    from jobs.detached import start_detached
+    from jobs.assign import AssignmentError, LeaseError
     from jobs.runner import Runner, install_signal_handlers
     from jobs.watch import run_view
 
@@ -339,21 +380,6 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
     if not console.is_terminal:
         console.width = max(console.width, 120)  # a log file (CI, | tee) has room for the tables
     runlog = RunLog.open(prepared.workspace)
-    if detach:
-        try:
-            run_id = start_detached(prepared, runlog, use_cache=use_cache, rerun=rerun)
-        except (AssignmentError, LeaseError) as err:
-            fail(str(err))
-        except RuntimeError as err:
-            fail(str(err), code=1)
-        pid = runlog.get_run(run_id)["pid"]
-        if as_json:
-            click.echo(json.dumps({"run_id": run_id, "supervisor_pid": pid, "status": "running"}))
-        else:
-            click.echo(f"\nrun {run_id} is running in the background (supervisor pid {pid})\n"
-                       f"  follow: adaflash runs attach {run_id}\n  stop:   adaflash runs stop {run_id}")
-        return
-
     runner = Runner(prepared, runlog, use_cache=use_cache, rerun=rerun)
     try:
         runner.start()
@@ -384,10 +410,8 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
         for event in view.events:
             print_event(console, event)
         console.print()
-        rerun_hint = shlex.join(["adaflash", *(["--workspace", explicit] if explicit else []), "run", recipe,
-                                 *(f"--set={o}" for o in overrides)])
         print_final(console, runlog, prepared, result, view, display.previous, rerun_hint)
-    sys.exit(result.exit_code)
+    return result.exit_code
 
 
 def _warn_gpus(prepared: Any) -> None:
