@@ -145,6 +145,30 @@ def test_pipeline_end_to_end_on_cpu(tmp_path, tiny_llama, tiny_target):
     assert {j["role"]: j["status"] for j in log.jobs(run["id"])} == {"inference": "finished", "training": "finished"}
 
 
+def test_a_second_pipeline_on_the_same_swap_dir_continues_the_first(tmp_path, tiny_llama, tiny_target):
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Say {i}."}) + "\n" for i in range(3)))
+    swap = tmp_path / "swap"
+    ws = tmp_path / "ws"
+
+    def pipeline(samples: int):
+        return CliRunner().invoke(cli, ["--workspace", str(ws), "pipeline", "--target", str(tiny_llama), "--draft",
+                                        str(draft), "--data", str(prompts), "--max-new-tokens", "6", "--min-buffer", "2",
+                                        "--train-batch", "2", "--publish-every", "1", "--batch-size", "2", "--loop",
+                                        "--max-samples", str(samples), "--swap-dir", str(swap), "--preset", "osd"])
+
+    first = pipeline(4)
+    assert first.exit_code == 0, first.output
+    assert WeightStore(swap).pointer()["consumed"] == 4
+    second = pipeline(8)  # the first run's producer was done; this one's is not until it says so
+    assert second.exit_code == 0, second.output
+    buffer, store = SwapBuffer(swap), WeightStore(swap)
+    assert buffer.count() == 8 and buffer.producer_done() == 8
+    assert store.pointer()["consumed"] == 8  # the new answers were learned too, each once
+    assert sorted(int(r["id"].split("#")[1]) for r in buffer.read(0, 8)) == list(range(8))
+
+
 def test_pipeline_bad_inputs(tmp_path):
     runner = CliRunner()
     result = runner.invoke(cli, ["--workspace", str(tmp_path), "pipeline", "--draft", str(tmp_path), "--data", "nope.jsonl"])

@@ -93,7 +93,9 @@ class Pipeline:
         return {"inference": ",".join(self.infer_gpus), "training": ",".join(self.train_gpus)}
 
     def start(self) -> None:
-        SwapBuffer(self.infer.swap_dir).clear_stop()
+        buffer = SwapBuffer(self.infer.swap_dir)
+        buffer.clear_stop()
+        buffer.clear_done()  # a run resumed on an earlier swap dir: its producer is not done until it says so
         gpus = {"inference": self.infer_gpus, "training": self.train_gpus}
         for role, command in self.commands().items():
             log_path = self.run_dir / f"{role}.log"
