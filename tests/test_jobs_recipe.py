@@ -240,18 +240,20 @@ def test_dry_run_prints_the_plan_of_each_shipped_recipe(name: str, tmp_path: Pat
     assert not (tmp_path / "ws").exists()
 
 
-def test_the_export_job_copies_the_pipelines_newest_version(tmp_path: Path) -> None:
-    # The pipeline publishes swap/weights/v{N} and a LATEST pointer; the benchmark needs one folder.
-    weights = tmp_path / "swap" / "weights"
-    for version in (1, 2):
-        (weights / f"v{version}").mkdir(parents=True)
-        (weights / f"v{version}" / "model.safetensors").write_text(f"weights {version}")
-    (weights / "LATEST").write_text(json.dumps({"version": 2, "path": "v2", "sha256": "x"}))
+def test_the_export_job_copies_the_pipelines_newest_version(tmp_path: Path, tiny_target) -> None:
+    # The pipeline publishes swap/weights/v{N} and a LATEST pointer; the benchmark needs one stable folder.
+    from adaflash.models.drafter_io import new_drafter
+    from adaflash.pipeline.weights import WeightStore
+
+    store = WeightStore(tmp_path / "swap")
+    for seed in (1, 2):
+        store.publish(new_drafter("dflash", tiny_target.model.cfg, block_size=4, seed=seed), {"target": "tiny"})
     recipe = load_recipe("smollm2-cpu", context={"run_id": "R", "run_dir": str(tmp_path / "run"), "workspace": "/tmp",
                                                  "cache_dir": str(tmp_path)})
-    done = subprocess.run(recipe.jobs["export_adaflash"].argv(), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(recipe.jobs["export_adaflash"].argv(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "drafters" / "adaflash-online" / "model.safetensors").read_text() == "weights 2"
+    exported = tmp_path / "drafters" / "adaflash-online" / "model.safetensors"
+    assert exported.read_bytes() == (store.folder(2) / "model.safetensors").read_bytes()
     assert "adaflash=" + str(tmp_path / "drafters" / "adaflash-online") in recipe.jobs["bench"].command
 
 

@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from adaflash.cli.main import cli
-from adaflash.models.drafter_io import DrafterError, new_drafter, save_drafter
+from adaflash.models.drafter_io import DrafterError, load_drafter, new_drafter, save_drafter
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
@@ -64,6 +64,37 @@ def test_versions_publish_atomically_prune_and_refuse_torn(tmp_path, tiny_target
     weights.write_bytes(weights.read_bytes()[:100])  # torn
     with pytest.raises(DrafterError, match="checksum"):
         store.load(cfg)
+
+
+def test_export_copies_a_version_whole_or_not_at_all(tmp_path, tiny_target):
+    swap = tmp_path / "swap"
+    store = WeightStore(swap)
+    cfg = tiny_target.model.cfg
+    for seed in range(3):
+        store.publish(new_drafter("dflash", cfg, block_size=8, seed=seed), {"target": "tiny"}, keep=2,
+                      extra_files={"trainer_state.pt": lambda p: p.write_bytes(b"optimizer")})
+    out = tmp_path / "exported"
+    result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "pipeline", "export", "--swap-dir", str(swap),
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "exported version 3" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]  # no trainer state
+    assert (out / "model.safetensors").read_bytes() == (store.folder(3) / "model.safetensors").read_bytes()
+    loaded = load_drafter(out, cfg)
+    assert torch.equal(loaded.state_dict()["fc.weight"], store.load(cfg)[1].state_dict()["fc.weight"])
+
+    assert store.export(out, version=2)[0] == 2  # a kept older version, over the folder exported before
+    assert (out / "model.safetensors").read_bytes() == (store.folder(2) / "model.safetensors").read_bytes()
+    with pytest.raises(DrafterError, match=r"version 1 is not in .*kept: \[2, 3\]"):
+        store.export(out, version=1)
+    before = (out / "model.safetensors").read_bytes()
+    weights = store.folder(3) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # torn
+    result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "pipeline", "export", "--swap-dir", str(swap),
+                                      "--out", str(out)])
+    assert result.exit_code == 2 and "checksum" in result.output
+    assert (out / "model.safetensors").read_bytes() == before  # the earlier export stays whole
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp folder left
 
 
 def test_inference_worker_refuses_a_torn_version_and_keeps_going(tmp_path, tiny_llama, tiny_target):

@@ -193,6 +193,38 @@ def stop(ctx: click.Context, run_id: str) -> None:
     click.echo(f"stop requested for {run['id']} ({swap})")
 
 
+@pipeline.command("export")
+@click.argument("run_id", required=False)
+@click.option("--swap-dir", type=click.Path(file_okay=False), default=None,
+              help="Read this swap dir directly (another machine's run needs no run log entry here).")
+@click.option("--version", "version", type=click.IntRange(1), default=None, help="A kept version [default: the newest].")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Drafter folder to write (replaced atomically).")
+@click.pass_context
+def export(ctx: click.Context, run_id: str | None, swap_dir: str | None, version: int | None, out: str) -> None:
+    """Copy a pipeline's drafter version [default: RUN's newest, else the newest run's] to a stable folder.
+
+    Versions are pruned as newer ones land; the exported folder is what `serve --draft`, `bench engine
+    --draft adaflash=OUT` and `train draft --init` take.
+    """
+    from adaflash.models.drafter_io import DrafterError
+    from adaflash.pipeline.weights import WeightStore
+
+    if swap_dir and run_id:
+        fail("give RUN_ID or --swap-dir, not both")
+    if not swap_dir:
+        run = _find_run(runlog_of(ctx), run_id, None)
+        swap_dir = (run.get("config") or {}).get("swap_dir")
+        if not swap_dir:
+            fail(f"run {run['id']} records no swap dir")
+    if not Path(swap_dir, "weights").is_dir():
+        fail(f"--swap-dir {swap_dir}: no weights/ folder (not a pipeline's swap dir)")
+    try:
+        exported, folder = WeightStore(swap_dir).export(out, version)
+    except DrafterError as err:
+        fail(str(err))
+    click.echo(f"exported version {exported} of {swap_dir} -> {folder}")
+
+
 @pipeline.command("status")
 @click.argument("run_id", required=False)
 @click.option("--swap-dir", type=click.Path(file_okay=False), default=None,

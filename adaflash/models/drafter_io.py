@@ -193,21 +193,29 @@ def save_drafter(drafter: Drafter, out: str | Path, extra: dict[str, Any] | None
         (tmp / "config.json").write_text(json.dumps(drafter_config(drafter, extra), indent=2) + "\n")
         for name, writer in (extra_files or {}).items():
             writer(tmp / name)
-        for name in ("model.safetensors", "config.json", *(extra_files or {})):
-            with open(tmp / name, "rb") as handle:
-                os.fsync(handle.fileno())
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        install_folder(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def install_folder(tmp: Path, out: Path) -> None:
+    """Make a fully written sibling folder `out`: its files fsync'd, then renamed over whatever was there.
+
+    A reader sees the old folder or the new one, never a mix; a crash leaves at most a hidden temp folder.
+    """
+    for path in tmp.iterdir():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    _fsync_dir(out.parent)
 
 
 def _fsync_dir(path: Path) -> None:
