@@ -73,3 +73,25 @@ def test_the_drafter_recipe_exports_the_trained_drafter_in_bf16(tmp_path):
     again = load_drafter(tmp_path / "run" / "export")
     for (name, a), (_, b) in zip(source.state_dict().items(), again.state_dict().items()):
         torch.testing.assert_close(a.float(), b.float(), msg=name)
+
+
+def test_draft_export_copies_checked_drafters_byte_for_byte_or_cast(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    source = resolve_drafter("smollm2-135m-dflash")
+    result = CliRunner().invoke(cli, ["draft", "export", "smollm2-135m-dflash", "--out", str(tmp_path / "copy")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "copy" / "model.safetensors").read_bytes() == (source / "model.safetensors").read_bytes()
+    result = CliRunner().invoke(cli, ["draft", "export", str(tmp_path / "copy"), "--out", str(tmp_path / "f32"),
+                                      "--dtype", "float32"])
+    assert result.exit_code == 0, result.output
+    cast = load_file(str(tmp_path / "f32" / "model.safetensors"))
+    assert {v.dtype for v in cast.values() if v.is_floating_point()} == {torch.float32}
+    assert torch.equal(cast["fc.weight"].bfloat16(), load_file(str(source / "model.safetensors"))["fc.weight"])
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{")
+    result = CliRunner().invoke(cli, ["draft", "export", str(tmp_path / "broken"), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "broken/config.json" in result.output and not (tmp_path / "x").exists()
+    result = CliRunner().invoke(cli, ["draft", "export", str(tmp_path / "copy"), "--out", str(tmp_path / "copy")])
+    assert result.exit_code == 2 and "would replace the drafter it reads" in result.output

@@ -147,6 +147,8 @@ def test_inference_worker_restarted_after_a_kill_resumes_after_its_buffered_answ
     ids = sorted((r["id"] for r in rows), key=lambda rid: int(rid.split("#")[1]))
     assert ids == ["p0#0", "p1#1", "p2#2", "p3#3", "p0#4", "p1#5"]  # none lost or repeated
     assert all(json.loads(line) for line in buffer.path.read_text().splitlines())
+    speeds = [m["value"] for m in log.metrics_since(0, run_id=run) if m["name"] == "tokens_per_s"]
+    assert speeds and min(speeds) > 0  # a final flush with nothing new records no speed, not a zero
 
 
 def test_pipeline_end_to_end_on_cpu(tmp_path, tiny_llama, tiny_target):

@@ -84,6 +84,28 @@ def info(folder: str, target: str | None, as_json: bool) -> None:
     click.echo(json.dumps(summary, indent=None if as_json else 2))
 
 
+@draft.command("export")
+@click.argument("folder")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder to write (replaced atomically).")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default=None,
+              help="Cast the floating-point weights [default: as they are, byte for byte].")
+def export(folder: str, out: str, dtype: str | None) -> None:
+    """Copy a drafter (a folder or a built-in's name) to OUT, checked, optionally in another dtype.
+
+    A pipeline's versions: `adaflash pipeline export`.
+    """
+    import torch
+
+    from adaflash.models.drafter_io import DrafterError, export_drafter
+    from adaflash.models.registry import resolve_drafter
+
+    try:
+        path = export_drafter(resolve_drafter(folder), out, getattr(torch, dtype) if dtype else None)
+    except (DrafterError, FileNotFoundError) as err:
+        fail(str(err))
+    click.echo(f"exported {folder} -> {path}" + (f" ({dtype})" if dtype else ""))
+
+
 @draft.command("builtins")
 @output_format_option()
 def builtins(fmt: str) -> None:

@@ -200,6 +200,34 @@ def save_drafter(drafter: Drafter, out: str | Path, extra: dict[str, Any] | None
     return out
 
 
+def export_drafter(src: str | Path, out: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """A checked copy of a drafter folder, atomically: byte for byte, or its floating weights cast to `dtype`.
+
+    Why a cast: a drafter trained in float32 ships in bf16 (half the size); the engine casts weights to its
+    own dtype when it loads them.
+    """
+    src = Path(src)
+    load_drafter(src)  # the config and the weights' shapes agree
+    out = Path(out).expanduser()
+    if out.resolve() == src.resolve():
+        raise DrafterError(f"{out}: the export would replace the drafter it reads")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        shutil.copy2(src / "config.json", tmp / "config.json")
+        if dtype is None:
+            shutil.copy2(src / "model.safetensors", tmp / "model.safetensors")
+        else:
+            state = load_file(str(src / "model.safetensors"))
+            save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()},
+                      str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        install_folder(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def install_folder(tmp: Path, out: Path) -> None:
     """Make a fully written sibling folder `out`: its files fsync'd, then renamed over whatever was there.
 

@@ -154,7 +154,7 @@ class InferenceWorker:
         consumed = int((self.store.pointer() or {}).get("consumed", 0))
         self.log.log_metrics(self.cfg.run_id, {
             "tau": self.window_tokens / self.window_verify if self.window_verify else None,
-            "tokens_per_s": self.window_tokens / elapsed,
+            "tokens_per_s": self.window_tokens / elapsed if self.window_tokens else None,  # the last flush may be empty
             "window_tokens": self.window_tokens,
             "window_seconds": elapsed,
             "buffer_depth": self.produced - consumed,

@@ -14,18 +14,16 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from adaflash.models.drafter_io import DrafterError, install_folder, load_drafter, save_drafter
+from adaflash.models.drafter_io import DrafterError, export_drafter, load_drafter, save_drafter
 from adaflash.models.drafters import Drafter
 from adaflash.models.layers import DecoderConfig
 
 POINTER = "LATEST"
-DRAFTER_FILES = ("config.json", "model.safetensors")  # what a drafter folder needs (versions also hold the trainer state)
 VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
@@ -113,16 +111,5 @@ class WeightStore:
             raise DrafterError(f"version {version} is not in {self.root} (kept: {self.versions()})")
         if version == newest and sha256(folder / "model.safetensors") != pointer.get("sha256"):
             raise DrafterError(f"version {version}: {folder / 'model.safetensors'} does not match its checksum (torn write)")
-        load_drafter(folder)  # the config and the weights' shapes agree
-        out = Path(out).expanduser()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        try:
-            for name in DRAFTER_FILES:
-                shutil.copy2(folder / name, tmp / name)
-            install_folder(tmp, out)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        return version, out
+        return version, export_drafter(folder, out)
 
