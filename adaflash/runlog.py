@@ -75,7 +75,28 @@ def _migration_1(db: sqlite_utils.Database) -> None:
     db["checkpoints"].create_index(["run_id"])
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migration_1]
+def _migration_2(db: sqlite_utils.Database) -> None:
+    """The create time of a run's process, so a reader can tell it from a later process with the same pid."""
+    db["runs"].add_column("pid_start_time", float)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migration_1, _migration_2]
+LIVE_RUN_STATUSES = ("pending", "running", "detached")
+LIVE_JOB_STATUSES = ("pending", "starting", "running", "ready", "restarting")
+START_TIME_TOLERANCE = 0.05  # psutil's create times are the same to every reader: this absorbs float rounding
+
+
+def process_start_time(pid: int | None) -> float | None:
+    """Create time of a live (non-zombie) process, or None."""
+    import psutil
+
+    if not pid or pid <= 0:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        return None if proc.status() == psutil.STATUS_ZOMBIE else proc.create_time()
+    except (psutil.Error, ValueError):
+        return None
 
 
 def new_run_id(kind: str) -> str:
@@ -172,13 +193,15 @@ class RunLog:
             "id": run_id, "kind": kind, "name": name or kind, "method": method, "target": target,
             "draft": draft, "dataset": dataset, "status": status, "created_at": time.time(),
             "config": json.dumps(config or {}, default=str), "run_dir": run_dir, "pid": os.getpid(),
-            "host": os.uname().nodename,
+            "pid_start_time": process_start_time(os.getpid()), "host": os.uname().nodename,
         }
         with self._write():
             self.db["runs"].insert(row)
         return run_id
 
     def update_run(self, run_id: str, **fields: Any) -> None:
+        if fields.get("pid") and "pid_start_time" not in fields:
+            fields["pid_start_time"] = process_start_time(fields["pid"])
         if "config" in fields and not isinstance(fields["config"], str):
             fields["config"] = json.dumps(fields["config"], default=str)
         self._update("runs", run_id, fields)
@@ -222,6 +245,47 @@ class RunLog:
     def runs_since(self, after_created: float = 0.0) -> list[dict[str, Any]]:
         rows = self._rows("SELECT * FROM runs WHERE created_at > ? ORDER BY created_at", [after_created])
         return [_decode(r, ["config"]) for r in rows]
+
+    def reap_lost_runs(self) -> list[str]:
+        """Mark live runs of this host whose process is gone as failed; returns their ids.
+
+        A run killed with SIGKILL (or with its machine) cannot record its end and would read as
+        running forever. Only runs whose process's create time was recorded are judged (so a reused
+        pid is told apart), never runs of another host or runs a Slurm job carries on. The update is
+        conditional: a run that recorded its end meanwhile keeps it.
+        """
+        rows = self._rows(
+            "SELECT id, pid, pid_start_time, config FROM runs WHERE status IN (?, ?, ?) AND host = ? "
+            "AND pid IS NOT NULL AND pid_start_time IS NOT NULL", [*LIVE_RUN_STATUSES, os.uname().nodename])
+        lost = []
+        for run in rows:
+            config = _decode(run, ["config"]).get("config")
+            if isinstance(config, dict) and config.get("backend") == "slurm":
+                continue
+            started = process_start_time(run["pid"])
+            if started is not None and abs(started - run["pid_start_time"]) <= START_TIME_TOLERANCE:
+                continue
+            note = f"its process (pid {run['pid']}) ended without recording an end (killed?)"
+            now = time.time()
+            with self._write():
+                changed = self.db.execute(
+                    "UPDATE runs SET status = 'failed', ended_at = ?, note = ? WHERE id = ? AND status IN (?, ?, ?)",
+                    [now, note, run["id"], *LIVE_RUN_STATUSES]).rowcount
+                if changed:
+                    self._fail_dead_jobs(run["id"], now)
+            if changed:
+                lost.append(run["id"])
+        return lost
+
+    def _fail_dead_jobs(self, run_id: str, now: float) -> None:
+        """The live-looking jobs of a lost run whose process is gone too (jobs still running are left)."""
+        for job in self._rows("SELECT id, pid, started_at FROM jobs WHERE run_id = ? AND status IN (?, ?, ?, ?, ?)",
+                              [run_id, *LIVE_JOB_STATUSES]):
+            started = process_start_time(job["pid"])
+            if started is not None and job["started_at"] is not None and started <= job["started_at"] + 5.0:
+                continue
+            self.db.execute("UPDATE jobs SET status = 'failed', ended_at = ?, message = ? WHERE id = ?",
+                            [now, "its run's process ended without recording an end", job["id"]])
 
     # -- jobs -------------------------------------------------------------------------------
     def add_job(

@@ -19,14 +19,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaflash.runlog import RunLog
+from adaflash.runlog import LIVE_RUN_STATUSES, RunLog
 from jobs import procs
 from jobs.supervisor import ACTIVE
 
 SUPERVISOR_FILE = "supervisor.json"
 CONTROL_DIR = "control"
 CONTROL_ACTIONS = ("stop", "restart", "stop-run")
-LIVE_RUN_STATUSES = ("pending", "running", "detached")
 
 
 # -- who supervises a run ------------------------------------------------------------------------

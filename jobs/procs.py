@@ -16,20 +16,11 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
-# psutil derives create times from boot time + clock ticks: identical across readers, so a
-# small tolerance only absorbs float rounding.
-START_TIME_TOLERANCE = 0.05
+from adaflash.runlog import START_TIME_TOLERANCE, process_start_time
 
-
-def start_time(pid: int) -> float | None:
-    """Create time of a live (non-zombie) process, or None."""
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc.create_time()
-    except (psutil.Error, ValueError):
-        return None
+# psutil derives create times from boot time + clock ticks: identical across readers (the run log's
+# tolerance only absorbs float rounding); one reading of a pid's create time for the whole project.
+start_time = process_start_time
 
 
 def is_ours(pid: int | None, recorded_start: float | None) -> bool:

@@ -64,3 +64,57 @@ def test_concurrent_writers_lose_nothing(tmp_path):
         steps = sorted(r["step"] for r in rows if r["name"] == f"w{w}")
         assert steps == list(range(count))
     assert len(RunLog(path).events_since(0, run_id=run)) == workers * (count // 25 + (1 if count % 25 else 0))
+
+
+def _run_in_a_process_that_dies(path, kind, config=None):
+    """A run created by another process that then exits without recording an end (as after SIGKILL)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from adaflash.runlog import RunLog; log = RunLog(sys.argv[1]); "
+            "run = log.create_run(sys.argv[2], config=json.loads(sys.argv[3])); "
+            "job = log.add_job(run, 'worker', ['w'], status='running'); "
+            "log.update_job(job, pid=__import__('os').getpid(), started_at=__import__('time').time()); print(run)")
+    done = subprocess.run([sys.executable, "-c", code, str(path), kind, json.dumps(config or {})],
+                          capture_output=True, text=True, check=True, timeout=60)
+    return done.stdout.strip()
+
+
+def test_runs_whose_process_died_without_an_end_are_marked_failed(tmp_path):
+    path = tmp_path / "log.sqlite"
+    log = RunLog(path)
+    dead = _run_in_a_process_that_dies(path, "pipeline")
+    slurm = _run_in_a_process_that_dies(path, "recipe", {"backend": "slurm"})  # its work goes on in Slurm
+    elsewhere = _run_in_a_process_that_dies(path, "pipeline")
+    log.update_run(elsewhere, host="another-machine")  # a shared workspace: not ours to judge
+    unknown = _run_in_a_process_that_dies(path, "pipeline")
+    log.update_run(unknown, pid_start_time=None)  # recorded before create times were: left as it is
+    ended = _run_in_a_process_that_dies(path, "bench")
+    log.finish_run(ended, "finished")
+    mine = log.create_run("pipeline")
+    assert log.get_run(mine)["pid_start_time"] is not None
+
+    assert log.reap_lost_runs() == [dead]
+    run = log.get_run(dead)
+    assert run["status"] == "failed" and "ended without recording an end" in run["note"] and run["ended_at"]
+    assert [j["status"] for j in log.jobs(dead)] == ["failed"]
+    assert {r: log.get_run(r)["status"] for r in (slurm, elsewhere, unknown, ended, mine)} == {
+        slurm: "running", elsewhere: "running", unknown: "running", ended: "finished", mine: "running"}
+    assert [j["status"] for j in log.jobs(slurm)] == ["running"]
+    assert log.reap_lost_runs() == []  # judged once
+
+
+def test_an_older_run_log_gains_the_create_time_column(tmp_path):
+    import sqlite_utils
+
+    from adaflash.runlog import _migration_1
+
+    db = sqlite_utils.Database(tmp_path / "old.sqlite")
+    _migration_1(db)
+    db.execute("PRAGMA user_version = 1")
+    db["runs"].insert({"id": "r1", "kind": "pipeline", "status": "running", "pid": 1, "host": "h", "created_at": 1.0})
+    db.conn.close()
+    log = RunLog(tmp_path / "old.sqlite")
+    assert log.schema_version == len(MIGRATIONS)
+    assert log.get_run("r1")["pid_start_time"] is None and log.get_run("r1")["status"] == "running"

@@ -189,8 +189,9 @@ class Backend:
 
     def runs(self, *, method: str | None = None, target: str | None = None, dataset: str | None = None,
              status: str | None = None, kind: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        return self.log("history").list_runs(method=method, target=target, dataset=dataset, status=status,
-                                             kind=kind, limit=limit)
+        log = self.log("history")
+        log.reap_lost_runs()  # a run killed without recording its end shows as failed, not running forever
+        return log.list_runs(method=method, target=target, dataset=dataset, status=status, kind=kind, limit=limit)
 
     # -- job control -------------------------------------------------------------------------------
     def job_action(self, run_id: str, action: str, job: str | None) -> str:
