@@ -95,3 +95,32 @@ def test_draft_export_copies_checked_drafters_byte_for_byte_or_cast(tmp_path):
     assert result.exit_code == 2 and "broken/config.json" in result.output and not (tmp_path / "x").exists()
     result = CliRunner().invoke(cli, ["draft", "export", str(tmp_path / "copy"), "--out", str(tmp_path / "copy")])
     assert result.exit_code == 2 and "would replace the drafter it reads" in result.output
+
+
+def test_dflash_and_adaflash_default_to_the_built_in_drafter_of_a_built_in_target(tmp_path):
+    from adaflash.engine.build import drafter_for
+
+    (tmp_path / "q.jsonl").write_text('{"prompt": "hi"}\n')
+    assert drafter_for("dflash", None, "smollm2-135m") == "smollm2-135m-dflash"
+    assert drafter_for("adaflash", None, "smollm2-135m") == "smollm2-135m-dflash"
+    assert drafter_for("adaflash", "mine/", "smollm2-135m") == "mine/"  # --draft wins
+    assert drafter_for("vanilla", "mine/", "smollm2-135m") is None
+    for method, target in (("osd", "smollm2-135m"), ("eagle3", "smollm2-135m"), ("dflash", "/models/other")):
+        with pytest.raises(ValueError, match=f"--method {method} needs --draft"):
+            drafter_for(method, None, target)
+    result = CliRunner().invoke(cli, ["serve", "--method", "adaflash", "--dry-run", "--gpus", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["draft"] == "smollm2-135m-dflash"
+    assert "runs the built-in drafter smollm2-135m-dflash" in result.stderr
+
+    from adaflash.bench.engine_spec import EngineBenchError, resolve_drafts
+
+    folder = str(resolve_drafter("smollm2-135m-dflash"))
+    assert resolve_drafts(["vanilla", "dflash", "adaflash"], None, {}, "smollm2-135m") == {
+        "dflash": folder, "adaflash": folder}
+    with pytest.raises(EngineBenchError, match="no drafter for osd"):
+        resolve_drafts(["dflash", "osd"], None, {}, "smollm2-135m")
+    result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "pipeline", "--data",
+                                      str(tmp_path / "q.jsonl"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert f'"draft": "{folder}"' in result.stdout and "starting from the built-in drafter" in result.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from adaflash.engine.params import DEFAULT_LENGTH_POLICY, METHODS
-from adaflash.models.registry import resolve_drafter
+from adaflash.models.registry import builtin_drafter_of, resolve_drafter
 
 BENCH_METHODS = METHODS
 # Sub-folders of --draft-dir tried for each method, in order. The smollm2-cpu recipe writes {drafters}/dflash,
@@ -72,8 +72,10 @@ def parse_methods(text: str) -> list[str]:
     return sorted(items, key=lambda m: m != "vanilla")
 
 
-def resolve_drafts(methods: list[str], draft_dir: str | None, explicit: dict[str, str]) -> dict[str, str]:
-    """The drafter folder of every method that needs one: --draft METHOD=DIR first, then --draft-dir."""
+def resolve_drafts(methods: list[str], draft_dir: str | None, explicit: dict[str, str],
+                   target: str | None = None) -> dict[str, str]:
+    """The drafter folder of every method that needs one: --draft METHOD=DIR first, then --draft-dir, then
+    the built-in drafter of a built-in target (DFlash, AdaFlash)."""
     drafts: dict[str, str] = {}
     missing = []
     for method in methods:
@@ -89,6 +91,9 @@ def resolve_drafts(methods: list[str], draft_dir: str | None, explicit: dict[str
                 if (candidate / "config.json").is_file():
                     found = str(candidate)
                     break
+        builtin = builtin_drafter_of(target, method) if target and found is None else None
+        if builtin is not None:
+            found = str(resolve_drafter(builtin))
         if found is None:
             missing.append(method)
         else:

@@ -374,9 +374,16 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     try:
         method_list = parse_methods(methods)
         sizes = parse_batch_sizes(batch_sizes)
-        draft_map = resolve_drafts(method_list, draft_dir, explicit)
+        draft_map = resolve_drafts(method_list, draft_dir, explicit, target)
     except EngineBenchError as err:
         fail(str(err))
+    from adaflash.models.registry import BUILTIN_DRAFTERS
+
+    for method, folder in draft_map.items():
+        builtin = next((d.name for d in BUILTIN_DRAFTERS.values() if str(d.folder) == folder), None)
+        if builtin and method not in explicit:
+            click.secho(f"note: {method} runs the built-in drafter {builtin} (--draft {method}=DIR to choose another)",
+                        fg="bright_black", err=True)
     if "vanilla" not in method_list:
         click.secho("note: no vanilla in --methods: no speed-up column and no lossless check", fg="yellow", err=True)
     name, prompts = _prompts(ctx, dataset, num_prompts, seed, chat, target)

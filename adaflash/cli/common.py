@@ -23,7 +23,10 @@ def workspace_of(ctx: click.Context) -> str:
 
 
 def runlog_of(ctx: click.Context) -> RunLog:
-    return RunLog.open(workspace_of(ctx))
+    """The workspace's run log, with runs killed without recording an end marked as such first."""
+    log = RunLog.open(workspace_of(ctx))
+    log.reap_lost_runs()
+    return log
 
 
 def output_format_option(formats: Sequence[str] = ("table", "json", "csv")):
@@ -107,6 +110,17 @@ def prompt_file(split: str):
         return str(path)
 
     return resolve
+
+
+def chosen_drafter(method: str, draft: str | None, target: str) -> str | None:
+    """`--draft`, or the built-in drafter of a built-in target (said on stderr); ValueError if there is none."""
+    from adaflash.engine.build import drafter_for
+
+    chosen = drafter_for(method, draft, target)
+    if chosen and not draft:
+        click.secho(f"note: --method {method} runs the built-in drafter {chosen} (--draft to choose another)",
+                    fg="bright_black", err=True)
+    return chosen
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

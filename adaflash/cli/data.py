@@ -8,7 +8,15 @@ from typing import Any
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, prompt_file, run_guard, runlog_of, workspace_of
+from adaflash.cli.common import (
+    chosen_drafter,
+    emit_rows,
+    fail,
+    prompt_file,
+    run_guard,
+    runlog_of,
+    workspace_of,
+)
 from adaflash.data.builtin_datasets import describe_builtins
 from adaflash.data.column_map import parse_column_map
 from adaflash.data.errors import DatasetError
@@ -192,14 +200,14 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
     from adaflash.data.prompts import PromptFileError, read_prompt_file
     from adaflash.data.regenerate import fit_max_len
     from adaflash.data.regenerate import regenerate as run_regenerate
-    from adaflash.engine.build import build_engine, check_method
+    from adaflash.engine.build import build_engine
     from adaflash.engine.params import SamplingParams
     from adaflash.models.drafter_io import DrafterError
     from adaflash.models.loading import load_target
 
     refuse_same_file(dataset_file, out_file)
     try:
-        check_method(method, draft)
+        draft = chosen_drafter(method, draft, target)
         prompts = read_prompt_file(dataset_file, num_samples, skip)
     except (PromptFileError, ValueError) as err:
         fail(str(err))

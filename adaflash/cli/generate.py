@@ -8,7 +8,7 @@ import time
 
 import click
 
-from adaflash.cli.common import fail, length_policy_option, run_guard, runlog_of
+from adaflash.cli.common import chosen_drafter, fail, length_policy_option, run_guard, runlog_of
 from adaflash.engine.params import METHODS
 
 
@@ -42,13 +42,13 @@ def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_
              steps: int | None, device: str, dtype: str, seed: int, as_json: bool) -> None:
     """Generate with a target (and a drafter) through the embedded engine."""
     from adaflash.data.prompts import PromptFileError, PromptRow, read_prompt_file
-    from adaflash.engine.build import build_engine, check_method
+    from adaflash.engine.build import build_engine
     from adaflash.engine.params import Request, SamplingParams
     from adaflash.models.drafter_io import DrafterError
 
     rows = [PromptRow(f"prompt-{i}", p) for i, p in enumerate(prompts)]
     try:
-        check_method(method, draft)
+        draft = chosen_drafter(method, draft, target)
         if prompts_file:
             rows += read_prompt_file(prompts_file, limit)
     except (PromptFileError, ValueError) as err:

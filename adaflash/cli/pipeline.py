@@ -31,7 +31,8 @@ PRESETS = {
 
 @click.group(invoke_without_command=True)
 @click.option("--target", default="smollm2-135m", show_default=True)
-@click.option("--draft", help="Initial drafter (offline-trained DFlash): a folder or a built-in drafter's name.")
+@click.option("--draft", help="Initial drafter (offline-trained DFlash): a folder or a built-in drafter's name "
+                             "[default: the built-in drafter of a built-in target].")
 @click.option("--data", callback=prompt_file("train"),
               help="Prompts: normalized rows or {\"prompt\"} rows, or a prepared dataset's name (its train split).")
 @click.option("--infer-gpus", default="cpu", show_default=True, help="'cpu' or GPU indices for the inference worker.")
@@ -83,8 +84,16 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     from adaflash.pipeline.training import TrainingConfig
     from adaflash.workspace import runs_dir
 
-    if not draft or not data:
-        fail("--draft DIR and --data FILE are required (see `adaflash pipeline --help`)")
+    if not data:
+        fail("--data FILE is required: the prompts the inference worker answers (see `adaflash pipeline --help`)")
+    if not draft:
+        from adaflash.models.registry import builtin_drafter_of
+
+        draft = builtin_drafter_of(target, "adaflash")
+        if draft is None:
+            fail(f"--draft DIR is required: no built-in drafter ships for {target}")
+        click.secho(f"note: starting from the built-in drafter {draft} (--draft to choose another)",
+                    fg="bright_black", err=True)
     draft = drafter_folder("--draft", draft)
     if skip:
         from adaflash.data.prompts import read_prompt_file

@@ -13,7 +13,7 @@ import time
 
 import click
 
-from adaflash.cli.common import fail, length_policy_option, runlog_of
+from adaflash.cli.common import chosen_drafter, fail, length_policy_option, runlog_of
 from adaflash.engine.params import METHODS
 
 
@@ -77,6 +77,10 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
         return
     if sglang_args:
         fail("--sglang-arg only applies to --engine sglang")
+    try:
+        draft = chosen_drafter(method, draft, target)
+    except ValueError as err:
+        fail(str(err))
     if gpus is not None:
         if gpu_ids is None:
             device = "cpu"
@@ -98,12 +102,11 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
 def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed: int) -> None:
     import asyncio
 
-    from adaflash.engine.build import build_engine, check_method
+    from adaflash.engine.build import build_engine
     from adaflash.models.drafter_io import DrafterError
     from adaflash.serve.server import READY_LINE, EmbeddedServer, hardware_name, serve
 
     try:
-        check_method(config["method"], config["draft"])
         engine = build_engine(config["target"], config["method"], config["draft"], device=config["device"],
                               dtype=config["dtype"], max_batch=config["max_batch"], max_len=config["context_length"],
                               length_rate=config["length_rate"], min_length=config["min_length"],

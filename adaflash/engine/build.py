@@ -10,13 +10,21 @@ from adaflash.engine.params import METHODS
 from adaflash.models.drafter_io import load_drafter
 from adaflash.models.drafters import DFlashDrafter
 from adaflash.models.loading import Target, load_target
+from adaflash.models.registry import builtin_drafter_of
 
 
-def check_method(method: str, draft: str | None) -> None:
+def drafter_for(method: str, draft: str | None, target: str | Target) -> str | None:
+    """The drafter a method runs: `--draft`, else the built-in drafter of a built-in target (DFlash, AdaFlash)."""
     if method not in METHODS:
         raise ValueError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
-    if method != "vanilla" and not draft:
-        raise ValueError(f"--method {method} needs --draft DIR (a drafter folder)")
+    if method == "vanilla":
+        return None
+    if draft:
+        return draft
+    builtin = builtin_drafter_of(target.name if isinstance(target, Target) else target, method)
+    if builtin is None:
+        raise ValueError(f"--method {method} needs --draft DIR (a drafter folder or a built-in drafter's name)")
+    return builtin
 
 
 def build_engine(
@@ -28,7 +36,7 @@ def build_engine(
     dtype: str | None = None,
     **engine_kw: Any,
 ) -> Engine:
-    check_method(method, draft)
+    draft = drafter_for(method, draft, target)
     loaded = target if isinstance(target, Target) else load_target(target, device=device, dtype=dtype)
     drafter = None
     if method != "vanilla" and draft:

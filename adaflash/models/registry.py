@@ -168,6 +168,20 @@ BUILTIN_DRAFTERS: dict[str, BuiltinDrafter] = {
 }
 
 
+BUILTIN_DRAFTER_METHODS = ("dflash", "adaflash")  # what a built-in drafter (offline DFlash + length head) serves
+
+
+def builtin_drafter_of(target: str, method: str) -> str | None:
+    """The built-in drafter made for a built-in target (by its name) that serves `method`, if one ships.
+
+    Why a default: the shipped drafter exists for the shipped target, and naming it each time says
+    nothing new. OSD, EAGLE-3 and MTP name theirs (none ships).
+    """
+    if method not in BUILTIN_DRAFTER_METHODS:
+        return None
+    return next((d.name for d in BUILTIN_DRAFTERS.values() if d.target == target), None)
+
+
 def resolve_drafter(spec: str | Path) -> Path:
     """A built-in drafter name → its folder inside the package; anything else → that path."""
     if isinstance(spec, str) and spec in BUILTIN_DRAFTERS:
