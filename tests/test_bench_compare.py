@@ -115,6 +115,28 @@ def test_runs_export_writes_the_records(matrix_log, tmp_path):
     assert "| method |" in md and "Fair comparison" in md
 
 
+@pytest.mark.parametrize("fmt", ["json", "jsonl"])
+def test_exported_results_import_into_another_workspace_with_the_same_comparison(matrix_log, tmp_path, fmt):
+    from adaflash.cli.main import cli
+    from adaflash.runlog import RunLog
+
+    log, matrix = matrix_log
+    out = tmp_path / f"m.{fmt}"
+    assert CliRunner().invoke(cli, ["runs", "export", matrix, "--format", fmt, "-o", str(out)]).exit_code == 0
+    other = tmp_path / "elsewhere"
+    result = CliRunner().invoke(cli, ["--workspace", str(other), "runs", "import", str(out)])
+    assert result.exit_code == 0, result.output
+    imported = RunLog.open(other)
+    (run,) = imported.list_runs(kind="bench")
+    def speedups(records):
+        return sorted((r["method"], r["concurrency"], r["speedup"]) for r in comparison_rows(records)[0])
+
+    assert speedups(select_records(imported, [run["id"]])[0]) == speedups(select_records(log, [matrix])[0])
+    stored = [r["data"] for r in imported.bench_results([run["id"]])]
+    assert {r["imported_run_id"] for r in stored} <= {r["id"] for r in log.list_runs(kind="bench")}
+    assert "result_id" not in stored[0] and "run_id" not in stored[0]
+
+
 def test_import_of_an_sglang_bench_serving_line(workspace, tmp_path):
     from adaflash.cli.main import cli
     from adaflash.runlog import RunLog

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -231,15 +231,44 @@ def from_sglang(obj: dict[str, Any], *, method: str | None = None, dataset: str 
     return record
 
 
-def read_sglang_jsonl(path: str | Path, **kw: Any) -> list[dict[str, Any]]:
+def from_export(obj: dict[str, Any], *, method: str | None = None, dataset: str | None = None,
+                target: str | None = None, source: str | None = None) -> dict[str, Any]:
+    """A record `adaflash runs export` wrote, for another workspace: its keys kept, its old ids as provenance."""
+    record = {k: v for k, v in obj.items() if k not in ("result_id", "run_id")}
+    record.update({"imported_from": source, "imported_run_id": obj.get("run_id")})
+    for key, value in (("method", method), ("dataset", dataset), ("target", target)):
+        if value is not None:
+            record[key] = value
+    return record
+
+
+def _result_objects(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """(where, object) from a JSON array (`runs export --format json`) or JSON lines (bench_serving, jsonl)."""
     from adaflash.data.io import read_jsonl
 
+    path = Path(path)
+    if path.is_file():
+        with path.open(encoding="utf-8") as handle:
+            head = handle.read(4096).lstrip()
+        if head.startswith("["):
+            try:
+                items = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as err:
+                raise ImportFormatError(f"{path}: not valid JSON ({err.msg})") from None
+            yield from ((f"{path}[{i}]", item) for i, item in enumerate(items))
+            return
+    yield from read_jsonl(path, ImportFormatError)
+
+
+def read_results(path: str | Path, **kw: Any) -> list[dict[str, Any]]:
+    """Benchmark results to import: SGLang bench_serving lines, or records `adaflash runs export` wrote."""
     records = []
-    for where, obj in read_jsonl(path, ImportFormatError):
+    for where, obj in _result_objects(path):
         if not isinstance(obj, dict):
-            raise ImportFormatError(f"{where}: expected a JSON object per line")
+            raise ImportFormatError(f"{where}: expected a JSON object per result")
+        convert = from_export if isinstance(obj.get("method"), str) and "result_id" in obj else from_sglang
         try:
-            records.append(from_sglang(obj, source=str(path), **kw))
+            records.append(convert(obj, source=str(path), **kw))
         except ImportFormatError as err:
             raise ImportFormatError(f"{where}: {err}") from None
     if not records:

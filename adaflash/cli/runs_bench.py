@@ -94,11 +94,12 @@ def export_runs(ctx: click.Context, run_ids: tuple[str, ...], fmt: str, output: 
 @click.pass_context
 def import_runs(ctx: click.Context, path: str, method: str | None, dataset: str | None, target: str | None,
                 label: str | None) -> None:
-    """Import SGLang bench_serving results (JSONL, one result per line, its key names) as one run."""
-    from adaflash.bench.compare import ImportFormatError, read_sglang_jsonl
+    """Import benchmark results as one run: SGLang bench_serving results (JSONL, its key names), or what
+    `adaflash runs export` wrote in another workspace (json or jsonl)."""
+    from adaflash.bench.compare import ImportFormatError, read_results
 
     try:
-        records = read_sglang_jsonl(path, method=method, dataset=dataset, target=target)
+        records = read_results(path, method=method, dataset=dataset, target=target)
     except ImportFormatError as err:
         fail(str(err))
     log = runlog_of(ctx)
