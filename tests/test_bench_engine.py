@@ -135,7 +135,7 @@ def test_draft_dir_layout_and_mismatched_drafter(workspace, tiny_llama, drafts, 
     with pytest.raises(EngineBenchError, match="--draft-dir .* holds no eagle3/"):
         resolve_drafts(["eagle3"], str(tmp_path / "d"), {})
     # a built-in drafter's name stands for its folder inside the package
-    from adaflash.models.registry import BUILTIN_DRAFTERS
+    from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS
 
     assert resolve_drafts(["dflash"], None, {"dflash": "smollm2-135m-dflash"}) == {
         "dflash": str(BUILTIN_DRAFTERS["smollm2-135m-dflash"].folder)}

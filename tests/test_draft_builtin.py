@@ -10,9 +10,10 @@ from click.testing import CliRunner
 
 from adaflash.cli.main import cli
 from adaflash.data.prompts import PromptFileError, read_prompt_file
+from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS
 from adaflash.models.drafter_io import load_drafter
 from adaflash.models.drafters import DFlashDrafter
-from adaflash.models.registry import BUILTIN_DRAFTERS, resolve_drafter
+from adaflash.models.registry import resolve_drafter
 
 
 def test_the_builtin_drafter_loads_by_name_with_its_length_head():

@@ -346,8 +346,8 @@ async def test_launch_shows_invalid_choices_inline_and_refuses(ws: Path, leases:
         await pilot.click("#mode-pipeline")
         await settle(pilot)
         assert launch.mode == "pipeline"
-        assert any("drafter: required" in e for e in launch.errors)
-        assert "✗ drafter: required" in screen_text(app)
+        assert any("dataset: required" in e for e in launch.errors)
+        assert "✗ dataset: required" in screen_text(app)
         await pilot.press("ctrl+l")  # refused, and no crash
         await pilot.pause()
         assert app.launched == [] and RunLog.open(ws).list_runs() == []

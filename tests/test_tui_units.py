@@ -45,10 +45,17 @@ def test_server_choice_is_a_service_with_a_readiness_check() -> None:
 
 def test_bench_choice_needs_drafters_and_valid_numbers() -> None:
     bad = choice(mode="bench", bench_methods=("vanilla", "dflash"), dataset="gsm8k", concurrency="1,x",
-                 num_prompts="0")
+                 num_prompts="0", target="org/other-model")
     _, errors, _ = method_recipe(bad)
     assert any("drafter: required for dflash" in e for e in errors)
     assert any("concurrency" in e for e in errors) and any("prompts" in e for e in errors)
+    # the built-in target's own drafter stands in for an empty field: the command leaves --draft to the CLI
+    text, errors, _ = method_recipe(choice(mode="bench", bench_methods=("vanilla", "dflash"), dataset="gsm8k"))
+    assert errors == [] and "--draft" not in next(iter(parse_recipe(text, "tui.toml").jobs.values())).command
+    text, errors, _ = method_recipe(choice(mode="pipeline", dataset="gsm8k"))
+    assert errors == [] and "--draft" not in next(iter(parse_recipe(text, "tui.toml").jobs.values())).command
+    _, errors, _ = method_recipe(choice(mode="pipeline", dataset="gsm8k", target="org/other-model"))
+    assert any("drafter: required" in e for e in errors)
     good = choice(mode="bench", bench_methods=("vanilla", "dflash", "adaflash"), dataset="gsm8k",
                   draft="dflash=/a,adaflash=/b", concurrency="1,4", num_prompts="8")
     text, errors, warnings = method_recipe(good)

@@ -14,6 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adaflash.models.builtin_drafters import builtin_drafter_of
 from jobs.assign import format_gpus
 
 MODES = (("recipe", "Recipe"), ("pipeline", "Pipeline"), ("server", "Baseline server"),
@@ -130,14 +131,14 @@ def method_recipe(choice: LaunchChoice) -> tuple[str, list[str], list[str]]:
     if choice.mode == "pipeline":
         name = f"tui-pipeline-{choice.preset}"
         description = f"{dict(PRESETS).get(choice.preset, choice.preset)} pipeline from adaflash-tui"
-        if not draft:
+        if not draft and not builtin_drafter_of(target, "adaflash"):
             errors.append("drafter: required (the initial drafter folder, e.g. an offline DFlash)")
         if not dataset:
-            errors.append("dataset: required (prompts as a .jsonl file)")
+            errors.append("dataset: required (prompts as a .jsonl file or a prepared dataset's name)")
         _exists_warning(draft, "drafter", warnings)
         _exists_warning(dataset, "dataset", warnings)
         samples = _int(choice.max_samples, "max samples", errors, optional=True)
-        command = ["adaflash", "pipeline", "--target", target, "--draft", draft, "--data", dataset,
+        command = ["adaflash", "pipeline", "--target", target, *(["--draft", draft] if draft else []), "--data", dataset,
                    "--infer-gpus", "{gpus.inference}", "--train-gpus", "{gpus.training}", "--preset", choice.preset]
         if samples:
             command += ["--max-samples", str(samples)]
@@ -146,7 +147,7 @@ def method_recipe(choice: LaunchChoice) -> tuple[str, list[str], list[str]]:
         name = f"tui-serve-{choice.method}"
         description = f"{dict(SERVER_METHODS).get(choice.method, choice.method)} server from adaflash-tui"
         port = _int(choice.port, "port", errors, low=1, high=65535)
-        if choice.method != "vanilla" and not draft:
+        if choice.method != "vanilla" and not draft and not builtin_drafter_of(target, choice.method):
             errors.append(f"drafter: required for {choice.method} (a drafter folder)")
         _exists_warning(draft, "drafter", warnings)
         command = ["adaflash", "serve", "--method", choice.method, "--target", target]
@@ -167,7 +168,8 @@ def method_recipe(choice: LaunchChoice) -> tuple[str, list[str], list[str]]:
             errors.append("dataset: required (prepared names or FILE.jsonl, comma separated)")
         drafts = drafts_of(draft, methods, errors)
         given = {d.split("=", 1)[0] for d in drafts}
-        missing = [m for m in methods if m not in ("vanilla", "mtp") and m not in given]
+        missing = [m for m in methods if m not in ("vanilla", "mtp") and m not in given
+                   and not builtin_drafter_of(target, m)]
         if missing:
             errors.append(f"drafter: required for {', '.join(missing)} (DIR, or method=DIR,...)")
         conc = [c.strip() for c in choice.concurrency.split(",") if c.strip()]

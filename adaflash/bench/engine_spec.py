@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from adaflash.engine.params import DEFAULT_LENGTH_POLICY, METHODS
-from adaflash.models.registry import builtin_drafter_of, resolve_drafter
+from adaflash.models.builtin_drafters import builtin_drafter_of
+from adaflash.models.registry import resolve_drafter
 
 BENCH_METHODS = METHODS
 # Sub-folders of --draft-dir tried for each method, in order. The smollm2-cpu recipe writes {drafters}/dflash,

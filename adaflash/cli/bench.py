@@ -233,6 +233,16 @@ def matrix(ctx: click.Context, methods: str, datasets: str, concurrency_list: st
             fail(f"--draft takes METHOD=DIR with METHOD one of {', '.join(METHODS)}, got {item!r}")
         draft_map[key] = value
     missing = [m for m in method_list if m != "vanilla" and m not in draft_map and not (m == "mtp" and engine == "sglang")]
+    if engine == "embedded":
+        from adaflash.models.builtin_drafters import builtin_drafter_of
+
+        for method in list(missing):
+            builtin = builtin_drafter_of(target, method)
+            if builtin:
+                draft_map[method] = builtin
+                missing.remove(method)
+                click.secho(f"note: {method} runs the built-in drafter {builtin} (--draft {method}=DIR to choose "
+                            "another)", fg="bright_black", err=True)
     if missing:
         fail(f"no drafter for {', '.join(missing)}: add --draft METHOD=DIR for each")
     if "vanilla" not in method_list:
@@ -377,7 +387,7 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
         draft_map = resolve_drafts(method_list, draft_dir, explicit, target)
     except EngineBenchError as err:
         fail(str(err))
-    from adaflash.models.registry import BUILTIN_DRAFTERS
+    from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS
 
     for method, folder in draft_map.items():
         builtin = next((d.name for d in BUILTIN_DRAFTERS.values() if str(d.folder) == folder), None)

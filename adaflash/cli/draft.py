@@ -110,7 +110,7 @@ def export(folder: str, out: str, dtype: str | None) -> None:
 @output_format_option()
 def builtins(fmt: str) -> None:
     """The drafters shipped inside adaflash: pass a name wherever a drafter folder goes."""
-    from adaflash.models.registry import BUILTIN_DRAFTERS
+    from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS
 
     rows = [{"name": d.name, "target": d.target, "installed": (d.folder / "config.json").is_file(),
              "folder": str(d.folder), "description": d.description} for d in BUILTIN_DRAFTERS.values()]

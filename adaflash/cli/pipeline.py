@@ -87,7 +87,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     if not data:
         fail("--data FILE is required: the prompts the inference worker answers (see `adaflash pipeline --help`)")
     if not draft:
-        from adaflash.models.registry import builtin_drafter_of
+        from adaflash.models.builtin_drafters import builtin_drafter_of
 
         draft = builtin_drafter_of(target, "adaflash")
         if draft is None:

@@ -7,10 +7,10 @@ from typing import Any
 
 from adaflash.engine.engine import Engine
 from adaflash.engine.params import METHODS
+from adaflash.models.builtin_drafters import builtin_drafter_of
 from adaflash.models.drafter_io import load_drafter
 from adaflash.models.drafters import DFlashDrafter
 from adaflash.models.loading import Target, load_target
-from adaflash.models.registry import builtin_drafter_of
 
 
 def drafter_for(method: str, draft: str | None, target: str | Target) -> str | None:
