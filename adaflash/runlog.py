@@ -188,16 +188,23 @@ class RunLog:
         status: str = "running",
         run_id: str | None = None,
     ) -> str:
-        run_id = run_id or new_run_id(kind)
+        """A new run; its id (unless given) is drawn again in the rare case it is taken (same second, kind, 4 hex)."""
         row = {
-            "id": run_id, "kind": kind, "name": name or kind, "method": method, "target": target,
+            "id": run_id or new_run_id(kind), "kind": kind, "name": name or kind, "method": method, "target": target,
             "draft": draft, "dataset": dataset, "status": status, "created_at": time.time(),
             "config": json.dumps(config or {}, default=str), "run_dir": run_dir, "pid": os.getpid(),
             "pid_start_time": process_start_time(os.getpid()), "host": os.uname().nodename,
         }
-        with self._write():
-            self.db["runs"].insert(row)
-        return run_id
+        for _ in range(16):
+            try:
+                with self._write():
+                    self.db["runs"].insert(row)
+                return str(row["id"])
+            except sqlite3.IntegrityError:
+                if run_id:
+                    raise
+                row["id"] = new_run_id(kind)
+        raise RuntimeError(f"{self.path}: no free run id for kind {kind!r}")
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         if fields.get("pid") and "pid_start_time" not in fields:

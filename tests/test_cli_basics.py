@@ -60,7 +60,7 @@ def test_generate_bad_inputs_are_clear(tmp_path):
     result = runner.invoke(cli, ["--workspace", str(tmp_path), "generate", "--prompts", str(bad)])
     assert result.exit_code == 2
     assert f"{bad}:2" in result.output and "not valid JSON" in result.output
-    result = runner.invoke(cli, ["--workspace", str(tmp_path), "generate", "--prompt", "x", "--method", "dflash"])
-    assert result.exit_code == 2 and "--draft" in result.output
+    result = runner.invoke(cli, ["--workspace", str(tmp_path), "generate", "--prompt", "x", "--method", "osd"])
+    assert result.exit_code == 2 and "--method osd needs --draft" in result.output  # no built-in OSD drafter
     result = runner.invoke(cli, ["--workspace", str(tmp_path), "generate", "--prompt", "x", "--target", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "does not exist" in result.output

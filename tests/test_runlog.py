@@ -118,3 +118,17 @@ def test_an_older_run_log_gains_the_create_time_column(tmp_path):
     log = RunLog(tmp_path / "old.sqlite")
     assert log.schema_version == len(MIGRATIONS)
     assert log.get_run("r1")["pid_start_time"] is None and log.get_run("r1")["status"] == "running"
+
+
+def test_a_taken_run_id_is_drawn_again_unless_it_was_given(tmp_path, monkeypatch):
+    import sqlite3
+
+    import adaflash.runlog as runlog
+
+    log = RunLog(tmp_path / "log.sqlite")
+    first = log.create_run("bench")
+    draws = iter([first, first, "fresh-id"])
+    monkeypatch.setattr(runlog, "new_run_id", lambda kind: next(draws))
+    assert log.create_run("bench") == "fresh-id"
+    with pytest.raises(sqlite3.IntegrityError):
+        log.create_run("bench", run_id=first)
