@@ -369,3 +369,15 @@ def test_the_speedup_breakdown_splits_steps_prefills_and_host_time():
     assert line == ("adaflash@b32: a step costs 1.200 of Vanilla's; steps alone 1.67x, with prefills 1.47x, "
                     "measured 1.50x (host time outside the passes 0.20 s against Vanilla's 0.50 s)")
     assert speedup_breakdown([ada]) == []  # nothing to compare with
+
+
+def test_tau_times_throughput_against_the_dflash_row_of_the_same_batch():
+    from adaflash.bench.engine_table import against_dflash
+
+    def row(method, tau, throughput, batch=1, backend="embedded"):
+        return {"method": method, "concurrency": batch, "accept_length": tau, "output_throughput": throughput,
+                "backend": backend}
+
+    rows = [row("vanilla", 1.0, 600.0), row("dflash", 2.0, 1100.0), row("adaflash", 2.2, 1210.0),
+            row("osd", 2.1, 1155.0, batch=32), row("hf-prompt-lookup", 1.3, 30.0, backend="transformers")]
+    assert against_dflash(rows) == ["adaflash@b1: 1.210x (τ 2.20 against 2.00, throughput 1.100x)"]

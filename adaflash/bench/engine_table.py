@@ -94,6 +94,25 @@ def speedup_breakdown(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def against_dflash(records: list[dict[str, Any]]) -> list[str]:
+    """τ × throughput of each other drafter row over the DFlash row of the same batch size.
+
+    Why: the pipeline comparison's measure (AdaFlash or OSD drafters against the offline DFlash drafter
+    they started from, goal 1.15×) weighs τ, which saves verify work, and tokens per second together.
+    """
+    dflash = {r["concurrency"]: r for r in records if r["method"] == "dflash" and r.get("accept_length")}
+    lines = []
+    for r in records:
+        base = dflash.get(r["concurrency"])
+        if base is None or r["method"] in ("vanilla", "dflash") or not r.get("accept_length") \
+                or r.get("backend") != "embedded" or not base.get("output_throughput"):
+            continue
+        tau, speed = r["accept_length"] / base["accept_length"], r["output_throughput"] / base["output_throughput"]
+        lines.append(f"{r['method']}@b{r['concurrency']}: {tau * speed:.3f}x (τ {r['accept_length']:.2f} against "
+                     f"{base['accept_length']:.2f}, throughput {speed:.3f}x)")
+    return lines
+
+
 def _pass_totals(record: dict[str, Any]) -> dict[str, float]:
     """Decode-step count and seconds (every kind but prefill), prefill seconds, and all pass seconds."""
     passes = record["passes"]

@@ -372,7 +372,13 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
         parse_methods,
         resolve_drafts,
     )
-    from adaflash.bench.engine_table import TABLE_COLUMNS, mismatch_notes, speedup_breakdown, table_rows
+    from adaflash.bench.engine_table import (
+        TABLE_COLUMNS,
+        against_dflash,
+        mismatch_notes,
+        speedup_breakdown,
+        table_rows,
+    )
 
     explicit: dict[str, str] = {}
     for item in drafts:
@@ -422,5 +428,10 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     if breakdown:
         click.echo("where the speed-up goes (engine pass timings):", err=True)
         for line in breakdown:
+            click.echo(f"  {line}", err=True)
+    products = against_dflash(records)
+    if products:
+        click.echo("τ × throughput against the dflash row of the same batch:", err=True)
+        for line in products:
             click.echo(f"  {line}", err=True)
     click.secho(f"recorded in the run log: adaflash runs compare {run_id}", err=True)
