@@ -86,24 +86,8 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
 
     if not data:
         fail("--data FILE is required: the prompts the inference worker answers (see `adaflash pipeline --help`)")
-    if not draft:
-        from adaflash.models.builtin_drafters import builtin_drafter_of
-
-        draft = builtin_drafter_of(target, "adaflash")
-        if draft is None:
-            fail(f"--draft DIR is required: no built-in drafter ships for {target}")
-        click.secho(f"note: starting from the built-in drafter {draft} (--draft to choose another)",
-                    fg="bright_black", err=True)
-    draft = drafter_folder("--draft", draft)
-    if skip:
-        from adaflash.data.prompts import read_prompt_file
-
-        try:
-            count = len(read_prompt_file(data))
-        except ValueError as err:
-            fail(str(err))
-        if skip >= count:
-            fail(f"--skip {skip}: {data} holds only {count} prompts, none would be left")
+    draft = _initial_drafter(target, draft)
+    _check_skip(data, skip)
     chosen = dict(PRESETS[preset or "adaflash"])
     if loss:
         chosen["loss"] = loss
@@ -116,10 +100,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     if train_procs and train_list and train_procs != len(train_list):
         fail(f"--train-procs {train_procs}: on GPUs the trainers run one process per GPU ({len(train_list)} in "
              f"--train-gpus {train_gpus})")
-    if lr_decay_minutes and not max_minutes:
-        fail("--lr-decay-minutes anneals towards the end of a time budget: it needs --max-minutes")
-    if lr_decay_minutes and max_minutes and lr_decay_minutes > max_minutes:
-        fail(f"--lr-decay-minutes {lr_decay_minutes:g} is longer than --max-minutes {max_minutes:g}")
+    _check_budget(lr_decay_minutes, max_minutes)
     if loop is None:
         loop = max_minutes is not None
     workspace = workspace_of(ctx)
@@ -151,19 +132,64 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
                                                          "max_minutes": max_minutes, "deadline": deadline,
                                                          "lr": lr, "lr_decay_minutes": lr_decay_minutes})
     if dry_run:
-        import os
-        import shlex
-
-        visible = runner.visible()
-        for role, command in runner.commands().items():
-            env = {"CUDA_VISIBLE_DEVICES": visible[role],
-                   **{k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}}
-            click.echo(f"{role}: {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} {shlex.join(command)}")
+        _print_commands(runner)
         log.finish_run(run_id, "finished", note="dry run")
         return
     log.update_run(run_id, status="running")
     click.echo(f"pipeline {run_id}: {method} (loss {chosen['loss']}, length head {chosen['length_head']}), "
                f"inference on {infer_gpus}, training on {train_gpus}; swap dir {swap}")
+    _run_and_report(log, run_id, runner)
+
+
+def _initial_drafter(target: str, draft: str | None) -> str:
+    """--draft as a folder, else the built-in drafter of a built-in target (said on stderr)."""
+    if not draft:
+        from adaflash.models.builtin_drafters import builtin_drafter_of
+
+        draft = builtin_drafter_of(target, "adaflash")
+        if draft is None:
+            fail(f"--draft DIR is required: no built-in drafter ships for {target}")
+        click.secho(f"note: starting from the built-in drafter {draft} (--draft to choose another)",
+                    fg="bright_black", err=True)
+    return drafter_folder("--draft", draft)
+
+
+def _check_skip(data: str, skip: int) -> None:
+    if not skip:
+        return
+    from adaflash.data.prompts import read_prompt_file
+
+    try:
+        count = len(read_prompt_file(data))
+    except ValueError as err:
+        fail(str(err))
+    if skip >= count:
+        fail(f"--skip {skip}: {data} holds only {count} prompts, none would be left")
+
+
+def _check_budget(lr_decay_minutes: float, max_minutes: float | None) -> None:
+    if lr_decay_minutes and not max_minutes:
+        fail("--lr-decay-minutes anneals towards the end of a time budget: it needs --max-minutes")
+    if lr_decay_minutes and max_minutes and lr_decay_minutes > max_minutes:
+        fail(f"--lr-decay-minutes {lr_decay_minutes:g} is longer than --max-minutes {max_minutes:g}")
+
+
+def _print_commands(runner: Any) -> None:
+    """--dry-run: each worker's environment and command line, as it would start."""
+    import os
+    import shlex
+
+    visible = runner.visible()
+    for role, command in runner.commands().items():
+        env = {"CUDA_VISIBLE_DEVICES": visible[role],
+               **{k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}}
+        click.echo(f"{role}: {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} {shlex.join(command)}")
+
+
+def _run_and_report(log: Any, run_id: str, runner: Any) -> None:
+    """Start both workers, stop them cleanly on SIGINT/SIGTERM, record the end and print τ per version."""
+    from adaflash.pipeline.report import pipeline_report
+
     previous = {sig: signal.signal(sig, lambda *_: runner.request_stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
     runner.start()
     try:
@@ -172,8 +198,6 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     log.finish_run(run_id, status)
-    from adaflash.pipeline.report import pipeline_report
-
     report = pipeline_report(log, log.get_run(run_id))
     if report["versions"]:
         emit_rows(report["versions"], VERSION_COLUMNS, "table", title=f"τ per drafter version ({run_id})")
