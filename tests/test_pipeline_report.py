@@ -320,3 +320,39 @@ def test_the_launcher_stops_workers_that_outlive_the_budget(tmp_path):
     assert all(p.returncode == 0 for p in runner.procs.values())
     events = [e["message"] for e in log.events_since(0, run_id=run)]
     assert any("time budget passed" in m for m in events), events
+
+
+def test_pipeline_stop_ends_a_looping_run_cleanly_and_marks_it_finished(tmp_path, tiny_llama, tiny_target):
+    import subprocess
+
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Say {i}."}) + "\n" for i in range(3)))
+    ws, swap = tmp_path / "ws", tmp_path / "swap"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adaflash.cli.main", "--workspace", str(ws), "pipeline", "--target", str(tiny_llama),
+         "--draft", str(draft), "--data", str(prompts), "--loop", "--max-new-tokens", "6", "--min-buffer", "2",
+         "--train-batch", "2", "--publish-every", "1", "--batch-size", "2", "--preset", "osd", "--swap-dir", str(swap)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 240
+        while not (SwapBuffer(swap).count() >= 4 and WeightStore(swap).latest_version() >= 1):
+            assert proc.poll() is None and time.time() < deadline, "the looping pipeline did not get going"
+            time.sleep(0.2)
+        (run,) = RunLog.open(ws).list_runs(kind="pipeline")
+        stopped = CliRunner().invoke(cli, ["--workspace", str(ws), "pipeline", "stop", run["id"]])
+        assert stopped.exit_code == 0 and "stop requested" in stopped.output
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    log = RunLog.open(ws)
+    run = log.get_run(run["id"])
+    assert run["status"] == "finished" and "stopped on request" in run["note"], run
+    assert {j["role"]: j["status"] for j in log.jobs(run["id"])} == {"inference": "finished", "training": "finished"}
+    buffer, store = SwapBuffer(swap), WeightStore(swap)
+    assert buffer.producer_done() == buffer.count()  # the inference worker finished the requests it had
+    integrity = pipeline_report(log, run)["integrity"]
+    assert integrity["ok"] and integrity["missing"] == 0 and integrity["duplicated"] == 0
+    assert store.pointer()["consumed"] == integrity["final_consumed_offset"] <= buffer.count()

@@ -197,11 +197,11 @@ def _run_and_report(log: Any, run_id: str, runner: Any) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    log.finish_run(run_id, status)
+    log.finish_run(run_id, status, **({"note": runner.note} if runner.note else {}))
     report = pipeline_report(log, log.get_run(run_id))
     if report["versions"]:
         emit_rows(report["versions"], VERSION_COLUMNS, "table", title=f"τ per drafter version ({run_id})")
-    click.echo(f"pipeline {run_id} {status}")
+    click.echo(f"pipeline {run_id} {status}" + (f" ({runner.note})" if runner.note else ""))
     if status == "failed":
         raise SystemExit(1)
 

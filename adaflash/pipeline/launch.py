@@ -83,6 +83,7 @@ class Pipeline:
         self.budget_grace = max(grace, 300.0)  # requests in flight at the deadline are finished first
         self.train_procs = train_procs
         self.procs: dict[str, subprocess.Popen] = {}
+        self.note: str | None = None  # how the run ended, when not simply by running out of work
         self.job_ids: dict[str, int] = {}
 
     def commands(self) -> dict[str, list[str]]:
@@ -111,7 +112,11 @@ class Pipeline:
         SwapBuffer(self.infer.swap_dir).request_stop()
 
     def wait(self, poll: float = 1.0) -> str:
-        """Until both workers exit; a failed worker stops the other. Returns the run status."""
+        """Until both workers exit; a failed worker stops the other. Returns the run status.
+
+        A stop request both workers honour ends the run `finished` (the buffer and the last version are
+        consistent; `note` says it was stopped); workers killed after the grace period leave it `stopped`.
+        """
         status = "finished"
         stop_sent_at: float | None = None
         budget_stop = False
@@ -131,9 +136,13 @@ class Pipeline:
                     self.request_stop()
             if SwapBuffer(self.infer.swap_dir).stop_requested() and stop_sent_at is None:
                 stop_sent_at = time.time()
-                status = "stopped" if status == "finished" and not budget_stop else status
+                if status == "finished" and not budget_stop:
+                    self.note = "stopped on request: both workers finished their step, a final version published"
             if stop_sent_at is not None and time.time() - stop_sent_at > self.grace:
                 self.kill()
+                if status == "finished":
+                    status = "stopped"
+                    self.note = f"a worker did not stop within {self.grace:g}s of the stop request: killed"
             time.sleep(poll)
         for role, proc in self.procs.items():
             code = proc.returncode
