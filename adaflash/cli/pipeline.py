@@ -216,12 +216,16 @@ VERSION_COLUMNS = ["drafter_version", "requests", "tau", "tau_tokens", "publishe
 def stop(ctx: click.Context, run_id: str) -> None:
     """Ask a running pipeline to stop cleanly (both workers finish their step and exit)."""
     from adaflash.pipeline.buffer import SwapBuffer
+    from adaflash.runlog import LIVE_RUN_STATUSES
 
     log = runlog_of(ctx)
     run = run_or_fail(log, run_id)
     swap = (run.get("config") or {}).get("swap_dir")
     if run["kind"] != "pipeline" or not swap:
         fail(f"run {run['id']} is not a pipeline run")
+    if run["status"] not in LIVE_RUN_STATUSES:
+        click.echo(f"run {run['id']} has already ended ({run['status']}); nothing to stop")
+        return
     SwapBuffer(swap).request_stop()
     click.echo(f"stop requested for {run['id']} ({swap})")
 
