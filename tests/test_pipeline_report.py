@@ -356,5 +356,7 @@ def test_pipeline_stop_ends_a_looping_run_cleanly_and_marks_it_finished(tmp_path
     integrity = pipeline_report(log, run)["integrity"]
     assert integrity["ok"] and integrity["missing"] == 0 and integrity["duplicated"] == 0
     assert store.pointer()["consumed"] == integrity["final_consumed_offset"] <= buffer.count()
+    status = CliRunner().invoke(cli, ["--workspace", str(ws), "pipeline", "status", run["id"]])
+    assert status.exit_code == 0 and "run note: stopped on request" in status.output
     again = CliRunner().invoke(cli, ["--workspace", str(ws), "pipeline", "stop", run["id"]])
     assert again.exit_code == 0 and "already ended (finished)" in again.output

@@ -307,6 +307,8 @@ def _print_report(report: dict[str, Any]) -> None:
     head = f"{report['run']} ({report['status']}, {report['method']}; inference on {report['infer_gpus']}, " \
            f"training on {report['train_gpus']})"
     emit_rows(report["versions"], VERSION_COLUMNS, "table", title=f"τ per drafter version: {head}")
+    if report.get("note"):
+        click.echo(f"run note: {report['note']}")
     inf, tr, ok = report["inference"], report["training"], report["integrity"]
     click.echo(f"inference output tokens/s: {fmt_cell(inf['tokens_per_s_beside_training'])} beside training "
                f"({inf['seconds_beside_training']:.1f}s), {fmt_cell(inf['tokens_per_s_without_training'])} without "

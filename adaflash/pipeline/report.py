@@ -216,6 +216,7 @@ def pipeline_report(log: RunLog, run: dict[str, Any], *, integrity: bool = True)
     return {
         "run": rid,
         "status": run["status"],
+        "note": run.get("note"),
         "method": run.get("method"),
         "infer_gpus": config.get("infer_gpus"),
         "train_gpus": config.get("train_gpus"),
