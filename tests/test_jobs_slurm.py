@@ -222,8 +222,8 @@ def test_sbatch_failure_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_one_follower_serves_run_and_attach(tmp_path: Path, fake_slurm: Path) -> None:
-    # `adaflash run --backend slurm` and `adaflash runs attach` follow through adaflash.cli.run.follow_slurm.
-    from adaflash.cli.run import follow_slurm
+    # `adaflash run --backend slurm` and `adaflash runs attach` follow through adaflash.cli.run_display.follow_slurm.
+    from adaflash.cli.run_display import follow_slurm
 
     recipe = tmp_path / "cluster.toml"
     recipe.write_text(CLUSTER)

@@ -18,7 +18,7 @@ def attach_run(ctx: click.Context, run_id: str, interval: float) -> None:
     """Follow a run's jobs, events and metrics until it ends (Ctrl-C detaches; the run goes on)."""
     from rich.console import Console
 
-    from adaflash.cli.run import follow, render_view
+    from adaflash.cli.run_display import follow, render_view
     from jobs.progress import previous_durations, run_progress
     from jobs.runner import EXIT_CODES
     from jobs.watch import run_view
@@ -47,7 +47,7 @@ def attach_run(ctx: click.Context, run_id: str, interval: float) -> None:
 
 
 def _attach_slurm(log, run_id: str, console) -> None:
-    from adaflash.cli.run import follow_slurm
+    from adaflash.cli.run_display import follow_slurm
     from jobs import slurm
 
     try:
