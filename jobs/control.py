@@ -44,7 +44,11 @@ def write_supervisor_file(run_dir: Path, run_id: str, pid: int | None = None) ->
 
 
 def supervisor_pid(run: dict[str, Any]) -> int | None:
-    """The live process supervising `run` (verified by create time or command line), else None."""
+    """The live process supervising `run` (verified by create time or command line), else None.
+
+    A recipe's supervisor writes its identity to the run folder; every run also records its process's
+    create time in the run log, so a pipeline or training command counts as its own supervisor.
+    """
     pid = run.get("pid")
     if not pid or not run.get("run_dir"):
         return None
@@ -54,6 +58,8 @@ def supervisor_pid(run: dict[str, Any]) -> int | None:
         info = {}
     if info.get("pid") == pid and procs.is_ours(pid, info.get("pid_start_time")):
         return pid
+    if run.get("pid_start_time") is not None:  # recorded with the run (any command's run, pipelines too)
+        return pid if procs.is_ours(pid, run["pid_start_time"]) else None
     if procs.start_time(pid) is None:
         return None
     with contextlib.suppress(Exception):

@@ -132,3 +132,16 @@ def test_a_taken_run_id_is_drawn_again_unless_it_was_given(tmp_path, monkeypatch
     assert log.create_run("bench") == "fresh-id"
     with pytest.raises(sqlite3.IntegrityError):
         log.create_run("bench", run_id=first)
+
+
+def test_a_runs_own_process_is_its_supervisor_while_it_lives(tmp_path):
+    from jobs.control import supervisor_pid
+
+    log = RunLog(tmp_path / "log.sqlite")
+    mine = log.create_run("pipeline", run_dir=str(tmp_path))
+    assert supervisor_pid(log.get_run(mine)) == __import__("os").getpid()  # no supervisor file, no id on a command line
+    dead = _run_in_a_process_that_dies(tmp_path / "log.sqlite", "pipeline")
+    log.update_run(dead, run_dir=str(tmp_path))
+    assert supervisor_pid(log.get_run(dead)) is None
+    log.update_run(mine, pid_start_time=log.get_run(mine)["pid_start_time"] - 100)  # a recycled pid
+    assert supervisor_pid(log.get_run(mine)) is None
