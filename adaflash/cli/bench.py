@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from adaflash.cli.common import fail, length_policy_option, runlog_of, workspace_of
+from adaflash.cli.common import fail, length_policy_option, note_builtin_drafter, runlog_of, workspace_of
 from adaflash.engine.params import METHODS
 
 SUMMARY = [("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
@@ -241,8 +241,7 @@ def matrix(ctx: click.Context, methods: str, datasets: str, concurrency_list: st
             if builtin:
                 draft_map[method] = builtin
                 missing.remove(method)
-                click.secho(f"note: {method} runs the built-in drafter {builtin} (--draft {method}=DIR to choose "
-                            "another)", fg="bright_black", err=True)
+                note_builtin_drafter(f"{method} runs", builtin, f"--draft {method}=DIR")
     if missing:
         fail(f"no drafter for {', '.join(missing)}: add --draft METHOD=DIR for each")
     if "vanilla" not in method_list:
@@ -393,13 +392,13 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
         draft_map = resolve_drafts(method_list, draft_dir, explicit, target)
     except EngineBenchError as err:
         fail(str(err))
-    from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS
+    from adaflash.models.builtin_drafters import builtin_drafter_of
+    from adaflash.models.registry import resolve_drafter
 
     for method, folder in draft_map.items():
-        builtin = next((d.name for d in BUILTIN_DRAFTERS.values() if str(d.folder) == folder), None)
-        if builtin and method not in explicit:
-            click.secho(f"note: {method} runs the built-in drafter {builtin} (--draft {method}=DIR to choose another)",
-                        fg="bright_black", err=True)
+        builtin = builtin_drafter_of(target, method) if method not in explicit else None
+        if builtin and folder == str(resolve_drafter(builtin)):
+            note_builtin_drafter(f"{method} runs", builtin, f"--draft {method}=DIR")
     if "vanilla" not in method_list:
         click.secho("note: no vanilla in --methods: no speed-up column and no lossless check", fg="yellow", err=True)
     name, prompts = _prompts(ctx, dataset, num_prompts, seed, chat, target)

@@ -118,9 +118,13 @@ def chosen_drafter(method: str, draft: str | None, target: str) -> str | None:
 
     chosen = drafter_for(method, draft, target)
     if chosen and not draft:
-        click.secho(f"note: --method {method} runs the built-in drafter {chosen} (--draft to choose another)",
-                    fg="bright_black", err=True)
+        note_builtin_drafter(f"--method {method} runs", chosen, "--draft")
     return chosen
+
+
+def note_builtin_drafter(what: str, name: str, option: str) -> None:
+    """Say on stderr that a default built-in drafter was taken, and how to choose another."""
+    click.secho(f"note: {what} the built-in drafter {name} ({option} to choose another)", fg="bright_black", err=True)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -16,6 +16,7 @@ from adaflash.cli.common import (
     fail,
     fmt_cell,
     length_policy_option,
+    note_builtin_drafter,
     output_format_option,
     prompt_file,
     run_or_fail,
@@ -149,8 +150,7 @@ def _initial_drafter(target: str, draft: str | None) -> str:
         draft = builtin_drafter_of(target, "adaflash")
         if draft is None:
             fail(f"--draft DIR is required: no built-in drafter ships for {target}")
-        click.secho(f"note: starting from the built-in drafter {draft} (--draft to choose another)",
-                    fg="bright_black", err=True)
+        note_builtin_drafter("starting from", draft, "--draft")
     return drafter_folder("--draft", draft)
 
 

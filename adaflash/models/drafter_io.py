@@ -10,7 +10,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -184,19 +185,13 @@ def save_drafter(drafter: Drafter, out: str | Path, extra: dict[str, Any] | None
     `extra_files` writers (e.g. the trainer state) land in the same folder, in the same rename.
     """
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged_folder(out) as tmp:
         state = {k: v.detach().to("cpu").contiguous() for k, v in drafter.state_dict().items()
                  if not k.startswith("rotary.")}
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(drafter_config(drafter, extra), indent=2) + "\n")
         for name, writer in (extra_files or {}).items():
             writer(tmp / name)
-        install_folder(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -211,9 +206,7 @@ def export_drafter(src: str | Path, out: str | Path, dtype: torch.dtype | None =
     out = Path(out).expanduser()
     if out.resolve() == src.resolve():
         raise DrafterError(f"{out}: the export would replace the drafter it reads")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged_folder(out) as tmp:
         shutil.copy2(src / "config.json", tmp / "config.json")
         if dtype is None:
             shutil.copy2(src / "model.safetensors", tmp / "model.safetensors")
@@ -221,11 +214,20 @@ def export_drafter(src: str | Path, out: str | Path, dtype: torch.dtype | None =
             state = load_file(str(src / "model.safetensors"))
             save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()},
                       str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """A temp sibling of `out` to write into; on success it becomes `out` (see install_folder), else it goes."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
         install_folder(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def install_folder(tmp: Path, out: Path) -> None:

@@ -88,11 +88,7 @@ class WeightStore:
         if not pointer or int(pointer["version"]) <= newer_than:
             return None
         folder = self.root / str(pointer["path"])
-        weights = folder / "model.safetensors"
-        if not weights.is_file():
-            raise DrafterError(f"version {pointer['version']}: {weights} is missing")
-        if sha256(weights) != pointer.get("sha256"):
-            raise DrafterError(f"version {pointer['version']}: {weights} does not match its checksum (torn write)")
+        _check_weights(folder, int(pointer["version"]), pointer.get("sha256"))
         return int(pointer["version"]), load_drafter(folder, target)
 
     def export(self, out: str | Path, version: int | None = None) -> tuple[int, Path]:
@@ -109,7 +105,15 @@ class WeightStore:
         folder = self.folder(version)
         if not (folder / "model.safetensors").is_file():
             raise DrafterError(f"version {version} is not in {self.root} (kept: {self.versions()})")
-        if version == newest and sha256(folder / "model.safetensors") != pointer.get("sha256"):
-            raise DrafterError(f"version {version}: {folder / 'model.safetensors'} does not match its checksum (torn write)")
+        if version == newest:
+            _check_weights(folder, version, pointer.get("sha256"))
         return version, export_drafter(folder, out)
 
+
+def _check_weights(folder: Path, version: int, expected_sha256: str | None) -> None:
+    """DrafterError unless the version's weights are there and match the pointer's checksum."""
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise DrafterError(f"version {version}: {weights} is missing")
+    if sha256(weights) != expected_sha256:
+        raise DrafterError(f"version {version}: {weights} does not match its checksum (torn write)")
