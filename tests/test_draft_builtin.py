@@ -125,3 +125,29 @@ def test_dflash_and_adaflash_default_to_the_built_in_drafter_of_a_built_in_targe
                                       str(tmp_path / "q.jsonl"), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert f'"draft": "{folder}"' in result.stdout and "starting from the built-in drafter" in result.stderr
+
+
+def test_written_drafters_get_the_umask_modes_not_the_temp_files_owner_only_ones(tmp_path):
+    """mkdtemp and safetensors make 0700 folders and 0600 files: a drafter renamed into place as
+    they are could not be read by a server running under another account of the group."""
+    import os
+    import stat
+
+    from adaflash.data.io import atomic_jsonl
+
+    def modes(folder):
+        return {p.name: stat.S_IMODE(p.stat().st_mode) for p in [folder, *folder.iterdir()]}
+
+    old = os.umask(0o027)
+    try:
+        for argv in (["draft", "export", "smollm2-135m-dflash", "--out", str(tmp_path / "copy")],
+                     ["draft", "export", "smollm2-135m-dflash", "--out", str(tmp_path / "cast"), "--dtype", "float32"]):
+            result = CliRunner().invoke(cli, argv)
+            assert result.exit_code == 0, result.output
+        with atomic_jsonl(tmp_path / "rows.jsonl") as (writer,):
+            writer.write({"prompt": "hi"})
+    finally:
+        os.umask(old)
+    assert modes(tmp_path / "copy") == {"copy": 0o750, "config.json": 0o640, "model.safetensors": 0o640}
+    assert modes(tmp_path / "cast") == {"cast": 0o750, "config.json": 0o640, "model.safetensors": 0o640}
+    assert stat.S_IMODE((tmp_path / "rows.jsonl").stat().st_mode) == 0o640

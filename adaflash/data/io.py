@@ -10,11 +10,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+from adaflash.files import give_usual_modes
 
 
 class JsonlWriter:
@@ -36,7 +32,7 @@ class JsonlWriter:
         self.handle.flush()
         os.fsync(self.handle.fileno())
         self.handle.close()
-        os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
+        give_usual_modes(self.tmp)
         os.replace(self.tmp, self.path)
         return self.path
 

@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from adaflash.files import give_usual_modes
 from adaflash.models.drafters import ChainDrafter, DFlashDrafter, Drafter
 from adaflash.models.layers import DecoderConfig
 from adaflash.models.registry import resolve_drafter
@@ -238,6 +239,7 @@ def install_folder(tmp: Path, out: Path) -> None:
     for path in tmp.iterdir():
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
+    give_usual_modes(tmp)
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.replace(out, old)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from adaflash.files import give_usual_modes
 from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS
 from adaflash.workspace import cache_dir
 
@@ -100,6 +101,7 @@ def prepare(name: str, progress: Callable[[str], None] = lambda _stage: None, *,
         try:
             _convert_gguf(gguf, tmp, progress)
             (tmp / READY_MARKER).write_text(str(gguf) + "\n")
+            give_usual_modes(tmp)
             if folder.exists():
                 shutil.rmtree(folder)
             os.replace(tmp, folder)
