@@ -130,6 +130,13 @@ BAD = [
     ("prompt over the context", {"input_ids": [1] * 300, "sampling_params": {"max_new_tokens": 8}}, None),
     ("unsupported logprobs", {"text": "a", "return_logprob": True}, None),
     ("sampling list length", {"text": ["a", "b"], "sampling_params": [{}]}, None),
+    ("top_k past int64", {"text": "a", "sampling_params": {"temperature": 1, "top_k": 2**63}}, None),
+    ("temperature past float", {"text": "a", "sampling_params": {"temperature": 10**400}}, None),
+    ("temperature NaN", None, b'{"text": "a", "sampling_params": {"temperature": NaN}}'),
+    ("temperature Infinity", None, b'{"text": "a", "sampling_params": {"temperature": Infinity}}'),
+    ("stop not a string", {"text": "a", "sampling_params": {"stop": 0}}, None),
+    ("stop an object", {"text": "a", "sampling_params": {"stop": {}}}, None),
+    ("lone surrogate", {"text": "\ud800 hi"}, None),
 ]
 
 
@@ -218,6 +225,90 @@ def test_api_key_is_required_except_for_health(tiny_llama):
         status, text = await _post(running.url + "/update_weights_from_disk", {"model_path": "x"},
                                    headers={"Authorization": "Bearer s3cret"})
         assert status == 400 and "without a drafter" in json.loads(text)["message"]
+
+    try:
+        asyncio.run(check())
+    finally:
+        running.stop()
+
+
+async def test_null_fields_take_their_defaults_as_in_sglang(server):
+    status, text = await _post(server.url + "/generate", {"text": "Say hi", "sampling_params": {
+        "max_new_tokens": 4, "temperature": None, "top_p": None, "stop": None, "stop_token_ids": None}})
+    assert status == 200, text
+    assert json.loads(text)["meta_info"]["completion_tokens"] <= 4
+
+
+async def test_a_stream_never_shows_text_that_a_stop_string_takes_back(server, references, tiny_target):
+    """Each chunk's text is cumulative: clients print what is new, so it may only grow."""
+    full = tiny_target.decode(references[PROMPTS[0]])
+    stop = full[len(full) // 2: len(full) // 2 + 4]  # spans tokens in the middle of the answer
+    body = {**_gen(PROMPTS[0], stop=stop), "stream": True}
+    async with aiohttp.ClientSession() as session, session.post(server.url + "/generate", json=body) as response:
+        raw = (await response.read()).decode()
+    texts = [json.loads(e[len("data: "):])["text"] for e in raw.split("\n\n") if e and e != "data: [DONE]"]
+    assert texts[-1] == full[: full.find(stop)]
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:])), texts
+
+
+async def test_http_errors_say_what_was_wrong(server):
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url + "/generate") as r:
+            error = (await r.json())["error"]
+            assert r.status == 405 and set(r.headers["Allow"].split(", ")) == {"POST", "PUT"}
+            assert "GET is not allowed on /generate" in error["message"]
+        async with session.post(server.url + "/health") as r:
+            assert r.status == 405 and "GET" in r.headers["Allow"]
+    status, text = await _post(server.url + "/generate", {"input_ids": [1] * 200, "sampling_params": {
+        "max_new_tokens": 60}})
+    message = json.loads(text)["error"]["message"]
+    assert status == 400 and "at most" in message and "drafting and verifying" in message, message
+
+
+async def test_health_probes_stay_out_of_the_served_statistics(server):
+    async with aiohttp.ClientSession() as session:
+        async with session.get(server.url + "/get_server_info") as r:
+            before = await r.json()
+        for _ in range(2):
+            async with session.get(server.url + "/health_generate") as r:
+                assert r.status == 200
+        async with session.get(server.url + "/get_server_info") as r:
+            after = await r.json()
+    assert (after["requests_served"], after["completion_tokens"]) == (before["requests_served"],
+                                                                      before["completion_tokens"])
+
+
+def test_a_client_that_leaves_frees_its_slot(tiny_llama):
+    """Without an abort a dropped request kept decoding its whole budget in a slot other requests need."""
+    from adaflash.engine.build import build_engine
+    from adaflash.serve.server import EmbeddedServer, RunningServer
+
+    engine = build_engine(str(tiny_llama), "vanilla", None, device="cpu", max_batch=4, max_len=4096)
+    running = RunningServer(EmbeddedServer(engine, target=str(tiny_llama)))
+    long = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+
+    async def leave(stream: bool) -> None:
+        timeout = aiohttp.ClientTimeout(total=0.5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            with pytest.raises(asyncio.TimeoutError):
+                async with session.post(running.url + "/generate", json={**long, "stream": stream}) as r:
+                    await r.read()
+
+    async def info() -> dict:
+        async with aiohttp.ClientSession() as session, session.get(running.url + "/get_server_info") as r:
+            return await r.json()
+
+    async def check() -> None:
+        for stream in (False, True):
+            await leave(stream)
+            for _ in range(100):
+                state = await info()
+                if state["running_requests"] == 0 and state["queue_depth"] == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert state["running_requests"] == 0 and state["requests_served"] == 0, state
+        status, text = await _post(running.url + "/generate", {**_gen("Say hi"), "rid": "again"})
+        assert status == 200, text
 
     try:
         asyncio.run(check())

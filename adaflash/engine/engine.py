@@ -190,12 +190,33 @@ class Engine:
         vocab = self.model.cfg.vocab_size
         if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in request.prompt_ids):
             raise ValueError(f"input_ids must be integers in [0, {vocab})")
-        need = len(request.prompt_ids) + params.max_new_tokens + (self.drafter.max_draft if self.drafter else 0) + 2
-        if need > self.max_len:
+        margin = self.context_margin
+        if len(request.prompt_ids) + params.max_new_tokens + margin > self.max_len:
+            fits = self.max_len - margin - len(request.prompt_ids)
             raise ValueError(
                 f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
-                f"exceeds the context of {self.max_len} tokens"
+                f"exceeds the context of {self.max_len} tokens, {margin} of which are kept for "
+                f"{'drafting and ' if self.drafter else ''}verifying: "
+                + (f"at most {fits} new tokens fit after this prompt" if fits > 0 else "the prompt alone is too long")
             )
+
+    @property
+    def context_margin(self) -> int:
+        """Positions a request may not use: the drafted block beyond its last token, and two more."""
+        return (self.drafter.max_draft if self.drafter else 0) + 2
+
+    def abort(self, rid: str) -> bool:
+        """Drop a request that is waiting or decoding (its client left); whether it was here. Its slot is
+        free for the next admission; what it had produced is not emitted."""
+        for index, (request, _arrived) in enumerate(self.waiting):
+            if request.rid == rid:
+                del self.waiting[index]
+                return True
+        for slot, seq in list(self.active.items()):
+            if seq.request.rid == rid:
+                del self.active[slot]
+                return True
+        return False
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.active)
@@ -406,9 +427,10 @@ class Engine:
             return StepEvent(seq.request.rid, taken)
         del self.active[seq.slot]
         output = seq.output(self.target.decode, method=self.method, drafter_version=self.drafter_version)
-        self.stats["verify_ct"] += seq.verify_ct
-        self.stats["completion_tokens"] += len(seq.output_ids)
-        self.stats["requests"] += 1
+        if not seq.request.probe:
+            self.stats["verify_ct"] += seq.verify_ct
+            self.stats["completion_tokens"] += len(seq.output_ids)
+            self.stats["requests"] += 1
         return StepEvent(seq.request.rid, taken, output)
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,9 @@ _ids = itertools.count()
 # Room for the drafted block beyond prompt + max_new_tokens when sizing caches (block sizes and chain steps
 # stay ≤ 64).
 DRAFT_MARGIN = 72
+# top_k goes into an int64 tensor and is clamped to the vocabulary there: any larger value means "all".
+MAX_TOP_K = 2**31 - 1
+MAX_EXACT_FLOAT_INT = 2**53
 
 
 @dataclass
@@ -33,12 +37,14 @@ class SamplingParams:
             raise ValueError(f"sampling_params.max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         if max_new_tokens_limit is not None and self.max_new_tokens > max_new_tokens_limit:
             raise ValueError(f"sampling_params.max_new_tokens={self.max_new_tokens} exceeds the limit {max_new_tokens_limit}")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"sampling_params.temperature must be a number >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not _finite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"sampling_params.temperature must be a finite number >= 0, got {_shown(self.temperature)}")
+        if not _finite(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"sampling_params.top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or (self.top_k == 0 or self.top_k < -1):
-            raise ValueError(f"sampling_params.top_k must be -1 (off) or a positive integer, got {self.top_k!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or not (
+                self.top_k == -1 or 1 <= self.top_k <= MAX_TOP_K):
+            raise ValueError(f"sampling_params.top_k must be -1 (off) or an integer from 1 to {MAX_TOP_K}, "
+                             f"got {_shown(self.top_k)}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError("sampling_params.stop must be a list of non-empty strings")
         if not all(isinstance(t, int) for t in self.stop_token_ids):
@@ -46,20 +52,36 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> SamplingParams:
-        raw = dict(raw or {})
-        stop = raw.pop("stop", None)
+        """A field given as null takes its default, as in SGLang."""
+        raw = {k: v for k, v in (raw or {}).items() if v is not None}
+        stop = raw.pop("stop", [])
         if isinstance(stop, str):
             stop = [stop]
+        elif not isinstance(stop, list):
+            raise ValueError(f"sampling_params.stop must be a string or a list of strings, got {stop!r}")
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(raw) - known - {"n", "skip_special_tokens", "spaces_between_special_tokens",
                                       "min_new_tokens", "frequency_penalty", "presence_penalty",
                                       "repetition_penalty", "min_p", "no_stop_trim", "json_schema", "regex"}
         if unknown:
             raise ValueError(f"sampling_params has unknown field(s): {', '.join(sorted(unknown))}")
-        params = cls(**{k: v for k, v in raw.items() if k in known}, stop=stop or [])
+        params = cls(**{k: v for k, v in raw.items() if k in known}, stop=stop)
         if isinstance(params.temperature, int) and not isinstance(params.temperature, bool):
+            if not -MAX_EXACT_FLOAT_INT <= params.temperature <= MAX_EXACT_FLOAT_INT:
+                raise ValueError(f"sampling_params.temperature must be a finite number >= 0, got {_shown(params.temperature)}")
             params.temperature = float(params.temperature)
         return params
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """A value for an error message, cut short (a request may send a number of a thousand digits)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _finite(value: Any) -> bool:
+    """A real number (not a bool) that is neither NaN nor infinite."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -68,6 +90,7 @@ class Request:
     params: SamplingParams = field(default_factory=SamplingParams)
     prompt_text: str | None = None
     rid: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    probe: bool = False  # a health check's request: served, but left out of the engine's statistics
 
 
 @dataclass

@@ -41,6 +41,8 @@ class Handle:
     ids: list[int] = field(default_factory=list)
     steps: int = 0
     first_at: float | None = None
+    stops: list[str] = field(default_factory=list)  # stop strings: a stream holds back what may start one
+    done: bool = False  # its output or failure was taken (else the handler aborts it when it ends)
 
 
 class EngineLoop:
@@ -74,6 +76,10 @@ class EngineLoop:
 
     def submit(self, request: Request, handle: Handle) -> None:
         self.inbox.put(("add", request, handle))
+
+    def abort(self, rid: str) -> None:
+        """Drop a request whose client left, between two steps."""
+        self.inbox.put(("abort", rid))
 
     def call(self, fn: Callable[[Engine], Any]) -> asyncio.Future:
         """Run fn(engine) on the engine thread between two steps; the future gets its result."""
@@ -146,6 +152,9 @@ class EngineLoop:
                 self._post(handle.queue.put_nowait, Failure(str(err), 400))
                 return
             self.handles[request.rid] = handle
+        elif item[0] == "abort":
+            if self.handles.pop(item[1], None) is not None:
+                self.engine.abort(item[1])
         elif item[0] == "call":
             _, fn, future = item
             try:

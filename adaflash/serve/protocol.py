@@ -82,6 +82,8 @@ def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None, max_ba
         texts = list(raw) if batch else [raw]
         if not all(isinstance(t, str) for t in texts):
             raise BadRequest("'text' must be a string or a list of strings")
+        for index, text in enumerate(texts):
+            _check_unicode(text, f"'text'[{index}]" if batch else "'text'")
         ids = [None] * len(texts)
     else:
         raw = body["input_ids"]
@@ -109,6 +111,14 @@ def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None, max_ba
     rids = _rids(body.get("rid"), batch, count)
     items = [GenerateItem(texts[i], ids[i], param_list[i], rids[i]) for i in range(count)]
     return GenerateInput(items, batch, stream)
+
+
+def _check_unicode(text: str, name: str) -> None:
+    """JSON may carry lone surrogates (\\ud800) that no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise BadRequest(f"{name} is not valid Unicode: a lone surrogate at character {err.start}") from None
 
 
 def _rids(raw: Any, batch: bool, count: int) -> list[str | None]:

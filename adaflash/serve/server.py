@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,10 @@ from adaflash.engine.engine import Engine, StepEvent
 from adaflash.engine.params import Output, Request, SamplingParams
 from adaflash.serve.engine_loop import EngineLoop, Failure, Handle
 from adaflash.serve.protocol import BadRequest, GenerateItem, parse_generate
+from adaflash.serve.stream_text import shown_text
 
 READY_LINE = "adaflash server ready on {url}"
+MAX_BODY_BYTES = 64 * 1024 * 1024
 SGLANG_ALGORITHM = {"vanilla": None, "dflash": "DFLASH", "adaflash": "DFLASH", "osd": "DFLASH",
                     "eagle3": "EAGLE3", "mtp": "NEXTN"}
 
@@ -77,6 +80,10 @@ class EmbeddedServer:
         # The handlers tokenize on the asyncio thread while the engine thread decodes: each side
         # gets its own tokenizer object so no Rust tokenizer is ever shared across threads.
         self.text = dataclasses.replace(engine.target, tokenizer=copy.deepcopy(engine.target.tokenizer))
+        # Prompts are tokenized off the event loop (a 10 MB prompt takes seconds, and /health must still
+        # answer), on one worker thread with a tokenizer of its own.
+        self.encoder = dataclasses.replace(engine.target, tokenizer=copy.deepcopy(engine.target.tokenizer))
+        self.encoding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adaflash-tokenize")
         self.loop_thread: EngineLoop | None = None
         self.started = time.time()
         self.in_flight: set[str] = set()
@@ -84,7 +91,7 @@ class EmbeddedServer:
 
     # -- application -------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=64 * 1024 * 1024)
+        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/generate", self.generate)
         app.router.add_put("/generate", self.generate)
         app.router.add_get("/health", self.health)
@@ -107,6 +114,7 @@ class EmbeddedServer:
     async def _shutdown(self, _app: web.Application) -> None:
         if self.loop_thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.loop_thread.stop)
+        self.encoding.shutdown(wait=False, cancel_futures=True)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
@@ -115,7 +123,7 @@ class EmbeddedServer:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return error_response(exc.reason or exc.text or "error", exc.status)
+            return _http_error(request, exc)
         except BadRequest as exc:
             return error_response(str(exc), exc.status)
 
@@ -138,11 +146,12 @@ class EmbeddedServer:
         arrived = time.perf_counter()
         body = await _json_body(request)
         parsed = parse_generate(body, max_new_tokens_limit=self.max_new_tokens_limit)
-        requests = [self._to_request(item) for item in parsed.items]
+        encoded = await asyncio.get_running_loop().run_in_executor(self.encoding, self._encode, parsed.items)
+        requests = [self._to_request(item, ids) for item, ids in zip(parsed.items, encoded)]
         self._check_live()
         handles = []
         for req in requests:
-            handle = Handle(req.rid, asyncio.Queue(), arrived, len(req.prompt_ids))
+            handle = Handle(req.rid, asyncio.Queue(), arrived, len(req.prompt_ids), stops=req.params.stop)
             self.in_flight.add(req.rid)
             handles.append(handle)
         for req, handle in zip(requests, handles):
@@ -152,23 +161,27 @@ class EmbeddedServer:
                 return await self._stream(request, handles, parsed.batch)
             results = await asyncio.gather(*(self._collect(h) for h in handles))
         finally:
+            # A client that left (its handler cancelled, or a stream write failed) frees its slots.
             for handle in handles:
                 self.in_flight.discard(handle.rid)
+                if not handle.done:
+                    self.loop_thread.abort(handle.rid)
         failures = [r for r in results if isinstance(r, Failure)]
         if failures:
             return error_response(failures[0].message, failures[0].status)
         payload = [r.to_json() for r in results]
         return web.json_response(payload if parsed.batch else payload[0])
 
-    def _to_request(self, item: GenerateItem) -> Request:
-        if item.text is not None:
-            ids, text = self.text.encode(item.text), item.text
-        else:
-            ids, text = list(item.input_ids or []), None
+    def _encode(self, items: list[GenerateItem]) -> list[list[int]]:
+        """Token ids of each item (on the tokenizing thread)."""
+        return [self.encoder.encode(item.text) if item.text is not None else list(item.input_ids or [])
+                for item in items]
+
+    def _to_request(self, item: GenerateItem, ids: list[int]) -> Request:
         rid = item.rid or uuid.uuid4().hex
         if rid in self.in_flight:
             raise BadRequest(f"rid {rid!r} is already in flight")
-        req = Request(ids, item.params, prompt_text=text, rid=rid)
+        req = Request(ids, item.params, prompt_text=item.text, rid=rid)
         try:
             self.engine.check(req)
         except ValueError as err:
@@ -183,6 +196,7 @@ class EmbeddedServer:
         while True:
             item = await handle.queue.get()
             if isinstance(item, Failure):
+                handle.done = True
                 return item
             self._note(handle, item)
             if item.output is not None:
@@ -195,6 +209,7 @@ class EmbeddedServer:
             handle.first_at = time.perf_counter()
 
     def _finish(self, handle: Handle, output: Output) -> Output:
+        handle.done = True
         now = time.perf_counter()
         meta = dict(output.meta_info)
         engine_e2e = meta.get("e2e_latency") or 0.0
@@ -222,12 +237,13 @@ class EmbeddedServer:
                 async with lock:
                     await response.write(f"data: {data}\n\n".encode())
             except (ConnectionResetError, RuntimeError):
-                gone = True  # the client left; the engine still finishes the request, unseen
+                gone = True  # the client left: `generate` aborts what is still decoding
 
         async def pump(index: int, handle: Handle) -> None:
-            while True:
+            while not gone:
                 item = await handle.queue.get()
                 if isinstance(item, Failure):
+                    handle.done = True
                     body = error_body(item.message, "BadRequest" if item.status == 400 else "InternalServerError")
                     await send({**body, "index": index} if batch else body)
                     return
@@ -250,7 +266,7 @@ class EmbeddedServer:
         return response
 
     def _partial(self, handle: Handle) -> dict[str, Any]:
-        text = self.text.decode(handle.ids).rstrip("\ufffd")  # hold back a half-decoded character
+        text = shown_text(self.text.decode(handle.ids), handle.stops)
         return {
             "text": text,
             "output_ids": list(handle.ids),
@@ -273,7 +289,7 @@ class EmbeddedServer:
     async def health_generate(self, _request: web.Request) -> web.Response:
         self._check_live()
         ids = self.text.encode("Hi") or [0]
-        req = Request(ids, SamplingParams(max_new_tokens=1), rid=f"health-{uuid.uuid4().hex}")
+        req = Request(ids, SamplingParams(max_new_tokens=1), rid=f"health-{uuid.uuid4().hex}", probe=True)
         handle = Handle(req.rid, asyncio.Queue(), time.perf_counter())
         self.loop_thread.submit(req, handle)
         try:
@@ -304,6 +320,7 @@ class EmbeddedServer:
             "max_running_requests": engine.max_batch,
             "admit_batch": engine.admit_batch,
             "context_length": engine.max_len,
+            "context_margin": engine.context_margin,  # positions a request may not use (the verified block)
             "max_new_tokens_limit": self.max_new_tokens_limit,
             "queue_depth": loop.queue_depth if loop else 0,
             "running_requests": loop.running if loop else 0,
@@ -398,6 +415,20 @@ def _weight_version(raw: Any, path: str) -> int | None:
         return None
 
 
+def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """aiohttp's own 4xx/5xx as our JSON error, saying what was wrong (and keeping a 405's Allow header)."""
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        response = error_response(f"{request.method} is not allowed on {request.path}; use {allowed}", 405)
+        response.headers["Allow"] = allowed
+        return response
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return error_response(f"the request body is over the server's limit of {MAX_BODY_BYTES} bytes ({exc.text})", 413)
+    if isinstance(exc, web.HTTPNotFound):
+        return error_response(f"no endpoint {request.path}", 404)
+    return error_response(exc.reason or exc.text or "error", exc.status)
+
+
 async def _json_body(request: web.Request) -> Any:
     raw = await request.read()
     try:
@@ -429,7 +460,8 @@ def hardware_name(device: Any) -> str:
 async def serve(server: EmbeddedServer, host: str, port: int, stop: asyncio.Event,
                 ready: Callable[[str], None] | None = None) -> None:
     """Serve until `stop` is set; `ready(url)` once the socket listens and the engine thread runs."""
-    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=5.0)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts its requests.
+    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=5.0, handler_cancellation=True)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
