@@ -435,3 +435,38 @@ async def test_switching_tab_away_from_a_focused_widget_stays_on_the_new_tab(ws:
             app.show_tab(tab)
             await settle(pilot)
             assert app.active_tab == tab
+
+
+async def test_reload_while_a_read_is_in_flight_keeps_the_whole_history(ws: Path) -> None:
+    """A read begun before ctrl+o carries the old cursors: landing in the fresh view it moved them past
+    everything older, and the Monitor showed only what the run wrote after it."""
+    import threading
+
+    fill_runlog(ws)
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=PIPELINE_RUN)
+    release, blocked = threading.Event(), []
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("4")
+        await settle(pilot)
+        monitor = app.pane("monitor")
+        before = monitor.model.rows_seen
+        assert before > 100
+        read = app.backend.metrics
+
+        def slow_once(run_id, cursors, *args):
+            if not blocked:
+                blocked.append(True)
+                release.wait(10)
+            return read(run_id, cursors, *args)
+
+        app.backend.metrics = slow_once
+        monitor.refresh_data()  # a poll: its read hangs with the cursors past every row
+        await wait_for(pilot, lambda: blocked, 10, "the slow read")
+        log = RunLog.open(ws)
+        for step in range(3):  # the run goes on writing
+            log.log_metric(PIPELINE_RUN, "tau", 2.5, step=1000 + step)
+        await pilot.press("ctrl+o")
+        release.set()
+        await settle(pilot)
+        assert monitor.model.rows_seen == before + 3

@@ -30,6 +30,9 @@ class MonitorPane(Pane):
         super().__init__(**kwargs)
         self.model = MonitorModel()
         self.drawn = -1  # the model generation on screen
+        # Bumped by every reset: a read begun before it carries old cursors and must not land in the
+        # fresh model (it would move the cursors past everything older, losing the run's history).
+        self.epoch = 0
 
     def compose(self) -> ComposeResult:
         yield Static("No run yet: launch one (2) or open one from History (6).", id="monitor-header",
@@ -58,13 +61,14 @@ class MonitorPane(Pane):
     def set_run(self, run_id: str | None) -> None:
         if run_id == self.model.run_id:
             return
-        self.model.reset(run_id)
-        self.drawn = -1
-        self.redraw()
-        self.refresh_data()
+        self._reset(run_id)
 
     def action_reload(self) -> None:
-        self.model.reset(self.model.run_id)
+        self._reset(self.model.run_id)
+
+    def _reset(self, run_id: str | None) -> None:
+        self.epoch += 1
+        self.model.reset(run_id)
         self.drawn = -1
         self.redraw()
         self.refresh_data()
@@ -73,14 +77,14 @@ class MonitorPane(Pane):
     def request(self) -> Any:
         if not self.model.run_id:
             return None
-        return self.model.run_id, dict(self.model.cursors)
+        return self.model.run_id, dict(self.model.cursors), self.epoch
 
     def read(self, request: Any) -> MetricsBatch:
-        run_id, cursors = request
+        run_id, cursors, _epoch = request
         return self.adaflash.backend.metrics(run_id, cursors)
 
     def apply(self, request: Any, batch: MetricsBatch) -> None:
-        if request[0] != self.model.run_id:
+        if request[0] != self.model.run_id or request[2] != self.epoch:
             return
         self.model.ingest(request[0], batch.sources, batch.rows)
         if batch.more:
