@@ -470,3 +470,19 @@ async def test_reload_while_a_read_is_in_flight_keeps_the_whole_history(ws: Path
         release.set()
         await settle(pilot)
         assert monitor.model.rows_seen == before + 3
+
+
+async def test_restart_on_an_ended_run_is_refused_at_once(ws: Path) -> None:
+    """It used to ask for confirmation, then say to stop the run, which then had nothing to stop."""
+    fill_runlog(ws)
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=PIPELINE_RUN)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("3")
+        await settle(pilot)
+        app.pane("jobs").focus_primary()
+        await pilot.press("r")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+        messages = [n.message for n in app._notifications]
+        assert any("no supervisor is left" in m and "Launch the run again" in m for m in messages), messages

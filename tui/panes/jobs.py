@@ -13,6 +13,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Label, Log, Static
 
+from adaflash.runlog import LIVE_RUN_STATUSES
 from tui.actions import bindings_for
 from tui.backend import LogChunk, RunState, is_active
 from tui.modals import ConfirmScreen
@@ -210,6 +211,13 @@ class JobsPane(Pane):
         if action == "stop" and not is_active(row.job):
             self.app.notify(f"Job {row.name} is {row.job.get('status')}: nothing to stop.", severity="warning")
             return
+        run = self.state.run if self.state else None
+        if action == "restart" and run is not None and run["status"] not in LIVE_RUN_STATUSES:
+            # A restart is the run's supervisor's to do, and an ended run has none.
+            self.app.notify(f"Run {run['id']} is {run['status']}: no supervisor is left to restart {row.name}. "
+                            "Launch the run again (2, or `adaflash run` with its recipe: jobs it finished are "
+                            "reused).", severity="warning", timeout=8)
+            return
         verb = "Stop" if action == "stop" else "Restart"
         message = (f"{verb} job {row.name} of run {row.run_id}?\n"
                    f"(pid {row.job.get('pid') or '-'}, status {row.job.get('status')}; its process group gets "
@@ -222,7 +230,7 @@ class JobsPane(Pane):
         if run is None:
             self.app.notify("No run to stop.", severity="warning")
             return
-        if run["status"] not in ("pending", "running", "detached"):
+        if run["status"] not in LIVE_RUN_STATUSES:
             self.app.notify(f"Run {run['id']} is {run['status']}: nothing to stop.", severity="warning")
             return
         live = [j["name"] for j in (self.state.jobs if self.state else []) if is_active(j)]
