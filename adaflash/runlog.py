@@ -253,6 +253,15 @@ class RunLog:
         rows = self._rows("SELECT * FROM runs WHERE created_at > ? ORDER BY created_at", [after_created])
         return [_decode(r, ["config"]) for r in rows]
 
+    def child_runs(self, run: dict[str, Any], jobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Runs that the run's jobs created themselves (e.g. a recipe's `adaflash bench matrix` job): same
+        host, created after the run, by a pid of one of its jobs. Each gets a `job` key."""
+        by_pid = {j["pid"]: j["name"] for j in (self.jobs(run["id"]) if jobs is None else jobs) if j.get("pid")}
+        if not by_pid:
+            return []
+        return [{**other, "job": by_pid[other["pid"]]} for other in self.runs_since(run["created_at"])
+                if other["id"] != run["id"] and other.get("pid") in by_pid and other.get("host") == run.get("host")]
+
     def reap_lost_runs(self) -> list[str]:
         """Mark live runs of this host whose process is gone as failed; returns their ids.
 

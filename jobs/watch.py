@@ -49,23 +49,10 @@ class RunView:
                 "supervisor_alive": self.supervisor_alive, "live": self.live, "child_runs": self.child_runs}
 
 
-def child_runs(runlog: RunLog, run: dict[str, Any], jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Runs that the run's jobs created themselves (e.g. `adaflash bench matrix`): same host, created
-    after the run, by a pid of one of its jobs. Each gets a `job` key."""
-    by_pid = {j["pid"]: j["name"] for j in jobs if j.get("pid")}
-    if not by_pid:
-        return []
-    out = []
-    for other in runlog.runs_since(run["created_at"]):
-        if other["id"] != run["id"] and other.get("pid") in by_pid and other.get("host") == run.get("host"):
-            out.append({**other, "job": by_pid[other["pid"]]})
-    return out
-
-
 def run_view(runlog: RunLog, run_id: str, *, events_after: int = 0) -> RunView:
     run = runlog.get_run(run_id)
     jobs = runlog.jobs(run["id"])
-    children = child_runs(runlog, run, jobs)
+    children = runlog.child_runs(run, jobs)
     metrics = dict(runlog.last_metrics(run["id"]))
     for child in children:
         for name, value in runlog.last_metrics(child["id"]).items():

@@ -71,6 +71,28 @@ def test_speedup_is_against_vanilla_of_the_same_matrix_dataset_and_concurrency(m
     assert {r["result_id"] for r in latest} == {r["result_id"] for r in records}
 
 
+def test_a_recipe_run_compares_what_the_runs_its_jobs_created_benchmarked(workspace):
+    """A bench matrix launched by a recipe (the dashboard's Launch) records its results under the run its
+    job created: comparing the recipe's run showed an empty table."""
+    from adaflash.runlog import RunLog
+
+    log = RunLog.open(workspace)
+    recipe = log.create_run("recipe")
+    job = log.add_job(recipe, "matrix", ["adaflash", "bench", "matrix"], role=None, gpus="", log_path="x.log")
+    log.update_job(job, pid=4242)
+    matrix = log.create_run("bench-matrix")
+    log.update_run(matrix, pid=4242)
+    for method, speed in (("vanilla", 100.0), ("dflash", 170.0)):
+        child = log.create_run("bench", method=method, config={"matrix_run": matrix})
+        log.add_bench_result(child, _record(method, speed, matrix_run=matrix))
+    records, where = select_records(log, [recipe])
+    assert sorted(r["method"] for r in records) == ["dflash", "vanilla"] and where == recipe
+    rows, _ = comparison_rows(records)
+    assert {r["method"]: r["speedup"] for r in rows}["dflash"] == pytest.approx(1.7)
+    other = log.create_run("recipe")  # its jobs made nothing
+    assert select_records(log, [other])[0] == []
+
+
 def test_missing_vanilla_and_unfair_rows_are_flagged():
     rows, warnings = comparison_rows([
         _record("vanilla", 100.0), _record("dflash", 150.0, temperature=0.7),

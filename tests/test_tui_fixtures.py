@@ -232,10 +232,9 @@ def test_fixture_runlog_is_complete(tmp_path: Path) -> None:
     assert {r["id"] for r in log.list_runs()} == {RECIPE_RUN, PIPELINE_RUN, MATRIX_RUN, GENERATE_RUN, SERVE_RUN}
     assert len(log.metrics_since(0, run_id=PIPELINE_RUN)) == 280
     assert len(log.bench_results()) == 8
-    from jobs.watch import child_runs
 
     recipe = log.get_run(RECIPE_RUN)
-    assert [c["id"] for c in child_runs(log, recipe, log.jobs(RECIPE_RUN))] == [PIPELINE_RUN]
+    assert [c["id"] for c in log.child_runs(recipe)] == [PIPELINE_RUN]
 
 
 def test_fake_inventory_snapshots() -> None:

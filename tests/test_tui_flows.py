@@ -318,6 +318,11 @@ async def test_history_filter_open_and_compare(ws: Path) -> None:
         assert compare.run_ids == [PIPELINE_RUN, RECIPE_RUN]
         assert [item["run"]["id"] for item in compare.data.side_by_side] == [PIPELINE_RUN, RECIPE_RUN]
         assert "tau" in screen_text(app)
+        compare.focus_primary()
+        await pilot.press("v")  # exports what is shown: the metrics side by side (it wrote older bench rows)
+        await wait_for(pilot, lambda: compare.last_export is not None, 10, "the side-by-side export")
+        lines = compare.last_export.read_text().splitlines()
+        assert lines[0] == f"metric,{PIPELINE_RUN},{RECIPE_RUN}" and any(line.startswith("tau,") for line in lines)
         # open one: Jobs and Monitor follow it
         await pilot.press("6")
         await settle(pilot)

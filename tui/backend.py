@@ -26,7 +26,6 @@ from jobs.gpus import Inventory, Snapshot
 from jobs.plan import prepare
 from jobs.recipe import RecipeError, shipped_recipes
 from jobs.supervisor import ACTIVE, tail_text
-from jobs.watch import child_runs
 
 LOG_TAIL_BYTES = 32 * 1024
 METRICS_PAGE = 20_000  # rows per read: bounds one UI-thread fold to ~0.1 s while catching up
@@ -170,7 +169,7 @@ class Backend:
         except KeyError:
             return RunState(None, [], [], False, False)
         jobs = log.jobs(run["id"])
-        children = child_runs(log, run, jobs)
+        children = log.child_runs(run, jobs)
         for child in children:
             child["jobs"] = log.jobs(child["id"])
         alive = supervisor_pid(run) is not None
@@ -248,7 +247,7 @@ class Backend:
         log = self.log("monitor")
         run = log.get_run(run_id)
         sources = {run["id"]: ""}
-        for child in child_runs(log, run, log.jobs(run["id"])):
+        for child in log.child_runs(run):
             sources[child["id"]] = child["job"]
         rows, more = {}, False
         for rid in sources:
@@ -315,27 +314,40 @@ class Backend:
         records, source = compare.select_records(log, run_ids or None)
         rows, warnings = compare.comparison_rows(records)
         side = []
-        if run_ids:
-            with_results = {r.get("run_id") for r in records} | {r.get("matrix_run") for r in records}
-            for run_id in run_ids:
-                run = log.get_run(run_id)
-                if run["id"] not in with_results:
-                    side.append({"run": run, "metrics": log.last_metrics(run["id"])})
+        if run_ids and not records:  # neither the runs nor the runs their jobs created benchmarked anything
+            side = [{"run": run, "metrics": log.last_metrics(run["id"])} for run in map(log.get_run, run_ids)]
         return Comparison(rows, warnings, records, source, side, list(run_ids or []))
 
     def export(self, rows: list[dict[str, Any]], warnings: list[str], fmt: str) -> Path:
         """The comparison table as shown (filtered, sorted) into <workspace>/exports/."""
-        folder = self.workspace / EXPORTS_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
         if fmt == "markdown":
-            path = unique_path(folder / f"compare-{stamp}.md")
-            write_text(path, compare.markdown_table(rows, warnings))
-        elif fmt == "csv":
-            path = unique_path(folder / f"compare-{stamp}.csv")
-            write_text(path, rows_csv(rows))
-        else:
-            raise ValueError(f"unknown export format {fmt!r}")
+            return self._export_file("compare", "md", compare.markdown_table(rows, warnings))
+        if fmt == "csv":
+            return self._export_file("compare", "csv", rows_csv(rows))
+        raise ValueError(f"unknown export format {fmt!r}")
+
+    def export_metrics(self, side: list[dict[str, Any]], fmt: str) -> Path:
+        """Runs without benchmark results, their latest metrics side by side (metric × run), as shown."""
+        runs = [item["run"]["id"] for item in side]
+        names = sorted({name for item in side for name in item["metrics"]})
+        table = [[name, *(item["metrics"].get(name) for item in side)] for name in names]
+        if fmt == "markdown":
+            lines = ["| metric | " + " | ".join(runs) + " |", "|---" * (len(runs) + 1) + "|"]
+            lines += ["| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in table]
+            return self._export_file("metrics", "md", "\n".join(lines) + "\n")
+        if fmt == "csv":
+            import csv
+            import io
+
+            buffer = io.StringIO()
+            writer = csv.writer(buffer, lineterminator="\n")
+            writer.writerows([["metric", *runs], *table])
+            return self._export_file("metrics", "csv", buffer.getvalue())
+        raise ValueError(f"unknown export format {fmt!r}")
+
+    def _export_file(self, stem: str, suffix: str, text: str) -> Path:
+        path = unique_path(self.workspace / EXPORTS_DIR / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.{suffix}")
+        write_text(path, text)
         return path
 
 

@@ -291,11 +291,19 @@ def select_records(log: Any, run_ids: list[str] | None = None) -> tuple[list[dic
     for run_id in run_ids:
         run = log.get_run(run_id)
         names.append(run["id"])
-        own = records_of(log.bench_results([run["id"]]))
-        if run.get("kind") == "bench-matrix":
-            if everything is None:
-                everything = records_of(log.bench_results())
-            own += [r for r in everything if r.get("matrix_run") == run["id"]]
-        for record in own:
-            picked[record["result_id"]] = record
+        # A recipe run's benchmarks are recorded by the runs its jobs created (`bench matrix` in a job).
+        family, seen = [run], set()
+        while family:
+            member = family.pop()
+            if member["id"] in seen:
+                continue
+            seen.add(member["id"])
+            own = records_of(log.bench_results([member["id"]]))
+            if member.get("kind") == "bench-matrix":
+                if everything is None:
+                    everything = records_of(log.bench_results())
+                own += [r for r in everything if r.get("matrix_run") == member["id"]]
+            for record in own:
+                picked[record["result_id"]] = record
+            family += log.child_runs(member)
     return [picked[k] for k in sorted(picked)], ", ".join(names)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +55,9 @@ class ComparePane(Pane):
     BINDINGS = bindings_for("compare")
 
     class Exported(Message):
-        def __init__(self, path: Path | None, error: str | None = None) -> None:
+        def __init__(self, path: Path | None, count: int, error: str | None = None) -> None:
             super().__init__()
-            self.path, self.error = path, error
+            self.path, self.count, self.error = path, count, error
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -124,6 +126,7 @@ class ComparePane(Pane):
         if data is None:
             return
         if not data.rows and data.side_by_side:
+            self.shown = []
             self._side_by_side(table, data)
             source.update(f"{len(data.side_by_side)} run(s) without benchmark results: latest metrics side by side")
             chart.data = []
@@ -206,20 +209,28 @@ class ComparePane(Pane):
         self.set_runs(None)
 
     def action_export(self, fmt_name: str) -> None:
-        if not self.shown:
+        """Export what the table shows: benchmark rows, or the runs' metrics side by side."""
+        backend, data = self.adaflash.backend, self.data
+        if self.shown:
+            rows, warnings = list(self.shown), list(data.warnings if data else [])
+            job, count = partial(backend.export, rows, warnings, fmt_name), len(rows)
+        elif data is not None and not data.rows and data.side_by_side:
+            side = list(data.side_by_side)
+            job = partial(backend.export_metrics, side, fmt_name)
+            count = len({name for item in side for name in item["metrics"]})
+        else:
             self.app.notify("Nothing to export: the table is empty.", severity="warning")
             return
-        rows, warnings = list(self.shown), list(self.data.warnings if self.data else [])
-        self.run_worker(lambda: self._export(rows, warnings, fmt_name), thread=True, group="compare-export",
+        self.run_worker(lambda: self._export(job, count), thread=True, group="compare-export",
                         name=f"export {fmt_name}", exit_on_error=False)
 
-    def _export(self, rows: list[dict[str, Any]], warnings: list[str], fmt_name: str) -> None:
+    def _export(self, job: Callable[[], Path], count: int) -> None:
         try:
-            path = self.adaflash.backend.export(rows, warnings, fmt_name)
+            path = job()
         except Exception as err:  # noqa: BLE001
-            self.post_message(self.Exported(None, str(err)))
+            self.post_message(self.Exported(None, count, str(err)))
         else:
-            self.post_message(self.Exported(path))
+            self.post_message(self.Exported(path, count))
 
     def on_compare_pane_exported(self, message: ComparePane.Exported) -> None:
         message.stop()
@@ -227,7 +238,7 @@ class ComparePane(Pane):
             self.app.notify(f"Export failed: {message.error}", severity="error")
             return
         self.last_export = message.path
-        self.app.notify(f"Exported {len(self.shown)} rows to {message.path}")
+        self.app.notify(f"Exported {message.count} rows to {message.path}")
 
     def focus_primary(self) -> None:
         self.query_one("#compare-table").focus()
