@@ -151,3 +151,21 @@ def test_written_drafters_get_the_umask_modes_not_the_temp_files_owner_only_ones
     assert modes(tmp_path / "copy") == {"copy": 0o750, "config.json": 0o640, "model.safetensors": 0o640}
     assert modes(tmp_path / "cast") == {"cast": 0o750, "config.json": 0o640, "model.safetensors": 0o640}
     assert stat.S_IMODE((tmp_path / "rows.jsonl").stat().st_mode) == 0o640
+
+
+def test_a_drafter_is_never_written_over_a_folder_that_is_not_a_drafter(tmp_path):
+    """The atomic rename replaced --out whole: exporting into a folder holding notes (or a workspace's
+    run log) deleted them."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("precious\n")
+    (tmp_path / "rows.jsonl").write_text('{"prompt_text": "hi", "response": "there"}\n')
+    for argv in (["draft", "export", "smollm2-135m-dflash", "--out", str(folder)],
+                 ["train", "draft", "--method", "dflash", "--data", str(tmp_path / "rows.jsonl"), "--out", str(folder)]):
+        result = CliRunner().invoke(cli, argv)
+        assert result.exit_code == 2 and "not a drafter folder (it holds notes.txt)" in result.output, result.output
+    assert (folder / "notes.txt").read_text() == "precious\n"
+    result = CliRunner().invoke(cli, ["draft", "export", "smollm2-135m-dflash", "--out", str(tmp_path / "copy")])
+    assert result.exit_code == 0, result.output
+    again = CliRunner().invoke(cli, ["draft", "export", "smollm2-135m-dflash", "--out", str(tmp_path / "copy")])
+    assert again.exit_code == 0, again.output  # a drafter may replace a drafter

@@ -36,8 +36,15 @@ def new(method: str, target: str, out: str, layers: int, block_size: int, steps:
     from adaflash.models.loading import local_folder
     from adaflash.models.target import read_hf_config
 
-    if Path(out).exists() and any(Path(out).iterdir()) and not force:
-        fail(f"{out} exists and is not empty (use --force to overwrite)")
+    if Path(out).is_file():
+        fail(f"--out {out} is a file, not a folder")
+    if Path(out).exists() and any(Path(out).iterdir()):
+        if not force:
+            fail(f"{out} exists and is not empty (use --force to overwrite)")
+        if not (Path(out) / "config.json").is_file():
+            import shutil
+
+            shutil.rmtree(out)  # --force: the folder goes, whatever it held
     if length_head and method != "dflash":
         fail("--length-head applies to DFlash drafters only")
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -100,7 +101,7 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
                 chain_steps, length_head, draft_vocab, init_from_target, loss, alpha, kl_temperature, clip, gamma, save_every, eval_every,
                 resume, max_minutes) -> None:
     """Train a DFlash, EAGLE-3 or MTP drafter on target-generated data (single process or torchrun)."""
-    from adaflash.models.drafter_io import DrafterError, frequent_tokens
+    from adaflash.models.drafter_io import DrafterError, frequent_tokens, refuse_foreign_folder
     from adaflash.models.loading import load_target
     from adaflash.train.data import TrainDataError, load_sequences
     from adaflash.train.loop import (
@@ -115,6 +116,7 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
 
     rank, world = rank_world()
     try:
+        refuse_foreign_folder(Path(out))  # before the training, not at its first checkpoint
         loss_cfg = LossConfig(loss, alpha, kl_temperature, clip, gamma)
         tgt = load_target(target, device=_device(device, rank, world), dtype="float32")
         setup_distributed(tgt.device)

@@ -221,6 +221,7 @@ def export_drafter(src: str | Path, out: str | Path, dtype: torch.dtype | None =
 @contextmanager
 def staged_folder(out: Path) -> Iterator[Path]:
     """A temp sibling of `out` to write into; on success it becomes `out` (see install_folder), else it goes."""
+    refuse_foreign_folder(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -229,6 +230,19 @@ def staged_folder(out: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def refuse_foreign_folder(out: Path) -> None:
+    """A drafter replaces only a drafter (or an empty folder): the rename would delete whatever else `out`
+    holds, a workspace's run log or a user's notes."""
+    if out.exists() and not out.is_dir():
+        raise DrafterError(f"{out}: exists and is a file, not a drafter folder")
+    if out.is_dir() and not (out / "config.json").is_file():
+        held = sorted(p.name for p in out.iterdir())
+        if held:
+            shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+            raise DrafterError(f"{out}: not a drafter folder (it holds {shown}); a drafter is written only to a "
+                               "new or empty folder or over another drafter")
 
 
 def install_folder(tmp: Path, out: Path) -> None:
