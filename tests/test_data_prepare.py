@@ -400,3 +400,21 @@ def test_data_list(tmp_path):
     result = CliRunner().invoke(cli, ["--workspace", str(tmp_path), "data", "list", "--json"])
     assert result.exit_code == 0
     assert [r["name"] for r in json.loads(result.stdout)] == ["gsm8k", "humaneval", "mt-bench", "sharegpt"]
+
+
+def test_a_prepare_that_keeps_no_row_fails_and_leaves_the_splits_there(tmp_path):
+    """It wrote two empty splits over the good ones and exited 0."""
+    path = write_jsonl(tmp_path / "my.jsonl", qa_rows(10))
+    ws = tmp_path / "ws"
+    prepare_json(ws, str(path))
+    before = {p.name: p.read_text() for p in (ws / "data").glob("my_*.jsonl")}
+    assert sum(text.count("\n") for text in before.values()) == 10
+    result = run_cli(ws, "prepare", str(path), "--column-map", "prompt=nope")
+    assert result.exit_code == 2 and "no usable rows (10 no column 'nope')" in result.output, result.output
+    assert {p.name: p.read_text() for p in (ws / "data").glob("my_*.jsonl")} == before
+    (tmp_path / "empty.jsonl").write_text("")
+    result = run_cli(ws, "prepare", str(tmp_path / "empty.jsonl"))
+    assert result.exit_code == 2 and "no usable rows (it is empty)" in result.output
+    result = run_cli(ws, "prepare", str(ws / "data" / "my_train.jsonl"), "--name", "my")
+    assert result.exit_code == 2 and "would replace the file it is read from" in result.output
+    assert {p.name: p.read_text() for p in (ws / "data").glob("my_*.jsonl")} == before

@@ -66,6 +66,11 @@ def prepare_dataset(
     fraction = src.default_test_fraction if test_fraction is None else test_fraction
     out = Path(out_dir).expanduser()
     paths = {split: out / f"{src.name}_{split}.jsonl" for split in SPLITS}
+    reads = Path(str(src.location)).expanduser()
+    for path in paths.values():
+        if reads.exists() and path.exists() and (reads == path or reads.resolve() == path.resolve()):
+            raise DatasetError(f"{path}: the output would replace the file it is read from; give another --name "
+                               "or --out")
     stats = PrepareStats()
     raw = src.read(stats)
     with atomic_jsonl(paths["train"], paths["test"]) as (train, test):
@@ -73,6 +78,10 @@ def prepare_dataset(
         for split, row in _split_rows(raw, src.normalize, stats, split_seed, fraction, limit):
             writers[split].write(row)
             stats.written[split] += 1
+        if not sum(stats.written.values()):  # raised inside: the files already there are kept
+            reasons = ", ".join(f"{count} {why}" for why, count in stats.skipped.most_common(3))
+            raise DatasetError(f"{src.location}: no usable rows" + (f" ({reasons})" if reasons else " (it is empty)")
+                               + f"; {paths['train'].name} and {paths['test'].name} are left as they were")
     official = isinstance(raw, dict)
     return {
         "dataset": src.name,
