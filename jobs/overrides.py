@@ -15,6 +15,11 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 
+# Tables whose keys only mean something when the recipe uses them: a new key set from the command line
+# (a typo of an existing one, most likely) would change nothing.
+NAMED_TABLES = {"vars": "var", "gpus": "GPU role"}
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`key.path=value`: the value as a TOML literal (`[0,1]`, `true`, `3`), else a plain string."""
     if "=" not in text:
@@ -35,6 +40,11 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     origins: dict[str, str] = {}
     for text in overrides:
         parts, value = parse_override(text)
+        if len(parts) == 2 and parts[0] in NAMED_TABLES:
+            known = data.get(parts[0])
+            if isinstance(known, dict) and parts[1] not in known:
+                raise ValueError(f"--set {text}: the recipe has no {NAMED_TABLES[parts[0]]} {parts[1]!r} "
+                                 f"(it has {', '.join(sorted(known)) or 'none'})")
         node = data
         for i, part in enumerate(parts[:-1]):
             child = node.get(part)

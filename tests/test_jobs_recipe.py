@@ -200,6 +200,11 @@ def test_overrides_parse_toml_literals_and_point_at_the_flag() -> None:
     assert "jobs.train.max_restarts: expected an integer >= 0, got 'many' (string) (from --set jobs.train.max_restarts=many)" in message
     with pytest.raises(RecipeError, match="expected key.path=value"):
         parse_recipe(GOOD, "demo.toml", ["novalue"])
+    # a var or GPU role the recipe does not have (a typo) changed nothing and went unnoticed
+    with pytest.raises(RecipeError, match=r"--set vars.targt=x: the recipe has no var 'targt' \(it has data, target\)"):
+        parse_recipe(GOOD, "demo.toml", ["vars.targt=x"])
+    with pytest.raises(RecipeError, match="the recipe has no GPU role 'trainig'"):
+        parse_recipe(GOOD, "demo.toml", ["gpus.trainig=[1]"])
 
 
 def test_key_lines_follow_tables_inline_tables_and_multiline_arrays() -> None:
