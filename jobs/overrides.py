@@ -18,6 +18,7 @@ except ModuleNotFoundError:  # Python 3.10
 # Tables whose keys only mean something when the recipe uses them: a new key set from the command line
 # (a typo of an existing one, most likely) would change nothing.
 NAMED_TABLES = {"vars": "var", "gpus": "GPU role"}
+TABLE_OPTIONS = {"gpus": ("share",)}  # keys of those tables that are settings, not names
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -40,7 +41,7 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
     origins: dict[str, str] = {}
     for text in overrides:
         parts, value = parse_override(text)
-        if len(parts) == 2 and parts[0] in NAMED_TABLES:
+        if len(parts) == 2 and parts[0] in NAMED_TABLES and parts[1] not in TABLE_OPTIONS.get(parts[0], ()):
             known = data.get(parts[0])
             if isinstance(known, dict) and parts[1] not in known:
                 raise ValueError(f"--set {text}: the recipe has no {NAMED_TABLES[parts[0]]} {parts[1]!r} "

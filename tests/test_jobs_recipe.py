@@ -205,6 +205,7 @@ def test_overrides_parse_toml_literals_and_point_at_the_flag() -> None:
         parse_recipe(GOOD, "demo.toml", ["vars.targt=x"])
     with pytest.raises(RecipeError, match="the recipe has no GPU role 'trainig'"):
         parse_recipe(GOOD, "demo.toml", ["gpus.trainig=[1]"])
+    assert parse_recipe(GOOD, "demo.toml", ["gpus.share=true"])  # a setting of [gpus], not a role
 
 
 def test_key_lines_follow_tables_inline_tables_and_multiline_arrays() -> None:
