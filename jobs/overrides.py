@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from jobs.assign import RESERVED_KEYS
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -18,7 +20,7 @@ except ModuleNotFoundError:  # Python 3.10
 # Tables whose keys only mean something when the recipe uses them: a new key set from the command line
 # (a typo of an existing one, most likely) would change nothing.
 NAMED_TABLES = {"vars": "var", "gpus": "GPU role"}
-TABLE_OPTIONS = {"gpus": ("share",)}  # keys of those tables that are settings, not names
+TABLE_OPTIONS = {"gpus": RESERVED_KEYS}  # keys of those tables that are settings, not names
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
