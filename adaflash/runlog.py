@@ -112,6 +112,10 @@ def _decode(row: dict[str, Any], json_fields: Iterable[str]) -> dict[str, Any]:
     return row
 
 
+class RunLogError(RuntimeError):
+    """The run log file cannot be used (not an SQLite database, or damaged)."""
+
+
 class RunLog:
     """Typed access to the run log; safe to use from many processes at once."""
 
@@ -119,11 +123,16 @@ class RunLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout = 60000")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        self.db = sqlite_utils.Database(conn)
-        self._migrate()
+        try:
+            conn.execute("PRAGMA busy_timeout = 60000")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self.db = sqlite_utils.Database(conn)
+            self._migrate()
+        except sqlite3.DatabaseError as err:
+            conn.close()
+            raise RunLogError(f"{self.path}: not a run log that can be opened ({err}); move it aside, or give "
+                              "another --workspace") from None
 
     @classmethod
     def open(cls, workspace: str | os.PathLike | None = None) -> RunLog:

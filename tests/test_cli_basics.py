@@ -64,3 +64,26 @@ def test_generate_bad_inputs_are_clear(tmp_path):
     assert result.exit_code == 2 and "--method osd needs --draft" in result.output  # no built-in OSD drafter
     result = runner.invoke(cli, ["--workspace", str(tmp_path), "generate", "--prompt", "x", "--target", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def test_unusable_paths_are_one_line_errors_not_tracebacks(tmp_path):
+    """A damaged run log, a folder inside a file, an output folder that does not exist."""
+    import subprocess
+    import sys
+
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "runlog.sqlite").write_text("not a database\n")
+    (tmp_path / "notes.txt").write_text("x\n")
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "hi"}\n')
+    cases = [
+        (["--workspace", str(tmp_path / "ws"), "runs", "list"], "runlog.sqlite: not a run log that can be opened"),
+        (["draft", "new", "--method", "dflash", "--out", str(tmp_path / "notes.txt" / "d")],
+         "notes.txt is a file, so no folder can be made inside it"),
+        (["--workspace", str(tmp_path / "ok"), "data", "prepare", str(tmp_path / "rows.jsonl"), "--out",
+          str(tmp_path / "notes.txt" / "data")], "notes.txt"),
+    ]
+    for argv, expected in cases:
+        done = subprocess.run([sys.executable, "-m", "adaflash.cli.main", *argv], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode in (1, 2) and expected in done.stderr, (argv, done.stderr)
+        assert "Traceback" not in done.stderr, done.stderr

@@ -36,9 +36,7 @@ def new(method: str, target: str, out: str, layers: int, block_size: int, steps:
     from adaflash.models.loading import local_folder
     from adaflash.models.target import read_hf_config
 
-    if Path(out).is_file():
-        fail(f"--out {out} is a file, not a folder")
-    if Path(out).exists() and any(Path(out).iterdir()):
+    if Path(out).exists() and Path(out).is_dir() and any(Path(out).iterdir()):
         if not force:
             fail(f"{out} exists and is not empty (use --force to overwrite)")
         if not (Path(out) / "config.json").is_file():
@@ -58,9 +56,10 @@ def new(method: str, target: str, out: str, layers: int, block_size: int, steps:
             fail(f"--mask-token-id {mask_token_id} is outside the target's vocabulary (0..{tcfg.vocab_size - 1})")
         drafter = new_drafter(method, tcfg, layers=layers, block_size=block_size, length_head=length_head,
                               target_layer_ids=ids, mask_token_id=mask_token_id, steps=steps, seed=seed)
+        path = save_drafter(drafter, out, {"target": target, "num_target_layers": tcfg.num_hidden_layers,
+                                           "version": 0})
     except (DrafterError, FileNotFoundError, ValueError) as err:
         fail(str(err))
-    path = save_drafter(drafter, out, {"target": target, "num_target_layers": tcfg.num_hidden_layers, "version": 0})
     params = sum(p.numel() for p in drafter.parameters())
     click.echo(f"wrote {method} drafter ({params / 1e6:.1f}M parameters, target layers {drafter.target_layer_ids}) to {path}")
 

@@ -53,11 +53,16 @@ def cli(ctx: click.Context, workspace: str | None) -> None:
 
 
 def main() -> None:
+    from adaflash.runlog import RunLogError
+
     try:
         cli(obj={})
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except (OSError, RunLogError) as err:  # a path that cannot be written or read: its message names it
+        click.secho(f"error: {err}", fg="red", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -237,6 +237,11 @@ def refuse_foreign_folder(out: Path) -> None:
     holds, a workspace's run log or a user's notes."""
     if out.exists() and not out.is_dir():
         raise DrafterError(f"{out}: exists and is a file, not a drafter folder")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise DrafterError(f"{out}: {parent} is a file, so no folder can be made inside it")
+            break
     if out.is_dir() and not (out / "config.json").is_file():
         held = sorted(p.name for p in out.iterdir())
         if held:
