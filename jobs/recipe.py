@@ -340,6 +340,10 @@ def load_recipe(
     except OSError as err:
         problem = Problem("", f"cannot read the recipe: {err.strerror or err}")
         raise RecipeError(str(path), [problem]) from None
+    except UnicodeDecodeError as err:
+        problem = Problem("", f"not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
+                              "a recipe is a TOML file")
+        raise RecipeError(str(file), [problem]) from None
     return parse_recipe(text, str(file), overrides, context=context)
 
 

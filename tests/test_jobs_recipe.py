@@ -268,3 +268,10 @@ def test_a_bad_gpus_setting_is_reported_once_not_as_unknown_roles() -> None:
     message = _problems(GOOD.replace("share = true", 'share = true\nexclusive = "server"'))
     assert "gpus.exclusive: expected a list of role names" in message
     assert "unknown role" not in message and "unknown placeholder" not in message
+
+
+def test_a_recipe_that_is_not_utf8_names_the_file(tmp_path) -> None:
+    path = tmp_path / "m6.toml"
+    path.write_bytes(b"\xff\xfe[run]\n")
+    with pytest.raises(RecipeError, match=r"m6.toml: not UTF-8 text \(byte 0xff at offset 0\)"):
+        load_recipe(path)
