@@ -87,3 +87,13 @@ def test_unusable_paths_are_one_line_errors_not_tracebacks(tmp_path):
                               timeout=120)
         assert done.returncode in (1, 2) and expected in done.stderr, (argv, done.stderr)
         assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_runs_list_never_shortens_an_id(tmp_path):
+    """Ids are copied into `runs show` and `runs compare`: a wide row cut them to `20261201-…-bench-mat…`."""
+    from adaflash.runlog import RunLog
+
+    log = RunLog.open(tmp_path)
+    run_id = log.create_run("bench-matrix", draft="/very/long/" + "x" * 150, target="t" * 60, dataset="d" * 40)
+    result = CliRunner().invoke(cli, ["--workspace", str(tmp_path), "runs", "list"])
+    assert result.exit_code == 0 and run_id in result.output, result.output

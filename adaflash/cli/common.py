@@ -42,6 +42,9 @@ def output_format_option(formats: Sequence[str] = ("table", "json", "csv")):
     return decorator
 
 
+WHOLE_COLUMNS = ("id", "run_id", "run")
+
+
 def emit_rows(rows: list[dict[str, Any]], columns: Sequence[str], fmt: str, *, title: str | None = None) -> None:
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2, default=str))
@@ -64,7 +67,11 @@ def emit_rows(rows: list[dict[str, Any]], columns: Sequence[str], fmt: str, *, t
 
     table = Table(title=title, show_lines=False)
     for column in columns:
-        table.add_column(column)
+        if column in WHOLE_COLUMNS:  # ids are copied into the next command: never shortened
+            width = max([len(column), *(len(fmt_cell(row.get(column))) for row in rows)])
+            table.add_column(column, no_wrap=True, min_width=width)
+        else:  # paths and notes wrap rather than lose their end
+            table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(fmt_cell(row.get(c)) for c in columns))
     Console(width=max(120, Console().width)).print(table)
