@@ -37,3 +37,19 @@ def test_eval_measures_each_method_and_records_one_run(workspace, tiny_llama, tm
                for r in stored)
     bad = CliRunner().invoke(cli, ["eval", "--target", str(tiny_llama), "--method", "vanilla", "--dataset", "nowhere"])
     assert bad.exit_code == 2 and "--dataset nowhere" in bad.output
+
+
+def test_eval_checks_its_methods_before_anything_loads(workspace, tiny_llama):
+    """A repeated method gave two speed-ups against two Vanilla rows; eval has no --draft option to point at."""
+    from adaflash.runlog import RunLog
+
+    cases = [
+        (["--method", "vanilla", "--method", "vanilla"], "--method vanilla is given twice"),
+        (["--method", "eagle3"], "--method eagle3 needs --method eagle3=DIR"),
+        (["--method", "vanilla=somewhere"], "vanilla runs without a drafter"),
+        (["--method", "nonsense"], "--method must be one of"),
+    ]
+    for methods, expected in cases:
+        result = CliRunner().invoke(cli, ["eval", "--target", str(tiny_llama), *methods, "--dataset", "nowhere"])
+        assert result.exit_code == 2 and expected in result.output, (methods, result.output)
+    assert RunLog.open(workspace).list_runs() == []  # mistakes in the arguments are not runs

@@ -4,14 +4,35 @@ from __future__ import annotations
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, length_policy_option, run_guard, runlog_of, workspace_of
+from adaflash.cli.common import (
+    emit_rows,
+    fail,
+    length_policy_option,
+    note_builtin_drafter,
+    run_guard,
+    runlog_of,
+    workspace_of,
+)
 
 
-def _parse_methods(specs: tuple[str, ...]) -> list[tuple[str, str | None]]:
-    out = []
+def _parse_methods(specs: tuple[str, ...], target: str) -> list[tuple[str, str | None]]:
+    """(method, drafter) per --method, checked before anything loads: known methods, each once, and a
+    drafter for each that needs one (given after `=`, or the target's built-in one)."""
+    from adaflash.engine.build import drafter_for
+
+    out: list[tuple[str, str | None]] = []
     for spec in specs:
-        method, _, draft = spec.partition("=")
-        out.append((method.strip(), draft.strip() or None))
+        method, _, draft = (part.strip() for part in spec.partition("="))
+        if method in (m for m, _ in out):
+            fail(f"--method {method} is given twice: each method once (a speed-up is against the one Vanilla row)")
+        try:
+            out.append((method, drafter_for(method, draft or None, target, ask=f"--method {method}=DIR")))
+        except ValueError as err:
+            fail(str(err))
+        if out[-1][1] and not draft:
+            note_builtin_drafter(f"--method {method} runs", out[-1][1], f"--method {method}=DIR")
+        if method == "vanilla" and draft:
+            fail(f"--method {spec}: vanilla runs without a drafter")
     return out
 
 
@@ -43,6 +64,7 @@ def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_si
     from adaflash.models.drafter_io import DrafterError
     from adaflash.models.loading import load_target
 
+    chosen = _parse_methods(methods, target)
     try:
         path = prompt_source(dataset, workspace_of(ctx), "test")
     except PromptFileError as err:
@@ -58,7 +80,7 @@ def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_si
                             config={"methods": list(methods), "num_prompts": len(prompts), "batch_size": batch_size,
                                     "max_new_tokens": max_new_tokens, "temperature": temperature, "engine": "embedded-offline"})
     results = []
-    for method, draft in _parse_methods(methods):
+    for method, draft in chosen:
         try:
             engine = build_engine(tgt, method, draft, max_batch=batch_size, length_rate=length_rate, min_length=min_length,
                                   length_policy=length_policy)

@@ -13,8 +13,9 @@ from adaflash.models.drafters import DFlashDrafter
 from adaflash.models.loading import Target, load_target
 
 
-def drafter_for(method: str, draft: str | None, target: str | Target) -> str | None:
-    """The drafter a method runs: `--draft`, else the built-in drafter of a built-in target (DFlash, AdaFlash)."""
+def drafter_for(method: str, draft: str | None, target: str | Target, *, ask: str = "--draft DIR") -> str | None:
+    """The drafter a method runs: `--draft`, else the built-in drafter of a built-in target (DFlash, AdaFlash).
+    `ask`: how the command takes a drafter, for the error when there is none."""
     if method not in METHODS:
         raise ValueError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
     if method == "vanilla":
@@ -23,7 +24,7 @@ def drafter_for(method: str, draft: str | None, target: str | Target) -> str | N
         return draft
     builtin = builtin_drafter_of(target.name if isinstance(target, Target) else target, method)
     if builtin is None:
-        raise ValueError(f"--method {method} needs --draft DIR (a drafter folder or a built-in drafter's name)")
+        raise ValueError(f"--method {method} needs {ask} (a drafter folder or a built-in drafter's name)")
     return builtin
 
 
