@@ -182,6 +182,11 @@ def test_import_of_an_sglang_bench_serving_line(workspace, tmp_path):
     rows, _ = comparison_rows(select_records(log, [run["id"]])[0])
     assert next(r for r in rows if r["method"] == "dflash")["speedup"] == pytest.approx(2.0)
 
+    weird = {**SGLANG_LINE, "server_info": {**SGLANG_LINE["server_info"], "speculative_algorithm": "WEIRD"}}
+    with pytest.raises(ValueError, match="'WEIRD' is none of DFLASH, EAGLE3, EAGLE, NEXTN"):
+        from_sglang(weird)
+    assert from_sglang(weird, method="osd")["method"] == "osd"
+
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"completed": 1}\nnot json\n')
     refused = CliRunner().invoke(cli, ["runs", "import", str(bad)])

@@ -199,8 +199,14 @@ def from_sglang(obj: dict[str, Any], *, method: str | None = None, dataset: str 
     info = obj.get("server_info") if isinstance(obj.get("server_info"), dict) else {}
     if method is None:
         algorithm = info.get("speculative_algorithm")
-        if info:
-            method = "vanilla" if algorithm is None else SGLANG_METHODS.get(str(algorithm).upper(), str(algorithm).lower())
+        if info and algorithm is None:
+            method = "vanilla"
+        elif info:
+            method = SGLANG_METHODS.get(str(algorithm).upper())
+            if method is None:
+                raise ImportFormatError(
+                    f"server_info.speculative_algorithm {algorithm!r} is none of {', '.join(SGLANG_METHODS)} (or null "
+                    "for Vanilla): give --method to say which method these results measure")
     if method is None:
         raise ImportFormatError("cannot tell the method (no server_info.speculative_algorithm): give --method")
     record = {k: v for k, v in obj.items() if k != "server_info"}
