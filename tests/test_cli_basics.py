@@ -97,3 +97,23 @@ def test_runs_list_never_shortens_an_id(tmp_path):
     run_id = log.create_run("bench-matrix", draft="/very/long/" + "x" * 150, target="t" * 60, dataset="d" * 40)
     result = CliRunner().invoke(cli, ["--workspace", str(tmp_path), "runs", "list"])
     assert result.exit_code == 0 and run_id in result.output, result.output
+
+
+def test_ctrl_c_exits_130_and_errors_keep_their_codes(monkeypatch, tmp_path, capsys):
+    """click turns Ctrl-C into "Aborted!" and exit 1; `adaflash run` documents 130 for a stop."""
+    import pytest
+
+    from adaflash.cli import main as entry
+    from adaflash.cli.runs import runs
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runs.commands["list"], "callback", interrupted)
+    for argv, code in ((["runs", "list"], 130), (["runs", "show", "nope"], 2), (["nosuch"], 2), (["--version"], 0)):
+        monkeypatch.setattr("sys.argv", ["adaflash", "--workspace", str(tmp_path), *argv])
+        with pytest.raises(SystemExit) as done:
+            entry.main()
+        err = capsys.readouterr().err
+        assert done.value.code == code, (argv, err)
+        assert ("interrupted" in err) == (code == 130) and "Traceback" not in err

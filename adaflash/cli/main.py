@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
+import os
 import sys
 
 import click
@@ -19,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("adaflash.cli.serve", "serve", "Serve a method over HTTP (SGLang's dialect): embedded engine or SGLang."),
     "bench": ("adaflash.cli.bench", "bench", "Benchmark a server (SGLang bench_serving metrics) or a matrix of methods."),
     "pipeline": ("adaflash.cli.pipeline", "pipeline", "Run the async on-policy pipeline (AdaFlash / OSD presets)."),
-    "runs": ("adaflash.cli.runs", "runs", "Read the run log: list, show, compare, export runs."),
+    "runs": ("adaflash.cli.runs", "runs", "Read and manage the run log: list, show, compare, export, import, attach, stop."),
     "gpus": ("adaflash.cli.gpus", "gpus", "GPUs, their processes and adaflash jobs, host CPU/RAM (--json, --watch)."),
     "run": ("adaflash.cli.run", "run", "Run a recipe: plan, start and supervise its jobs (--dry-run, --detach)."),
 }
@@ -53,16 +55,25 @@ def cli(ctx: click.Context, workspace: str | None) -> None:
 
 
 def main() -> None:
+    """Click's own handling, but Ctrl-C exits 130 (as `adaflash run` documents; click says "Aborted!" and
+    exits 1), and a path that cannot be read or written is one line naming it, not a traceback."""
     from adaflash.runlog import RunLogError
 
     try:
-        cli(obj={})
-    except KeyboardInterrupt:
+        code = cli.main(obj={}, standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
         sys.exit(130)
-    except (OSError, RunLogError) as err:  # a path that cannot be written or read: its message names it
+    except click.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except (OSError, RunLogError) as err:
+        if isinstance(err, OSError) and err.errno == errno.EPIPE:  # `adaflash runs list | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
         click.secho(f"error: {err}", fg="red", err=True)
         sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
