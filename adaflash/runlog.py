@@ -112,6 +112,10 @@ def _decode(row: dict[str, Any], json_fields: Iterable[str]) -> dict[str, Any]:
     return row
 
 
+RUN_FILTER_COLUMNS = ("kind", "status", "method", "target", "dataset")
+RUN_TEXT_COLUMNS = ("id", "name", "kind", "method", "target", "dataset", "status", "note")
+
+
 class RunLogError(RuntimeError):
     """The run log file cannot be used (not an SQLite database, or damaged)."""
 
@@ -244,19 +248,44 @@ class RunLog:
         method: str | None = None,
         target: str | None = None,
         dataset: str | None = None,
+        text: str | None = None,
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
-        where, params = [], []
-        for column, value in (("kind", kind), ("status", status), ("method", method),
-                              ("target", target), ("dataset", dataset)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
-        sql += " ORDER BY created_at DESC, id DESC"
+        """Newest first; `text`: a case-insensitive substring of the id, name, kind, method, target, dataset,
+        status or note."""
+        where, params = self._run_filter(kind=kind, status=status, method=method, target=target, dataset=dataset,
+                                         text=text)
+        sql = f"SELECT * FROM runs{where} ORDER BY created_at DESC, id DESC"
         if limit:
             sql += f" LIMIT {int(limit)}"
         return [_decode(r, ["config"]) for r in self._rows(sql, params)]
+
+    def count_runs(self, **filters: str | None) -> int:
+        """How many runs `list_runs` with these filters would give without a limit."""
+        where, params = self._run_filter(**filters)
+        return int(self._rows(f"SELECT COUNT(*) AS n FROM runs{where}", params)[0]["n"])
+
+    def run_values(self, column: str) -> list[str]:
+        """The distinct values of a run column that filters take (method, target, dataset, status, kind)."""
+        if column not in RUN_FILTER_COLUMNS:
+            raise ValueError(f"runs cannot be filtered by {column!r}")
+        rows = self._rows(f"SELECT DISTINCT {column} AS v FROM runs WHERE {column} IS NOT NULL ORDER BY v")
+        return [str(r["v"]) for r in rows]
+
+    @staticmethod
+    def _run_filter(*, text: str | None = None, **equal: str | None) -> tuple[str, list[Any]]:
+        where, params = [], []
+        for column, value in equal.items():
+            if column not in RUN_FILTER_COLUMNS:
+                raise ValueError(f"runs cannot be filtered by {column!r}")
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if text:
+            escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            where.append("(" + " OR ".join(f"{c} LIKE ? ESCAPE '\\'" for c in RUN_TEXT_COLUMNS) + ")")
+            params += [f"%{escaped}%"] * len(RUN_TEXT_COLUMNS)
+        return (" WHERE " + " AND ".join(where) if where else ""), params
 
     def runs_since(self, after_created: float = 0.0) -> list[dict[str, Any]]:
         rows = self._rows("SELECT * FROM runs WHERE created_at > ? ORDER BY created_at", [after_created])

@@ -491,3 +491,24 @@ async def test_restart_on_an_ended_run_is_refused_at_once(ws: Path) -> None:
         assert not isinstance(app.screen, ConfirmScreen)
         messages = [n.message for n in app._notifications]
         assert any("no supervisor is left" in m and "Launch the run again" in m for m in messages), messages
+
+
+async def test_history_says_when_it_lists_only_the_newest_runs_and_searches_them_all(ws: Path) -> None:
+    """With more runs than it lists, History said "1000 runs" and its search missed the older ones."""
+    log = RunLog.open(ws)
+    needle = log.create_run("data", name="the-oldest-needle")
+    log.update_run(needle, created_at=1.0)
+    base = log.get_run(needle)
+    log.db["runs"].insert_all([{**base, "id": f"20250101-000000-bench-{i:04x}", "name": "bulk", "kind": "bench",
+                                "created_at": 100.0 + i, "config": "{}"} for i in range(1004)])
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await settle(pilot)
+        await pilot.press("6")
+        await settle(pilot)
+        pane = app.pane("history")
+        assert len(pane.shown) == 1000 and needle not in [r["id"] for r in pane.shown]
+        assert "the newest of 1,005" in screen_text(app)
+        await pilot.press("slash", *"needle")
+        await settle(pilot)
+        assert [r["id"] for r in pane.shown] == [needle]

@@ -30,6 +30,15 @@ from jobs.supervisor import ACTIVE, tail_text
 LOG_TAIL_BYTES = 32 * 1024
 METRICS_PAGE = 20_000  # rows per read: bounds one UI-thread fold to ~0.1 s while catching up
 EXPORTS_DIR = "exports"
+HISTORY_LIMIT = 1000  # runs History lists at once (newest first); the filters and search reach every run
+RUN_FILTERS = ("method", "target", "dataset", "status")
+
+
+@dataclass
+class RunIndex:
+    runs: list[dict[str, Any]]
+    total: int  # runs matching the filters, the listed ones included
+    options: dict[str, tuple[str, ...]]
 RECIPES_DIR = "recipes"
 
 
@@ -187,10 +196,20 @@ class Backend:
         return out
 
     def runs(self, *, method: str | None = None, target: str | None = None, dataset: str | None = None,
-             status: str | None = None, kind: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+             status: str | None = None, kind: str | None = None, text: str | None = None,
+             limit: int = HISTORY_LIMIT) -> list[dict[str, Any]]:
         log = self.log("history")
         log.reap_lost_runs()  # a run killed without recording its end shows as failed, not running forever
-        return log.list_runs(method=method, target=target, dataset=dataset, status=status, kind=kind, limit=limit)
+        return log.list_runs(method=method, target=target, dataset=dataset, status=status, kind=kind, text=text,
+                             limit=limit)
+
+    def run_index(self, **filters: str | None) -> RunIndex:
+        """What History shows: the newest runs matching the filters (searched in the whole log), how many
+        match in all, and every value each filter can take."""
+        log = self.log("history")
+        runs = self.runs(**filters)
+        total = len(runs) if len(runs) < HISTORY_LIMIT else log.count_runs(**filters)
+        return RunIndex(runs, total, {name: tuple(log.run_values(name)) for name in RUN_FILTERS})
 
     # -- job control -------------------------------------------------------------------------------
     def job_action(self, run_id: str, action: str, job: str | None) -> str:

@@ -12,10 +12,11 @@ from textual.containers import Horizontal
 from textual.widgets import DataTable, Input, Select, Static
 
 from tui.actions import bindings_for
+from tui.backend import RUN_FILTERS as FILTERS
+from tui.backend import RunIndex
 from tui.panes.base import Pane
 from tui.panes.jobs import status_text
 
-FILTERS = ("method", "target", "dataset", "status")
 COLUMNS = (("mark", " "), ("id", "run"), ("kind", "kind"), ("name", "name"), ("method", "method"),
            ("target", "target"), ("dataset", "dataset"), ("status", "status"), ("created", "created"),
            ("duration", "duration"))
@@ -49,6 +50,7 @@ class HistoryPane(Pane):
         self.filters: dict[str, str | None] = dict.fromkeys(FILTERS)
         self.text = ""
         self.runs: list[dict[str, Any]] = []
+        self.total = 0  # runs matching the filters in the whole log (more than listed past the limit)
         self.shown: list[dict[str, Any]] = []
         self.selected: list[str] = []
         self.options: dict[str, tuple[str, ...]] = {}
@@ -69,21 +71,17 @@ class HistoryPane(Pane):
 
     # -- reading ------------------------------------------------------------------------------------
     def request(self) -> Any:
-        return tuple(sorted(self.filters.items()))
+        return (*sorted(self.filters.items()), ("text", self.text.strip() or None))
 
-    def read(self, request: Any) -> tuple[list[dict[str, Any]], dict[str, tuple[str, ...]]]:
-        backend = self.adaflash.backend
-        runs = backend.runs(**dict(request))
-        everything = backend.runs() if any(v for _, v in request) else runs
-        options = {name: tuple(sorted({str(r[name]) for r in everything if r.get(name)})) for name in FILTERS}
-        return runs, options
+    def read(self, request: Any) -> RunIndex:
+        return self.adaflash.backend.run_index(**dict(request))
 
-    def apply(self, request: Any, result: tuple[list[dict[str, Any]], dict[str, tuple[str, ...]]]) -> None:
-        if request != tuple(sorted(self.filters.items())):
+    def apply(self, request: Any, result: RunIndex) -> None:
+        if request != self.request():
             self._again = True
             return
-        runs, options = result
-        self.runs = runs
+        runs, options = result.runs, result.options
+        self.runs, self.total = runs, result.total
         for name, values in options.items():
             if values != self.options.get(name):
                 select = self.query_one(f"#f-{name}", Select)
@@ -123,6 +121,8 @@ class HistoryPane(Pane):
         run = self._current()
         total = f"{len(self.shown)} of {len(self.runs)} runs" if len(self.shown) != len(self.runs) else \
             f"{len(self.runs)} runs"
+        if self.total > len(self.runs):
+            total = f"{total} (the newest of {self.total:,}: filter or search to reach the others)"
         picked = f" · {len(self.selected)} selected (c compares them)" if self.selected else ""
         if run is None:
             detail.update(f"{total}{picked}" if self.runs else "No runs in this workspace yet.")
@@ -148,7 +148,8 @@ class HistoryPane(Pane):
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "f-text":
             self.text = event.value
-            self.render_table()
+            self.render_table()  # at once among the listed runs, then from the whole log
+            self.refresh_data()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "f-text":
