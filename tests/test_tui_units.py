@@ -59,11 +59,32 @@ def test_bench_choice_needs_drafters_and_valid_numbers() -> None:
     good = choice(mode="bench", bench_methods=("vanilla", "dflash", "adaflash"), dataset="gsm8k",
                   draft="dflash=/a,adaflash=/b", concurrency="1,4", num_prompts="8")
     text, errors, warnings = method_recipe(good)
-    assert errors == [] and warnings == []
+    assert errors == [] and warnings == ["drafter of dflash '/a' does not exist yet (the job fails unless it is "
+                                         "created first)", "drafter of adaflash '/b' does not exist yet (the job fails "
+                                         "unless it is created first)"]
     command = next(iter(parse_recipe(text, "tui.toml").jobs.values())).command
     assert command.count("--draft") == 2 and "adaflash=/b" in command and "1,4" in command
     _, _, warnings = method_recipe(choice(mode="bench", bench_methods=("dflash",), dataset="g", draft="/d"))
     assert any("no Vanilla" in w for w in warnings)
+
+
+def test_launch_form_looks_for_datasets_drafters_and_targets_as_the_job_will(tmp_path) -> None:
+    """A prepared dataset's name was warned about as missing (looked for as a file in the current folder),
+    and a drafter for no chosen method or a target folder that does not exist passed silently."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "gsm8k_train.jsonl").write_text('{"prompt": "hi"}\n')
+    (tmp_path / "data" / "gsm8k_test.jsonl").write_text('{"prompt": "hi"}\n')
+    _, errors, warnings = method_recipe(choice(mode="pipeline", dataset="gsm8k"), tmp_path)
+    assert errors == [] and warnings == []
+    _, errors, warnings = method_recipe(choice(mode="bench", bench_methods=("vanilla", "dflash"),
+                                               dataset="gsm8k,nosuchdataset", draft="nosuchmethod=/x"), tmp_path)
+    assert errors == ["drafter: nosuchmethod= names no method of the matrix (vanilla, dflash)"]
+    assert any(w.startswith("dataset nosuchdataset: neither a file nor a prepared dataset") for w in warnings)
+    assert not any("gsm8k:" in w for w in warnings)
+    _, _, warnings = method_recipe(choice(mode="server", target="/no/such/model", method="vanilla"), tmp_path)
+    assert warnings == ["target '/no/such/model': no such folder (a built-in name, a hub id or a model folder)"]
+    _, _, warnings = method_recipe(choice(mode="server", method="dflash", draft="smollm2-135m-dflash"), tmp_path)
+    assert warnings == []  # a built-in drafter's name
 
 
 def test_drafts_of_one_folder_or_pairs() -> None:

@@ -14,7 +14,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaflash.models.builtin_drafters import builtin_drafter_of
+from adaflash.data.prompts import PromptFileError, prompt_source
+from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS, builtin_drafter_of
 from jobs.assign import format_gpus
 
 MODES = (("recipe", "Recipe"), ("pipeline", "Pipeline"), ("server", "Baseline server"),
@@ -97,8 +98,27 @@ def _int(text: str, what: str, errors: list[str], *, low: int = 1, high: int | N
 
 
 def _exists_warning(value: str, what: str, warnings: list[str]) -> None:
-    if value and "{" not in value and not Path(value).expanduser().exists():
+    if value and "{" not in value and value not in BUILTIN_DRAFTERS and not Path(value).expanduser().exists():
         warnings.append(f"{what} {value!r} does not exist yet (the job fails unless it is created first)")
+
+
+def _dataset_warning(value: str, split: str, workspace: Path | None, warnings: list[str]) -> None:
+    """A prompt file or a prepared dataset's name, found as the job will look for it (`prompt_source`)."""
+    if not value or "{" in value or workspace is None:
+        return
+    try:
+        path = prompt_source(value, workspace, split)
+    except PromptFileError as err:
+        warnings.append(f"dataset {err}")
+        return
+    if not path.exists():
+        warnings.append(f"dataset {value!r} does not exist yet (the job fails unless it is created first)")
+
+
+def _target_warning(value: str, warnings: list[str]) -> None:
+    """A target given as a path must be there; a hub id cannot be checked offline, a built-in name is known."""
+    if value.startswith(("/", "./", "../", "~")) and not Path(value).expanduser().exists():
+        warnings.append(f"target {value!r}: no such folder (a built-in name, a hub id or a model folder)")
 
 
 def drafts_of(text: str, methods: tuple[str, ...], errors: list[str]) -> list[str]:
@@ -118,14 +138,16 @@ def drafts_of(text: str, methods: tuple[str, ...], errors: list[str]) -> list[st
     return out
 
 
-def method_recipe(choice: LaunchChoice) -> tuple[str, list[str], list[str]]:
-    """(recipe TOML text, form errors, warnings) for a method mode."""
+def method_recipe(choice: LaunchChoice, workspace: Path | None = None) -> tuple[str, list[str], list[str]]:
+    """(recipe TOML text, form errors, warnings) for a method mode; with the `workspace`, datasets given by
+    name are looked for in it."""
     errors: list[str] = []
     warnings: list[str] = []
     roles = choice.role_map
     target = choice.target.strip()
     if not target:
         errors.append("target: required (a built-in name, HF id or folder)")
+    _target_warning(target, warnings)
     draft, dataset = choice.draft.strip(), choice.dataset.strip()
     job: list[str] = []
     if choice.mode == "pipeline":
@@ -136,7 +158,7 @@ def method_recipe(choice: LaunchChoice) -> tuple[str, list[str], list[str]]:
         if not dataset:
             errors.append("dataset: required (prompts as a .jsonl file or a prepared dataset's name)")
         _exists_warning(draft, "drafter", warnings)
-        _exists_warning(dataset, "dataset", warnings)
+        _dataset_warning(dataset, "train", workspace, warnings)
         samples = _int(choice.max_samples, "max samples", errors, optional=True)
         command = ["adaflash", "pipeline", "--target", target, *(["--draft", draft] if draft else []), "--data", dataset,
                    "--infer-gpus", "{gpus.inference}", "--train-gpus", "{gpus.training}", "--preset", choice.preset]
@@ -166,8 +188,15 @@ def method_recipe(choice: LaunchChoice) -> tuple[str, list[str], list[str]]:
             warnings.append("no Vanilla in the matrix: speed-ups need a Vanilla row of the same run")
         if not dataset:
             errors.append("dataset: required (prepared names or FILE.jsonl, comma separated)")
+        for each in (d.strip() for d in dataset.split(",") if d.strip()):
+            _dataset_warning(each, "test", workspace, warnings)
         drafts = drafts_of(draft, methods, errors)
         given = {d.split("=", 1)[0] for d in drafts}
+        for spec in drafts:
+            method, _, folder = spec.partition("=")
+            if method not in methods:
+                errors.append(f"drafter: {method}= names no method of the matrix ({', '.join(methods) or 'none'})")
+            _exists_warning(folder, f"drafter of {method}", warnings)
         missing = [m for m in methods if m not in ("vanilla", "mtp") and m not in given
                    and not builtin_drafter_of(target, m)]
         if missing:
@@ -212,7 +241,8 @@ def recipe_overrides(choice: LaunchChoice) -> tuple[list[str], list[str]]:
     return overrides, errors
 
 
-def build(choice: LaunchChoice, recipes_dir: Path, *, final: str | None = None) -> Built:
+def build(choice: LaunchChoice, recipes_dir: Path, *, final: str | None = None,
+          workspace: Path | None = None) -> Built:
     """What to plan for a choice. `final` names a method recipe for a launch (else a draft file)."""
     if choice.mode == "recipe":
         overrides, errors = recipe_overrides(choice)
@@ -221,7 +251,7 @@ def build(choice: LaunchChoice, recipes_dir: Path, *, final: str | None = None) 
             errors.append("recipe: pick one from the list or type a path to a .toml file")
             return Built(None, None, overrides, errors)
         return Built(recipe, None, overrides, errors)
-    text, errors, warnings = method_recipe(choice)
+    text, errors, warnings = method_recipe(choice, workspace)
     name = f"tui-{choice.mode}-{final}.toml" if final else f"tui-draft-{choice.mode}.toml"
     return Built(str(recipes_dir / name), text, [], errors, warnings)
 

@@ -197,7 +197,7 @@ class LaunchPane(Pane):
         choice, snapshot = request
         backend = self.adaflash.backend
         recipes = backend.recipes()
-        built = build(choice, backend.workspace / RECIPES_DIR)
+        built = build(choice, backend.workspace / RECIPES_DIR, workspace=backend.workspace)
         if built.recipe_path is None:
             return built, None, recipes
         plan = backend.plan(built.recipe_path, built.overrides, snapshot, recipe_text=built.recipe_text,
@@ -392,7 +392,8 @@ class LaunchPane(Pane):
             return
         assert self.plan is not None and self.built is not None
         choice, plan = self.planned, self.plan
-        final = build(choice, self.adaflash.backend.workspace / RECIPES_DIR, final=plan.run_id)
+        final = build(choice, self.adaflash.backend.workspace / RECIPES_DIR, final=plan.run_id,
+                      workspace=self.adaflash.backend.workspace)
         self.launching = True
         self.query_one("#launch-button", Button).disabled = True
         self.query_one("#launch-status", Static).update(f"[yellow]launching {plan.run_id}…[/yellow]")
