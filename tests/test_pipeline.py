@@ -325,3 +325,26 @@ def test_lr_decay_needs_a_time_budget_that_holds_it(tmp_path):
     assert result.exit_code == 0, result.output
     line = next(x for x in result.output.splitlines() if x.startswith("training:"))
     assert json.loads(line[line.index("'{") + 1: line.rindex("}'") + 1])["lr_decay_seconds"] == 90.0
+
+
+def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp_path):
+    """The run read `failed` with the note "stopped on request: both workers finished their step"."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from adaflash.pipeline.launch import Pipeline
+
+    log = RunLog.open(tmp_path / "ws")
+    run_id = log.create_run("pipeline")
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    pipe = Pipeline(log, run_id, tmp_path, SimpleNamespace(swap_dir=str(swap)), SimpleNamespace(), [], [], grace=30)
+    wait_stop = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)\nsys.exit(int(sys.argv[2]))"
+    for role, code in (("inference", 3), ("training", 0)):
+        pipe.procs[role] = subprocess.Popen([sys.executable, "-c", wait_stop, str(swap / "STOP"), str(code)])
+        pipe.job_ids[role] = log.add_job(run_id, role, ["worker"], role=role, gpus="cpu", log_path=str(tmp_path / "x"))
+    pipe.request_stop()
+    assert pipe.wait(poll=0.05) == "failed"
+    assert pipe.note == "inference worker exited with code 3"
+    assert {j["name"]: j["status"] for j in log.jobs(run_id)} == {"inference": "failed", "training": "finished"}

@@ -119,7 +119,7 @@ class Pipeline:
         """
         status = "finished"
         stop_sent_at: float | None = None
-        budget_stop = False
+        budget_stop = asked = False
         while any(p.poll() is None for p in self.procs.values()):
             if self.deadline is not None and not budget_stop and time.time() > self.deadline + self.budget_grace:
                 budget_stop = True
@@ -136,20 +136,24 @@ class Pipeline:
                     self.request_stop()
             if SwapBuffer(self.infer.swap_dir).stop_requested() and stop_sent_at is None:
                 stop_sent_at = time.time()
-                if status == "finished" and not budget_stop:
-                    self.note = "stopped on request: both workers finished their step, a final version published"
+                asked = status == "finished" and not budget_stop  # a user's request, not a failure's or the budget's
             if stop_sent_at is not None and time.time() - stop_sent_at > self.grace:
                 self.kill()
                 if status == "finished":
                     status = "stopped"
                     self.note = f"a worker did not stop within {self.grace:g}s of the stop request: killed"
             time.sleep(poll)
+        failed = []
         for role, proc in self.procs.items():
             code = proc.returncode
             self.log.update_job(self.job_ids[role], status="finished" if code == 0 else "failed", exit_code=code,
                                 ended_at=time.time())
-            if code != 0 and status == "finished":
-                status = "failed"
+            if code != 0 and status != "stopped":
+                failed.append(f"{role} worker exited with code {code}")
+        if failed:
+            status, self.note = "failed", "; ".join(failed)
+        elif status == "finished" and stop_sent_at is not None and asked:
+            self.note = "stopped on request: both workers finished their step, a final version published"
         return status
 
     def kill(self) -> None:
