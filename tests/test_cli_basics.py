@@ -117,3 +117,12 @@ def test_ctrl_c_exits_130_and_errors_keep_their_codes(monkeypatch, tmp_path, cap
         err = capsys.readouterr().err
         assert done.value.code == code, (argv, err)
         assert ("interrupted" in err) == (code == 130) and "Traceback" not in err
+
+
+def test_an_out_file_that_cannot_be_written_is_refused_before_the_work(tmp_path):
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "What is 2 + 3?"}\n')
+    (tmp_path / "notes.txt").write_text("x\n")
+    for command in ("vary", "regenerate"):
+        result = CliRunner().invoke(cli, ["--workspace", str(tmp_path), "data", command, "--dataset",
+                                          str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / "notes.txt" / "o.jsonl")])
+        assert result.exit_code == 2 and "notes.txt is a file, not a folder" in result.output, result.output

@@ -181,5 +181,5 @@ def test_cli_failed_write_leaves_no_partial_file(tmp_path, prompts_file, monkeyp
     assert result.exit_code == 2 and "disk full" in result.output
     assert out.read_text() == "old\n" and [p.name for p in out.parent.iterdir()] == ["varied.jsonl"]
     runs = RunLog.open(ws).list_runs(kind="data")
-    assert [r["status"] for r in runs] == ["failed", "failed"]
+    assert [r["status"] for r in runs] == ["failed"]  # the folder inside a file was refused before any run
     assert "disk full" in runs[0]["note"]

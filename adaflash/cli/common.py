@@ -6,8 +6,10 @@ import csv
 import io
 import json
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -127,6 +129,24 @@ def chosen_drafter(method: str, draft: str | None, target: str) -> str | None:
     if chosen and not draft:
         note_builtin_drafter(f"--method {method} runs", chosen, "--draft")
     return chosen
+
+
+def writable_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An --out file whose folder exists or can be made, and can be written: checked before the work that
+    fills it (a long regeneration failed only when it wrote its result)."""
+    if value is None:
+        return None
+    for folder in Path(value).expanduser().absolute().parents:
+        if folder.exists():
+            if not folder.is_dir():
+                raise click.BadParameter(f"{value}: {folder} is a file, not a folder")
+            try:  # a real write: permissions alone do not tell (root, read-only mounts, /proc)
+                with tempfile.TemporaryFile(dir=folder):
+                    pass
+            except OSError as err:
+                raise click.BadParameter(f"{value}: {folder} cannot be written ({err.strerror or err})") from None
+            return value
+    return value
 
 
 def note_builtin_drafter(what: str, name: str, option: str) -> None:

@@ -16,6 +16,7 @@ from adaflash.cli.common import (
     run_guard,
     runlog_of,
     workspace_of,
+    writable_file,
 )
 from adaflash.data.builtin_datasets import describe_builtins
 from adaflash.data.column_map import parse_column_map
@@ -127,7 +128,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 @click.option("--skip", type=click.IntRange(0), default=0, show_default=True,
               help="Leave out the first N prompts (as `regenerate --skip`).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draws.")
-@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Output JSONL (written atomically).")
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), callback=writable_file,
+              help="Output JSONL (written atomically).")
 @click.pass_context
 def vary(ctx: click.Context, dataset_file: str, variants: int, num_samples: int | None, skip: int, seed: int,
          out_file: str) -> None:
@@ -168,7 +170,9 @@ def vary(ctx: click.Context, dataset_file: str, variants: int, num_samples: int 
 @data.command("regenerate", short_help="Answer a dataset's prompts with the target, for drafter training.")
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
 @click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
-@click.option("--draft", type=click.Path(file_okay=False), default=None, help="Drafter folder (methods other than vanilla).")
+@click.option("--draft", default=None, metavar="DIR|NAME",
+              help="Drafter folder or built-in drafter's name (methods other than vanilla; dflash and adaflash "
+                   "default to the target's built-in drafter).")
 @click.option("--dataset", "dataset_file", required=True, callback=prompt_file("train"),
               help='JSONL of normalized rows or {"prompt": ...} rows, or a prepared dataset\'s name (its train split).')
 @click.option("--num-samples", type=click.IntRange(1), default=None, help="Answer the first N prompts [default: all].")
@@ -185,7 +189,8 @@ def vary(ctx: click.Context, dataset_file: str, variants: int, num_samples: int 
                    "longer prompts are skipped.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--dtype", default="auto", show_default=True, help="float32, bfloat16, float16 or auto.")
-@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Output JSONL (written atomically).")
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), callback=writable_file,
+              help="Output JSONL (written atomically).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
 def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, dataset_file: str,

@@ -20,7 +20,9 @@ from adaflash.engine.params import METHODS
 @click.command()
 @click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
-@click.option("--draft", default=None, help="Drafter folder (every method but vanilla; optional for mtp on SGLang).")
+@click.option("--draft", default=None, metavar="DIR|NAME",
+              help="Drafter folder or built-in drafter's name (every method but vanilla; optional for mtp on SGLang; "
+                   "dflash and adaflash default to the target's built-in drafter).")
 @click.option("--engine", "engine_kind", type=click.Choice(["embedded", "sglang"]), default="embedded", show_default=True,
               help="embedded: our PyTorch engine (CPU or GPU); sglang: launch `python -m sglang.launch_server`.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
