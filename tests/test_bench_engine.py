@@ -118,6 +118,8 @@ def test_every_method_and_hf_side_by_side_recorded_and_lossless(workspace, tiny_
     (["--methods", "dflash", "--draft", "dflash"], "--draft takes METHOD=DIR"),
     (["--methods", "dflash", "--draft", "dflash=/nonexistent/d"], "--draft dflash=/nonexistent/d: no drafter there"),
     (["--methods", "vanilla", "--device", "nodevice"], "on --device nodevice: cannot load it"),
+    (["--methods", "vanilla", "--draft", "dflash=/d"], "--draft dflash=/d: not in --methods vanilla"),
+    (["--methods", "vanilla", "--draft-dir", "/nonexistent/drafts"], "--draft-dir /nonexistent/drafts: no such folder"),
 ])
 def test_bad_inputs_name_the_option(workspace, tiny_llama, prompt_file, args, message):
     result = _invoke("--target", str(tiny_llama), "--prompts", str(prompt_file), *args)

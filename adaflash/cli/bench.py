@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -272,7 +273,6 @@ def matrix(ctx: click.Context, methods: str, datasets: str, concurrency_list: st
 def _supervised_launcher(log, workspace: str, spec):
     """Servers started through jobs.supervisor: a jobs row per server, readiness and group stops verified."""
     import time
-    from pathlib import Path
 
     from adaflash.serve.sglang import parse_gpus
     from jobs.recipe_spec import JobSpec, ReadyCheck
@@ -389,6 +389,11 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     try:
         method_list = parse_methods(methods)
         sizes = parse_batch_sizes(batch_sizes)
+        unused = [f"{m}={d}" for m, d in explicit.items() if m not in method_list]
+        if unused:  # a drafter given for a method that does not run: most likely a mistyped --methods
+            fail(f"--draft {', '.join(unused)}: not in --methods {','.join(method_list)}")
+        if draft_dir and not Path(draft_dir).expanduser().is_dir():
+            fail(f"--draft-dir {draft_dir}: no such folder")
         draft_map = resolve_drafts(method_list, draft_dir, explicit, target)
     except EngineBenchError as err:
         fail(str(err))
