@@ -95,6 +95,9 @@ async def test_empty_workspace_renders_every_screen(ws: Path) -> None:
         assert isinstance(app.screen, HelpScreen)
         assert app.screen.query_one("#help-table", DataTable).row_count == len(REGISTRY)
         await pilot.press("escape")
+        # one Quit in the palette: the registry's (it asks about running jobs), not Textual's too
+        assert "Quit" not in [c.title for c in app.get_system_commands(app.screen)]
+        assert "Theme" in [c.title for c in app.get_system_commands(app.screen)]
         launch = app.pane("launch")
         launch.method_roles["training"] = (0,)
         await pilot.press("ctrl+p")

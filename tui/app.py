@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.lazy import Lazy
 from textual.message import Message
 from textual.reactive import reactive
+from textual.screen import Screen
 from textual.theme import Theme
 from textual.widgets import Footer, Header, TabbedContent, TabPane
 
@@ -93,6 +94,10 @@ class AdaflashApp(App[None]):
     CSS_PATH = "app.tcss"
     BINDINGS = bindings_for("app")
     COMMANDS = App.COMMANDS | {RegistryCommands}
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Textual's own, less its Quit: the registry's asks about running jobs (two entries named Quit)."""
+        yield from (command for command in super().get_system_commands(screen) if command.title != "Quit")
     ENABLE_COMMAND_PALETTE = True
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
