@@ -17,8 +17,9 @@ from tui.backend import RunIndex
 from tui.panes.base import Pane
 from tui.panes.jobs import status_text
 
-COLUMNS = (("mark", " "), ("id", "run"), ("kind", "kind"), ("name", "name"), ("method", "method"),
-           ("target", "target"), ("dataset", "dataset"), ("status", "status"), ("created", "created"),
+# Status right after the id: on an 80-column terminal the columns past the dataset are off-screen.
+COLUMNS = (("mark", " "), ("id", "run"), ("status", "status"), ("kind", "kind"), ("name", "name"),
+           ("method", "method"), ("target", "target"), ("dataset", "dataset"), ("created", "created"),
            ("duration", "duration"))
 
 
@@ -109,9 +110,9 @@ class HistoryPane(Pane):
         table.clear()
         for run in shown:
             mark = Text("✓", style="bold green") if run["id"] in self.selected else Text(" ")
-            table.add_row(mark, Text(run["id"], style="bold"), run.get("kind") or "", short(run.get("name"), 20),
-                          run.get("method") or "", short(run.get("target")), short(run.get("dataset")),
-                          status_text(run.get("status")), when(run.get("created_at")), duration(run), key=run["id"])
+            table.add_row(mark, Text(run["id"], style="bold"), status_text(run.get("status")), run.get("kind") or "",
+                          short(run.get("name"), 20), run.get("method") or "", short(run.get("target")),
+                          short(run.get("dataset")), when(run.get("created_at")), duration(run), key=run["id"])
         if table.row_count:
             table.move_cursor(row=min(cursor.row, table.row_count - 1), animate=False)
         self._detail()
