@@ -24,7 +24,8 @@ GSM8K_ROWS = [
 @pytest.fixture(scope="module")
 def live(tiny_llama):
     from adaflash.engine.build import build_engine
-    from adaflash.serve.server import EmbeddedServer, RunningServer
+    from adaflash.serve.running import RunningServer
+    from adaflash.serve.server import EmbeddedServer
 
     engine = build_engine(str(tiny_llama), "vanilla", device="cpu", max_batch=4, max_len=256)
     running = RunningServer(EmbeddedServer(engine, target=str(tiny_llama), hardware="test-cpu"))

@@ -37,7 +37,8 @@ def drafter_dir(tmp_path_factory, tiny_target) -> Path:
 
 def _start(tiny_llama: Path, method: str = "vanilla", draft: Path | None = None, **kw):
     from adaflash.engine.build import build_engine
-    from adaflash.serve.server import EmbeddedServer, RunningServer
+    from adaflash.serve.running import RunningServer
+    from adaflash.serve.server import EmbeddedServer
 
     engine = build_engine(str(tiny_llama), method, str(draft) if draft else None, device="cpu", max_batch=8,
                           max_len=256)
@@ -281,7 +282,8 @@ async def test_health_probes_stay_out_of_the_served_statistics(server):
 def test_a_client_that_leaves_frees_its_slot(tiny_llama):
     """Without an abort a dropped request kept decoding its whole budget in a slot other requests need."""
     from adaflash.engine.build import build_engine
-    from adaflash.serve.server import EmbeddedServer, RunningServer
+    from adaflash.serve.running import RunningServer
+    from adaflash.serve.server import EmbeddedServer
 
     engine = build_engine(str(tiny_llama), "vanilla", None, device="cpu", max_batch=4, max_len=4096)
     running = RunningServer(EmbeddedServer(engine, target=str(tiny_llama)))

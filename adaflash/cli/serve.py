@@ -106,7 +106,8 @@ def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed:
 
     from adaflash.engine.build import build_engine
     from adaflash.models.drafter_io import DrafterError
-    from adaflash.serve.server import READY_LINE, EmbeddedServer, hardware_name, serve
+    from adaflash.serve.running import serve
+    from adaflash.serve.server import READY_LINE, EmbeddedServer, hardware_name
 
     try:
         engine = build_engine(config["target"], config["method"], config["draft"], device=config["device"],

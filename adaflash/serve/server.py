@@ -23,7 +23,6 @@ import dataclasses
 import hmac
 import json
 import re
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -37,23 +36,13 @@ from adaflash.bench.metrics import cpu_model
 from adaflash.engine.engine import Engine, StepEvent
 from adaflash.engine.params import Output, Request, SamplingParams
 from adaflash.serve.engine_loop import EngineLoop, Failure, Handle
+from adaflash.serve.http_errors import MAX_BODY_BYTES, error_body, error_response, http_error, json_body
 from adaflash.serve.protocol import BadRequest, GenerateItem, parse_generate
 from adaflash.serve.stream_text import shown_text
 
 READY_LINE = "adaflash server ready on {url}"
-MAX_BODY_BYTES = 64 * 1024 * 1024
 SGLANG_ALGORITHM = {"vanilla": None, "dflash": "DFLASH", "adaflash": "DFLASH", "osd": "DFLASH",
                     "eagle3": "EAGLE3", "mtp": "NEXTN"}
-
-
-def error_body(message: str, kind: str = "BadRequest") -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind}}
-
-
-def error_response(message: str, status: int = 400) -> web.Response:
-    kind = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed",
-            413: "RequestTooLarge", 503: "ServiceUnavailable"}.get(status, "InternalServerError")
-    return web.json_response(error_body(message, kind), status=status)
 
 
 class EmbeddedServer:
@@ -123,7 +112,7 @@ class EmbeddedServer:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return _http_error(request, exc)
+            return http_error(request, exc)
         except BadRequest as exc:
             return error_response(str(exc), exc.status)
 
@@ -144,7 +133,7 @@ class EmbeddedServer:
     # -- /generate ------------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
         arrived = time.perf_counter()
-        body = await _json_body(request)
+        body = await json_body(request)
         parsed = parse_generate(body, max_new_tokens_limit=self.max_new_tokens_limit)
         encoded = await asyncio.get_running_loop().run_in_executor(self.encoding, self._encode, parsed.items)
         requests = [self._to_request(item, ids) for item, ids in zip(parsed.items, encoded)]
@@ -362,7 +351,7 @@ class EmbeddedServer:
 
     # -- drafter hot swap ---------------------------------------------------------------------------
     async def update_weights(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+        body = await json_body(request)
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object with 'model_path'")
         path = body.get("model_path")
@@ -415,28 +404,6 @@ def _weight_version(raw: Any, path: str) -> int | None:
         return None
 
 
-def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
-    """aiohttp's own 4xx/5xx as our JSON error, saying what was wrong (and keeping a 405's Allow header)."""
-    if isinstance(exc, web.HTTPMethodNotAllowed):
-        allowed = ", ".join(sorted(exc.allowed_methods))
-        response = error_response(f"{request.method} is not allowed on {request.path}; use {allowed}", 405)
-        response.headers["Allow"] = allowed
-        return response
-    if isinstance(exc, web.HTTPRequestEntityTooLarge):
-        return error_response(f"the request body is over the server's limit of {MAX_BODY_BYTES} bytes ({exc.text})", 413)
-    if isinstance(exc, web.HTTPNotFound):
-        return error_response(f"no endpoint {request.path}", 404)
-    return error_response(exc.reason or exc.text or "error", exc.status)
-
-
-async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return json.loads(raw) if raw else None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BadRequest(f"the request body is not valid JSON ({err})") from None
-
-
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -456,58 +423,3 @@ def hardware_name(device: Any) -> str:
     return cpu_model()
 
 
-# -- running ---------------------------------------------------------------------------------------
-async def serve(server: EmbeddedServer, host: str, port: int, stop: asyncio.Event,
-                ready: Callable[[str], None] | None = None) -> None:
-    """Serve until `stop` is set; `ready(url)` once the socket listens and the engine thread runs."""
-    # handler_cancellation: a client that disconnects cancels its handler, which aborts its requests.
-    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=5.0, handler_cancellation=True)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0][1] if runner.addresses else port
-        if ready is not None:
-            ready(f"http://{host}:{bound}")
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
-class RunningServer:
-    """A server on its own event-loop thread (tests, the pipeline's inference worker)."""
-
-    def __init__(self, server: EmbeddedServer, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.server = server
-        self.url = ""
-        self._loop = asyncio.new_event_loop()
-        self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(host, port), name="adaflash-http", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(60):
-            raise RuntimeError("the server did not start within 60 s")
-        if self._error is not None:
-            raise self._error
-
-    def _run(self, host: str, port: int) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._stop = asyncio.Event()
-
-        def ready(url: str) -> None:
-            self.url = url
-            self._ready.set()
-
-        try:
-            self._loop.run_until_complete(serve(self.server, host, port, self._stop, ready))
-        except BaseException as err:  # surface bind errors to the constructor
-            self._error = err
-            self._ready.set()
-        finally:
-            self._loop.close()
-
-    def stop(self) -> None:
-        if self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(30)
