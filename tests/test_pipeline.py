@@ -64,6 +64,12 @@ def test_versions_publish_atomically_prune_and_refuse_torn(tmp_path, tiny_target
     weights.write_bytes(weights.read_bytes()[:100])  # torn
     with pytest.raises(DrafterError, match="checksum"):
         store.load(cfg)
+    # a trainer resuming on this swap dir refuses it too (it trained on from the torn weights)
+    from adaflash.pipeline.training import TrainingConfig, _initial_trainer
+
+    train_cfg = TrainingConfig(target="tiny", draft="unused", swap_dir=str(tmp_path), run_id="r", workspace=str(tmp_path))
+    with pytest.raises(DrafterError, match="version 4: .* does not match its checksum"):
+        _initial_trainer(train_cfg, tiny_target, store)
 
 
 def test_export_copies_a_version_whole_or_not_at_all(tmp_path, tiny_target):
@@ -348,3 +354,34 @@ def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp
     assert pipe.wait(poll=0.05) == "failed"
     assert pipe.note == "inference worker exited with code 3"
     assert {j["name"]: j["status"] for j in log.jobs(run_id)} == {"inference": "failed", "training": "finished"}
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="prctl is Linux's")
+def test_a_worker_gets_sigterm_when_its_launcher_is_killed(tmp_path):
+    """A pipeline killed with SIGKILL left its workers running, orphaned, with nothing able to stop them;
+    a worker takes SIGTERM as a stop request."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = ("import signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda *a: (open(sys.argv[1], 'w').write('term'), sys.exit(0)))\n"
+             "open(sys.argv[1] + '.up', 'w').write('up')\n"
+             "time.sleep(60)\n")
+    launcher = ("import subprocess, sys, time\n"
+                "from adaflash.pipeline.launch import _parent_death_signal\n"
+                "subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], start_new_session=True,\n"
+                "                 preexec_fn=_parent_death_signal())\n"
+                "time.sleep(60)\n")
+    mark = tmp_path / "mark"
+    proc = subprocess.Popen([sys.executable, "-c", launcher, child, str(mark)])
+    deadline = time.time() + 30
+    while not (tmp_path / "mark.up").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    while not mark.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert mark.exists() and mark.read_text() == "term"

@@ -11,20 +11,21 @@ steps in, as for a stop request, when one of them is still running a grace perio
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.inference import InferenceConfig
 from adaflash.pipeline.training import TrainingConfig
-from adaflash.runlog import RunLog
+from adaflash.runlog import RunLog, process_start_time
 
 
 def parse_gpus(value: str, flag: str, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -48,6 +49,26 @@ def parse_gpus(value: str, flag: str, environ: Mapping[str, str] | None = None) 
         raise ValueError(f"{flag} {value}: CUDA_VISIBLE_DEVICES={visible!r} leaves {len(shown)} GPU(s) visible "
                          f"(indices count those), so {', '.join(beyond)} does not exist; use 'cpu' or unset it")
     return [shown[int(i)] for i in items]
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec function that has Linux send the worker SIGTERM when the launcher dies, which the worker
+    takes as a stop request: a launcher killed with SIGKILL left both workers running, orphaned, for good.
+    Resolved here, in the parent: the child only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def die_with_parent() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return die_with_parent
 
 
 def worker_env(gpus: list[str]) -> dict[str, str]:
@@ -104,9 +125,11 @@ class Pipeline:
                                    log_path=str(log_path), status="starting")
             with open(log_path, "ab") as out:
                 proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=worker_env(gpus[role]),
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=_parent_death_signal())
             self.procs[role], self.job_ids[role] = proc, job
-            self.log.update_job(job, pid=proc.pid, pgid=proc.pid, status="running", started_at=time.time())
+            # the create time lets `runs stop` tell the worker from a process that reused its pid
+            self.log.update_job(job, pid=proc.pid, pgid=proc.pid, pid_start_time=process_start_time(proc.pid),
+                                status="running", started_at=time.time())
 
     def request_stop(self) -> None:
         SwapBuffer(self.infer.swap_dir).request_stop()

@@ -82,7 +82,7 @@ def _initial_trainer(cfg: TrainingConfig, target, store: WeightStore) -> Trainer
     tcfg = TrainConfig(method="dflash", out=str(store.root), lr=cfg.lr, warmup_steps=0, blocks_per_seq=cfg.blocks_per_seq,
                        length_head=cfg.length_head, seed=cfg.seed,
                        loss=LossConfig(cfg.loss, cfg.alpha, cfg.kl_temperature, cfg.clip))
-    version = store.latest_version()
+    version = store.check_latest()
     folder = store.folder(version) if version else None
     resume = folder is not None and (folder / STATE_FILE).is_file()
     drafter = load_drafter(folder if resume else cfg.draft, target.model.cfg)

@@ -53,6 +53,16 @@ class WeightStore:
         pointer = self.pointer()
         return int(pointer["version"]) if pointer else 0
 
+    def check_latest(self) -> int:
+        """The newest version, its weights checked against the pointer's checksum (DrafterError if they do
+        not match); 0 when none was published. A trainer resumes only from weights the readers would take."""
+        pointer = self.pointer()
+        if not pointer:
+            return 0
+        version = int(pointer["version"])
+        _check_weights(self.root / str(pointer["path"]), version, pointer.get("sha256"))
+        return version
+
     def versions(self) -> list[int]:
         return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := VERSION_DIR.match(p.name)))
 
