@@ -126,3 +126,15 @@ def test_an_out_file_that_cannot_be_written_is_refused_before_the_work(tmp_path)
         result = CliRunner().invoke(cli, ["--workspace", str(tmp_path), "data", command, "--dataset",
                                           str(tmp_path / "rows.jsonl"), "--out", str(tmp_path / "notes.txt" / "o.jsonl")])
         assert result.exit_code == 2 and "notes.txt is a file, not a folder" in result.output, result.output
+
+
+def test_generate_streams_nothing_a_stop_string_takes_back(tmp_path, smollm2_folder):
+    """A stop string spanning tokens: the stream printed its first part, then the final text ended before it."""
+    ws = str(tmp_path / "ws")
+    base = ["--workspace", ws, "generate", "--prompt", "Count from 1 to 20, separated by commas.", "--max-new-tokens", "40"]
+    full = json.loads(CliRunner().invoke(cli, [*base, "--json"]).stdout.splitlines()[0])["text"]
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    expected = json.loads(CliRunner().invoke(cli, [*base, "--stop", stop, "--json"]).stdout.splitlines()[0])["text"]
+    streamed = CliRunner().invoke(cli, [*base, "--stop", stop])
+    assert streamed.exit_code == 0, streamed.output
+    assert expected == full[: full.find(stop)] and streamed.stdout in (expected, expected + "\n"), streamed.stdout

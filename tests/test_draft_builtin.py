@@ -161,7 +161,9 @@ def test_a_drafter_is_never_written_over_a_folder_that_is_not_a_drafter(tmp_path
     (folder / "notes.txt").write_text("precious\n")
     (tmp_path / "rows.jsonl").write_text('{"prompt_text": "hi", "response": "there"}\n')
     for argv in (["draft", "export", "smollm2-135m-dflash", "--out", str(folder)],
-                 ["train", "draft", "--method", "dflash", "--data", str(tmp_path / "rows.jsonl"), "--out", str(folder)]):
+                 ["train", "draft", "--method", "dflash", "--data", str(tmp_path / "rows.jsonl"), "--out", str(folder)],
+                 ["train", "length-head", "--draft", "smollm2-135m-dflash", "--data", str(tmp_path / "rows.jsonl"),
+                  "--out", str(folder)]):
         result = CliRunner().invoke(cli, argv)
         assert result.exit_code == 2 and "not a drafter folder (it holds notes.txt)" in result.output, result.output
     assert (folder / "notes.txt").read_text() == "precious\n"

@@ -74,6 +74,8 @@ def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_
     run_id = log.create_run("generate", method=method, target=target, draft=draft,
                             config={"max_new_tokens": max_new_tokens, "temperature": temperature, "prompts": len(rows),
                                     "chat": chat, "device": str(engine.device)})
+    from adaflash.serve.stream_text import shown_text
+
     stream = not as_json and len(requests) == 1
     printed = [0]
 
@@ -81,7 +83,8 @@ def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_
         if stream:
             seq = next(iter(engine.active.values()), None)
             ids = seq.output_ids if seq is not None else (event.output.output_ids if event.output else [])
-            text = event.output.text if event.output else tgt.decode(ids)
+            # Until the end, print nothing a stop string may take back (it can span tokens).
+            text = event.output.text if event.output else shown_text(tgt.decode(ids), list(stop))
             sys.stdout.write(text[printed[0]:])
             sys.stdout.flush()
             printed[0] = len(text)

@@ -215,13 +215,14 @@ def _device(device: str, rank: int, world: int) -> str:
 def train_length_head(ctx: click.Context, target, data, out, max_len, batch_tokens, limit, eval_data, eval_prompts, device,
                       seed, draft, steps, lr, blocks_per_seq, eval_max_new_tokens) -> None:
     """Fit the AdaFlash length head on a frozen DFlash drafter; report its error and τ vs fixed lengths."""
-    from adaflash.models.drafter_io import DrafterError, load_drafter, save_drafter
+    from adaflash.models.drafter_io import DrafterError, load_drafter, refuse_foreign_folder, save_drafter
     from adaflash.models.drafters import DFlashDrafter
     from adaflash.models.loading import load_target
     from adaflash.train.data import TrainDataError, load_sequences
     from adaflash.train.length_head import compare_lengths, fit_length_head
 
     try:
+        refuse_foreign_folder(Path(out))  # before the fit, not at its end
         tgt = load_target(target, device=_device(device, 0, 1), dtype="float32")
         drafter = load_drafter(draft, tgt.model.cfg)
         if not isinstance(drafter, DFlashDrafter):
