@@ -208,18 +208,30 @@ def test_a_second_pipeline_on_the_same_swap_dir_continues_the_first(tmp_path, ti
     assert sorted(int(r["id"].split("#")[1]) for r in buffer.read(0, 8)) == list(range(8))
 
 
-def test_pipeline_bad_inputs(tmp_path):
+def test_pipeline_bad_inputs(tmp_path, tiny_target):
+    """Each is one line naming the option, before a run is recorded or a worker starts (a malformed --data,
+    an EAGLE-3 drafter or a negative rate used to fail inside the workers with "exited with code 1")."""
     runner = CliRunner()
-    result = runner.invoke(cli, ["--workspace", str(tmp_path), "pipeline", "--draft", str(tmp_path), "--data", "nope.jsonl"])
-    assert result.exit_code == 2 and "nope.jsonl" in result.output
-    (tmp_path / "p.jsonl").write_text("{}\n")
-    result = runner.invoke(cli, ["--workspace", str(tmp_path), "pipeline", "--draft", str(tmp_path), "--data",
-                                 str(tmp_path / "p.jsonl"), "--train-gpus", "0,x"])
-    assert result.exit_code == 2 and "--train-gpus" in result.output
-    (tmp_path / "q.jsonl").write_text('{"prompt": "hi"}\n')
-    result = runner.invoke(cli, ["--workspace", str(tmp_path), "pipeline", "--draft", str(tmp_path), "--data",
-                                 str(tmp_path / "q.jsonl"), "--skip", "1"])
-    assert result.exit_code == 2 and "--skip 1" in result.output and "only 1 prompts" in result.output
+    ws = ["--workspace", str(tmp_path / "ws"), "pipeline", "--draft", "smollm2-135m-dflash"]
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "hi"}\nnot json\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    eagle = save_drafter(new_drafter("eagle3", tiny_target.model.cfg), tmp_path / "e3")
+    cases = [
+        (["--data", "nope.jsonl"], "nope.jsonl"),
+        (["--data", str(tmp_path / "p.jsonl"), "--train-gpus", "0,x"], "--train-gpus"),
+        (["--data", str(tmp_path / "p.jsonl"), "--skip", "1"], "only 1 prompts"),
+        (["--data", str(tmp_path / "bad.jsonl")], "bad.jsonl:2"),
+        (["--data", str(tmp_path / "empty.jsonl")], "holds no prompts"),
+        (["--data", str(tmp_path / "p.jsonl"), "--lr", "-1"], "--lr"),
+    ]
+    for args, expected in cases:
+        result = runner.invoke(cli, [*ws, *args])
+        assert result.exit_code == 2 and expected in result.output, (args, result.output)
+    result = runner.invoke(cli, ["--workspace", str(tmp_path / "ws"), "pipeline", "--draft", str(eagle), "--data",
+                                 str(tmp_path / "p.jsonl")])
+    assert result.exit_code == 2 and "is a eagle3 drafter; the pipeline trains DFlash drafters" in result.output
+    assert RunLog.open(tmp_path / "ws").list_runs() == []
 
 
 def test_training_worker_restart_resumes_after_last_published_sample(tmp_path, tiny_llama, tiny_target):
@@ -352,7 +364,7 @@ def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp
         pipe.job_ids[role] = log.add_job(run_id, role, ["worker"], role=role, gpus="cpu", log_path=str(tmp_path / "x"))
     pipe.request_stop()
     assert pipe.wait(poll=0.05) == "failed"
-    assert pipe.note == "inference worker exited with code 3"
+    assert pipe.note == f"inference worker exited with code 3 (its log: {tmp_path / 'inference.log'})"
     assert {j["name"]: j["status"] for j in log.jobs(run_id)} == {"inference": "failed", "training": "finished"}
 
 

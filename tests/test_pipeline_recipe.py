@@ -27,9 +27,8 @@ def _option(argv: list[str], flag: str) -> str:
 def _workers(tmp_path, ws, argv: list[str], env: dict[str, str]) -> dict[str, str]:
     """What `adaflash pipeline ... --dry-run` prints for the recipe's pipeline job: role -> command line."""
     args = list(argv[argv.index("pipeline"):])
-    (tmp_path / "draft").mkdir(exist_ok=True)
     (tmp_path / "prompts.jsonl").write_text('{"prompt": "hi"}\n')
-    args[args.index("--draft") + 1] = str(tmp_path / "draft")
+    args[args.index("--draft") + 1] = "smollm2-135m-dflash"  # the recipe's own drafter is made by its jobs
     args[args.index("--data") + 1] = str(tmp_path / "prompts.jsonl")
     result = CliRunner().invoke(cli, ["--workspace", str(ws), *args, "--dry-run"], env=env)
     assert result.exit_code == 0, result.output

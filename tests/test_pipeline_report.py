@@ -271,9 +271,8 @@ def test_a_time_budget_ends_both_workers_with_a_final_version(tmp_path, tiny_lla
 
 
 def test_max_minutes_sets_a_deadline_and_loops(tmp_path):
-    (tmp_path / "d").mkdir()
     (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')
-    base = ["--workspace", str(tmp_path / "ws"), "pipeline", "--draft", str(tmp_path / "d"), "--data",
+    base = ["--workspace", str(tmp_path / "ws"), "pipeline", "--draft", "smollm2-135m-dflash", "--data",
             str(tmp_path / "p.jsonl"), "--dry-run"]
     before = time.time()
     result = CliRunner().invoke(cli, [*base, "--max-minutes", "2"])

@@ -47,7 +47,7 @@ PRESETS = {
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.8, show_default=True)
 @click.option("--kl-temperature", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True)
 @click.option("--clip", type=click.FloatRange(0, min_open=True), default=0.01, show_default=True)
-@click.option("--lr", type=float, default=1e-4, show_default=True)
+@click.option("--lr", type=click.FloatRange(0, min_open=True), default=1e-4, show_default=True)
 @click.option("--warmup-steps", type=click.IntRange(0), default=16, show_default=True,
               help="Training steps over which the learning rate (drafter and length head) ramps up to --lr.")
 @click.option("--lr-decay-minutes", type=click.FloatRange(0), default=0.0, show_default=True,
@@ -88,7 +88,8 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     if not data:
         fail("--data FILE is required: the prompts the inference worker answers (see `adaflash pipeline --help`)")
     draft = _initial_drafter(target, draft)
-    _check_skip(data, skip)
+    _check_drafter(draft)
+    _check_prompts(data, skip)
     chosen = dict(PRESETS[preset or "adaflash"])
     if loss:
         chosen["loss"] = loss
@@ -154,17 +155,30 @@ def _initial_drafter(target: str, draft: str | None) -> str:
     return drafter_folder("--draft", draft)
 
 
-def _check_skip(data: str, skip: int) -> None:
-    if not skip:
-        return
+def _check_prompts(data: str, skip: int) -> None:
+    """Every row of --data read now, not by a worker after the run started (which then failed with code 1)."""
     from adaflash.data.prompts import read_prompt_file
 
     try:
         count = len(read_prompt_file(data))
     except ValueError as err:
-        fail(str(err))
+        fail(f"--data {err}")
+    if not count:
+        fail(f"--data {data}: holds no prompts")
     if skip >= count:
         fail(f"--skip {skip}: {data} holds only {count} prompts, none would be left")
+
+
+def _check_drafter(draft: str) -> None:
+    """The pipeline trains DFlash drafters (a DFlash drafter with or without its length head)."""
+    from adaflash.models.drafter_io import DrafterError, drafter_method, read_drafter_config
+
+    try:
+        method = drafter_method(read_drafter_config(draft), draft)
+    except DrafterError as err:
+        fail(f"--draft {err}")
+    if method != "dflash":
+        fail(f"--draft {draft} is a {method} drafter; the pipeline trains DFlash drafters (both presets)")
 
 
 def _check_budget(lr_decay_minutes: float, max_minutes: float | None) -> None:

@@ -172,7 +172,7 @@ class Pipeline:
             self.log.update_job(self.job_ids[role], status="finished" if code == 0 else "failed", exit_code=code,
                                 ended_at=time.time())
             if code != 0 and status != "stopped":
-                failed.append(f"{role} worker exited with code {code}")
+                failed.append(f"{role} worker exited with code {code} (its log: {self.run_dir / f'{role}.log'})")
         if failed:
             status, self.note = "failed", "; ".join(failed)
         elif status == "finished" and stop_sent_at is not None and asked:
