@@ -397,3 +397,11 @@ def test_a_worker_gets_sigterm_when_its_launcher_is_killed(tmp_path):
     while not mark.exists() and time.time() < deadline:
         time.sleep(0.05)
     assert mark.exists() and mark.read_text() == "term"
+
+
+def test_without_loop_each_prompt_is_answered_once_whatever_max_samples_says():
+    from adaflash.pipeline.inference import answers_in_all
+
+    assert answers_in_all(10, False, 4) == 4  # it produced 10 answers from 4 prompts, ids #0..#9
+    assert answers_in_all(2, False, 4) == 2 and answers_in_all(None, False, 4) == 4
+    assert answers_in_all(10, True, 4) == 10 and answers_in_all(None, True, 4) is None

@@ -54,7 +54,7 @@ PRESETS = {
               help="With --max-minutes: the budget's last M minutes anneal the learning rate linearly to zero "
                    "(warmup-stable-decay), so the final version is a settled one.")
 @click.option("--swap-dir", type=click.Path(file_okay=False), default=None, help="Buffer + weights [default: RUN_DIR/swap].")
-@click.option("--max-samples", type=click.IntRange(1), default=None, help="Stop after this many trajectories.")
+@click.option("--max-samples", type=click.IntRange(1), default=None, help="Stop after this many trajectories (without --loop, at most one per prompt).")
 @click.option("--skip", type=click.IntRange(0), default=0, show_default=True,
               help="Leave out the first N prompts of --data (those the offline drafter was trained on).")
 @click.option("--loop/--no-loop", default=None,

@@ -27,6 +27,13 @@ from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
 
 
+def answers_in_all(max_samples: int | None, loop: bool, prompts: int) -> int | None:
+    """How many answers the worker writes (None: until stopped). Without --loop each prompt is answered
+    once, whatever --max-samples says (a larger one used to cycle through the prompts again)."""
+    limits = [n for n in (max_samples, None if loop else prompts) if n]
+    return min(limits) if limits else None
+
+
 @dataclass
 class InferenceConfig:
     target: str
@@ -71,7 +78,7 @@ class InferenceWorker:
                         for row in read_prompt_file(cfg.data)][cfg.skip:]
         if not self.prompts:
             raise ValueError(f"{cfg.data}: no prompts left after --skip {cfg.skip}")
-        self.total = cfg.max_samples or (None if cfg.loop else len(self.prompts))
+        self.total = answers_in_all(cfg.max_samples, cfg.loop, len(self.prompts))
         self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
         self.next_prompt = self.produced
         self.refused: set[int] = set()
