@@ -99,6 +99,13 @@ def process_start_time(pid: int | None) -> float | None:
         return None
 
 
+def _with_start_time(fields: dict[str, Any]) -> None:
+    """A pid recorded with its process's create time (unless given), so a reader can tell that process from a
+    later one reusing the pid (`runs stop`, lost-run reaping)."""
+    if fields.get("pid") and "pid_start_time" not in fields:
+        fields["pid_start_time"] = process_start_time(fields["pid"])
+
+
 def new_run_id(kind: str) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
     return f"{stamp}-{kind}-{secrets.token_hex(2)}"
@@ -220,8 +227,7 @@ class RunLog:
         raise RuntimeError(f"{self.path}: no free run id for kind {kind!r}")
 
     def update_run(self, run_id: str, **fields: Any) -> None:
-        if fields.get("pid") and "pid_start_time" not in fields:
-            fields["pid_start_time"] = process_start_time(fields["pid"])
+        _with_start_time(fields)
         if "config" in fields and not isinstance(fields["config"], str):
             fields["config"] = json.dumps(fields["config"], default=str)
         self._update("runs", run_id, fields)
@@ -359,6 +365,7 @@ class RunLog:
         })
 
     def update_job(self, job_id: int, **fields: Any) -> None:
+        _with_start_time(fields)
         if "command" in fields and not isinstance(fields["command"], str):
             fields["command"] = json.dumps(fields["command"])
         self._update("jobs", job_id, fields)

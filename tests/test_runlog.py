@@ -145,3 +145,17 @@ def test_a_runs_own_process_is_its_supervisor_while_it_lives(tmp_path):
     assert supervisor_pid(log.get_run(dead)) is None
     log.update_run(mine, pid_start_time=log.get_run(mine)["pid_start_time"] - 100)  # a recycled pid
     assert supervisor_pid(log.get_run(mine)) is None
+
+
+def test_a_job_recorded_with_a_pid_gets_its_create_time(workspace):
+    """`runs stop` tells a job's process from a later one with the same pid by it (pipeline workers had none)."""
+    import os
+
+    from adaflash.runlog import RunLog, process_start_time
+
+    log = RunLog.open(workspace)
+    job = log.add_job(log.create_run("pipeline"), "inference", ["w"], role="inference", gpus="cpu", log_path="x")
+    log.update_job(job, pid=os.getpid())
+    assert log.get_job(job)["pid_start_time"] == process_start_time(os.getpid())
+    log.update_job(job, pid=os.getpid(), pid_start_time=1.0)  # given explicitly: kept
+    assert log.get_job(job)["pid_start_time"] == 1.0

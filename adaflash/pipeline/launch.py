@@ -25,7 +25,7 @@ from pathlib import Path
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.inference import InferenceConfig
 from adaflash.pipeline.training import TrainingConfig
-from adaflash.runlog import RunLog, process_start_time
+from adaflash.runlog import RunLog
 
 
 def parse_gpus(value: str, flag: str, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -127,9 +127,7 @@ class Pipeline:
                 proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=worker_env(gpus[role]),
                                         start_new_session=True, preexec_fn=_parent_death_signal())
             self.procs[role], self.job_ids[role] = proc, job
-            # the create time lets `runs stop` tell the worker from a process that reused its pid
-            self.log.update_job(job, pid=proc.pid, pgid=proc.pid, pid_start_time=process_start_time(proc.pid),
-                                status="running", started_at=time.time())
+            self.log.update_job(job, pid=proc.pid, pgid=proc.pid, status="running", started_at=time.time())
 
     def request_stop(self) -> None:
         SwapBuffer(self.infer.swap_dir).request_stop()
