@@ -39,3 +39,9 @@ def give_usual_modes(path: Path) -> None:
         for name in dirs:
             os.chmod(os.path.join(root, name), folder_mode)
     os.chmod(path, folder_mode)
+
+
+def nearest_existing(path: Path) -> Path:
+    """The closest of `path`'s ancestors that exists: where a folder for it would be made, or why it cannot be
+    (a file there)."""
+    return next(parent for parent in path.absolute().parents if parent.exists())

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import click
 
+from adaflash.files import nearest_existing
 from adaflash.runlog import RunLog
 from adaflash.workspace import workspace_dir
 
@@ -136,16 +137,14 @@ def writable_file(ctx: click.Context, param: click.Parameter, value: str | None)
     fills it (a long regeneration failed only when it wrote its result)."""
     if value is None:
         return None
-    for folder in Path(value).expanduser().absolute().parents:
-        if folder.exists():
-            if not folder.is_dir():
-                raise click.BadParameter(f"{value}: {folder} is a file, not a folder")
-            try:  # a real write: permissions alone do not tell (root, read-only mounts, /proc)
-                with tempfile.TemporaryFile(dir=folder):
-                    pass
-            except OSError as err:
-                raise click.BadParameter(f"{value}: {folder} cannot be written ({err.strerror or err})") from None
-            return value
+    folder = nearest_existing(Path(value).expanduser())
+    if not folder.is_dir():
+        raise click.BadParameter(f"{value}: {folder} is a file, not a folder")
+    try:  # a real write: permissions alone do not tell (root, read-only mounts, /proc)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise click.BadParameter(f"{value}: {folder} cannot be written ({err.strerror or err})") from None
     return value
 
 

@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from adaflash.files import give_usual_modes
+from adaflash.files import give_usual_modes, nearest_existing
 from adaflash.models.drafters import ChainDrafter, DFlashDrafter, Drafter
 from adaflash.models.layers import DecoderConfig
 from adaflash.models.registry import resolve_drafter
@@ -237,11 +237,9 @@ def refuse_foreign_folder(out: Path) -> None:
     holds, a workspace's run log or a user's notes."""
     if out.exists() and not out.is_dir():
         raise DrafterError(f"{out}: exists and is a file, not a drafter folder")
-    for parent in out.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise DrafterError(f"{out}: {parent} is a file, so no folder can be made inside it")
-            break
+    parent = nearest_existing(out)
+    if not parent.is_dir():
+        raise DrafterError(f"{out}: {parent} is a file, so no folder can be made inside it")
     if out.is_dir() and not (out / "config.json").is_file():
         held = sorted(p.name for p in out.iterdir())
         if held:
