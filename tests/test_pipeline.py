@@ -368,6 +368,32 @@ def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp
     assert {j["name"]: j["status"] for j in log.jobs(run_id)} == {"inference": "failed", "training": "finished"}
 
 
+def test_a_stop_the_workers_honour_between_two_polls_still_ends_the_run_stopped_on_request(tmp_path):
+    """Both workers can see the STOP file and exit before the launcher's loop looks at it: the run then ended
+    finished without its note (a flaky `pipeline stop` test under load)."""
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from adaflash.pipeline.launch import Pipeline
+
+    log = RunLog.open(tmp_path / "ws")
+    run_id = log.create_run("pipeline")
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    pipe = Pipeline(log, run_id, tmp_path, SimpleNamespace(swap_dir=str(swap)), SimpleNamespace(), [], [], grace=30)
+    pipe.request_stop()
+    for role in ("inference", "training"):
+        pipe.procs[role] = subprocess.Popen([sys.executable, "-c", "pass"])
+        pipe.job_ids[role] = log.add_job(run_id, role, ["worker"], role=role, gpus="cpu", log_path=str(tmp_path / "x"))
+    for proc in pipe.procs.values():
+        proc.wait()
+    time.sleep(0.1)
+    assert pipe.wait(poll=0.05) == "finished"
+    assert pipe.note == "stopped on request: both workers finished their step, a final version published"
+
+
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="prctl is Linux's")
 def test_a_worker_gets_sigterm_when_its_launcher_is_killed(tmp_path):
     """A pipeline killed with SIGKILL left its workers running, orphaned, with nothing able to stop them;

@@ -140,7 +140,7 @@ class Pipeline:
         """
         status = "finished"
         stop_sent_at: float | None = None
-        budget_stop = asked = False
+        budget_stop = False
         while any(p.poll() is None for p in self.procs.values()):
             if self.deadline is not None and not budget_stop and time.time() > self.deadline + self.budget_grace:
                 budget_stop = True
@@ -157,7 +157,6 @@ class Pipeline:
                     self.request_stop()
             if SwapBuffer(self.infer.swap_dir).stop_requested() and stop_sent_at is None:
                 stop_sent_at = time.time()
-                asked = status == "finished" and not budget_stop  # a user's request, not a failure's or the budget's
             if stop_sent_at is not None and time.time() - stop_sent_at > self.grace:
                 self.kill()
                 if status == "finished":
@@ -173,7 +172,9 @@ class Pipeline:
                 failed.append(f"{role} worker exited with code {code} (its log: {self.run_dir / f'{role}.log'})")
         if failed:
             status, self.note = "failed", "; ".join(failed)
-        elif status == "finished" and stop_sent_at is not None and asked:
+        elif status == "finished" and not budget_stop and SwapBuffer(self.infer.swap_dir).stop_requested():
+            # Read after the workers exited: they may honour a request between two polls of this loop. With
+            # no failure and no budget stop, the STOP file is the user's (or a signal's) request.
             self.note = "stopped on request: both workers finished their step, a final version published"
         return status
 
