@@ -310,3 +310,28 @@ def test_admit_batch_defaults_to_an_eighth_of_a_padded_batch(tiny_target):
     assert Engine(tiny_target, "vanilla", max_batch=32, max_len=256).admit_batch == 1  # CPU: exact shapes
     with pytest.raises(ValueError, match="admit_batch must be at least 1"):
         Engine(tiny_target, "vanilla", max_batch=4, max_len=256, admit_batch=0)
+
+
+def test_a_dflash_block_attends_in_the_cache_as_over_its_context_and_block(tiny_target):
+    """The engine's block keys go into the drafter cache after each row's context (no copy of the
+    context a layer); rows of other lengths and stale keys past them must not change a row's hidden
+    states from those of the block attending to [its context, the block] alone, as in training."""
+    model = tiny_target.model
+    drafter = drafter_for("dflash", tiny_target, block_size=4).eval()
+    cache = drafter.new_cache(3, 64)
+    cache.k.normal_()  # stale keys and values everywhere, past every row's context included
+    cache.v.normal_()
+    lens = torch.tensor([5, 9, 1])
+    rows = torch.tensor([2, 0, 1])
+    feats = torch.randn(3, 9, drafter.feature_size)
+    with torch.no_grad():
+        positions = torch.arange(9).expand(3, 9)
+        drafter.extend(cache, rows, positions, feats, torch.zeros(3, 9, dtype=torch.long), lens, model, 9)
+        pending = torch.tensor([7, 3, 11])
+        hidden = drafter.block_hidden(cache, rows, pending, lens, model, 16)
+        for i in range(3):
+            n = int(lens[i])
+            ctx_kv = drafter.context_kv(drafter.context(feats[i : i + 1, :n]), torch.arange(n)[None])
+            h = torch.cat([model.embed(pending[i : i + 1])[:, None], drafter.mask_embeds(model, (1, 3))], dim=1)
+            ref = drafter.run_block(h, n + torch.arange(4)[None], ctx_kv, torch.ones(1, 4, n + 4, dtype=torch.bool))
+            torch.testing.assert_close(hidden[i : i + 1], ref, rtol=1e-5, atol=1e-5)
