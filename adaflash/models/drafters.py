@@ -201,13 +201,7 @@ class DFlashDrafter(Drafter):
         mask = visible.expand(b, size, kv_len)
         rope = self.rotary(positions, h.dtype, kv_len)
         for index, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q, k, v = attn.project_qkv(x, rope)
-            cache.write(index, where, k, v)
-            keys, values = cache.read(index, rows, kv_len)
-            h = h + attn.attend(q, keys, values, mask)
-            h = layer.mlp_block(h)
+            h = layer.cached(h, rope, mask, cache, index, where, rows, kv_len)
         return self.norm(h)
 
     def predict_length(self, hidden: torch.Tensor) -> torch.Tensor | None:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from adaflash.models import invariant
+from adaflash.models.cache import KVCache
 from adaflash.models.kernels import fused_rope_available, rope_heads, silu_mul
 
 
@@ -413,3 +414,14 @@ class DecoderLayer(nn.Module):
 
     def mlp_block(self, h: torch.Tensor) -> torch.Tensor:
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def cached(self, h: torch.Tensor, rope: Rope, mask: torch.Tensor, cache: KVCache, index: int,
+               where: torch.Tensor, rows: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """The layer over positions whose keys and values join `cache` (layer `index`, at the flat
+        indices `where`), attending to the first `kv_len` cached positions of `rows` under `mask`:
+        the target's forward and the DFlash drafter's block share it."""
+        attn = self.self_attn
+        q, k, v = attn.project_qkv(self.input_layernorm(h), rope)
+        cache.write(index, where, k, v)
+        keys, values = cache.read(index, rows, kv_len)
+        return self.mlp_block(h + attn.attend(q, keys, values, mask))

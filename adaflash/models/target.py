@@ -116,13 +116,7 @@ class TargetModel(nn.Module):
         wanted = {layer: i for i, layer in enumerate(capture)}
         captured: list[torch.Tensor | None] = [None] * len(capture)
         for index, layer in enumerate(self.model.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q, k, v = attn.project_qkv(x, rope)
-            cache.write(index, where, k, v)
-            keys, values = cache.read(index, rows, kv_len)
-            h = h + attn.attend(q, keys, values, mask)
-            h = layer.mlp_block(h)
+            h = layer.cached(h, rope, mask, cache, index, where, rows, kv_len)
             if index in wanted:
                 captured[wanted[index]] = h
         if logits_index is not None:
