@@ -404,8 +404,13 @@ def test_a_worker_gets_sigterm_when_its_launcher_is_killed(tmp_path):
     import sys
     import time
 
-    child = ("import signal, sys, time\n"
-             "signal.signal(signal.SIGTERM, lambda *a: (open(sys.argv[1], 'w').write('term'), sys.exit(0)))\n"
+    # The mark appears whole (written aside, then renamed): polling for its existence read it empty once,
+    # between open() and the flush at exit.
+    child = ("import os, signal, sys, time\n"
+             "def term(*a):\n"
+             "    with open(sys.argv[1] + '.tmp', 'w') as f: f.write('term')\n"
+             "    os.replace(sys.argv[1] + '.tmp', sys.argv[1]); sys.exit(0)\n"
+             "signal.signal(signal.SIGTERM, term)\n"
              "open(sys.argv[1] + '.up', 'w').write('up')\n"
              "time.sleep(60)\n")
     launcher = ("import subprocess, sys, time\n"
