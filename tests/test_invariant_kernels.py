@@ -17,11 +17,12 @@ interpreted_loops = pytest.mark.skipif(
     reason="Triton < 3.9's interpreter cannot loop to a bound passed at run time (numpy >= 2.5)")
 
 CHECKS = r"""
-import json, sys, torch
+import json, os, sys, torch
 import torch.nn.functional as F
 from adaflash.models import invariant as inv
 
 device, dtype = sys.argv[1], getattr(torch, sys.argv[2])
+interpreted = os.environ.get("TRITON_INTERPRET") == "1"
 torch.manual_seed(0)
 result = {"mm_rows": [], "mm_err": [], "norm_rows": [], "norm_err": [], "attn_rows": [], "attn_err": [], "bool_err": []}
 shapes = [(960, 576, True), (576, 1536, False)] if device == "cpu" else [(960, 576, False), (3072, 576, False), (576, 1536, False), (49152, 576, False), (960, 576, True)]
@@ -33,8 +34,9 @@ for n, k, with_bias in shapes:
     full = inv.mm(x, w, bias)
     ref = F.linear(x.float(), w.float(), None if bias is None else bias.float())
     result["mm_err"].append(float(((full.float() - ref).abs() / (ref.abs() + 1)).max()))
+    lo = 0 if interpreted else 5  # a 3-D input's rows at their own tile places under numpy (below), moved on a GPU
     result["mm_rows"].append(all(torch.equal(inv.mm(x[:m], w, bias), full[:m]) for m in counts)
-                             and torch.equal(inv.mm(x[5:9].view(2, 2, k), w, bias).view(4, n), full[5:9]))
+                             and torch.equal(inv.mm(x[lo:lo + 4].view(2, 2, k), w, bias).view(4, n), full[lo:lo + 4]))
 xs = (torch.randn(300, 576, device=device) * 3).to(dtype)
 weight = (torch.rand(576, device=device) + 0.5).to(dtype)
 normed = inv.rms_norm(xs, weight, 1e-5)
@@ -56,6 +58,12 @@ for queries, length in ((4, 200), (16, 70), (2, 130)):
     result["bool_err"].append(float((inv.attention(q, k, v, allowed).float() - out.float()).abs().max()))
     same = True
     for row in range(b):  # each query alone, over only the keys it may see: the same bits
+        if interpreted:  # numpy's matmul rounds a row by its place in the tile: keep the tiles, cut keys and rows
+            see = int(pos[row].max()) + 1
+            alone = inv.attention(q[row:row + 1], k[row:row + 1, :see], v[row:row + 1, :see],
+                                  additive[row:row + 1, :, :see])
+            same = same and torch.equal(alone, out[row:row + 1])
+            continue
         for i in range(queries):
             see = int(pos[row, i]) + 1
             alone = inv.attention(q[row:row + 1, i:i + 1], k[row:row + 1, :see], v[row:row + 1, :see],
@@ -79,8 +87,10 @@ def _assert_invariant_and_close(result: dict, tolerance: float) -> None:
 @interpreted_loops
 def test_invariant_kernels_under_the_interpreter():
     """fp16 on a CPU: GEMM rows (with and without bias, 2-D and 3-D input), norm rows and attention
-    queries keep their bits across row counts, query counts and key ranges; values within fp16
-    rounding of float32 math."""
+    queries keep their bits across row counts and key ranges; values within fp16 rounding of float32
+    math. Rows moved to another place in a tile (attention's query counts, a 3-D input's later rows)
+    are left to the compiled test: numpy's float32 matmul, under tl.dot here, rounds a row by its
+    place among the tile's rows (OpenBLAS in numpy 2.4)."""
     _assert_invariant_and_close(_check("cpu", "float16", {"TRITON_INTERPRET": "1"}), 0.01)
 
 
