@@ -22,7 +22,7 @@ from adaflash.models.kernels import accept_commit, rope_heads
 from adaflash.models.layers import DecoderConfig, RMSNorm, Rotary, apply_rope
 
 torch.manual_seed(0)
-result = {"accept": 0, "accept_failures": [], "rope": [], "rope_values": [], "normed_rope_max": []}
+result = {"accept": 0, "accept_failures": [], "rope": [], "rope_values": [], "normed_rope_max": [], "store": []}
 slots, max_len = 6, 40
 for trial in range(80):
     b, w = int(torch.randint(1, 5, ())), int(torch.randint(1, 10, ()))
@@ -65,6 +65,17 @@ for b, n in ((1, 1), (1, 4), (3, 2)):
         fused = rope_heads(heads, rope.cos, rope.sin, 9, 12, (q_norm.weight, k_norm.weight, 1e-5))
     result["normed_rope_max"].append(float((fused.float() - apply_rope(normed, *rope.over(12, 15)).float()).abs().max()))
     result["rope_values"].append(torch.equal(fused[:, :, 12:], heads[:, :, 12:]))
+    # Storing k/v into a cache's flat layer at scattered rows: the rows hold eager rope's k and v, the
+    # query heads come back, every other cache row stays untouched.
+    keys, values = torch.full((50, 3, 64), 7.0).half(), torch.full((50, 3, 64), 7.0).half()
+    where = torch.randperm(50)[:b * n]
+    stored = rope_heads(heads, rope.cos, rope.sin, 9, 12, store=(keys, values, where))
+    eager = apply_rope(heads, *rope.over(12, 15))
+    k_expected, v_expected = torch.full_like(keys, 7.0), torch.full_like(values, 7.0)
+    k_expected.index_copy_(0, where, eager[:, :, 9:12].reshape(-1, 3, 64))
+    v_expected.index_copy_(0, where, eager[:, :, 12:].reshape(-1, 3, 64))
+    result["store"].append(torch.equal(stored[:, :, :9], eager[:, :, :9]) and torch.equal(keys, k_expected)
+                           and torch.equal(values, v_expected))
 print(json.dumps(result))
 """
 
@@ -72,11 +83,13 @@ print(json.dumps(result))
 def test_triton_kernels_under_the_interpreter():
     """Acceptance kernel = `accept` plus the commit's writes (80 random cases: widths 1-9, with and
     without verify counts); rope kernel = eager rope in fp16 bit for bit, q/k layouts and k/v only;
-    with q/k norms within fp16 rounding, values copied."""
+    with q/k norms within fp16 rounding, values copied; storing k/v into cache rows writes exactly
+    eager rope's k and v there and nothing elsewhere."""
     result = run_json_script(CHECKS, env={"TRITON_INTERPRET": "1"}, timeout=600)
     assert result["accept"] == 80 and result["accept_failures"] == []
     assert result["rope"] == [True] * 6 and result["rope_values"] == [True] * 3
     assert max(result["normed_rope_max"]) < 0.02
+    assert result["store"] == [True] * 3
 
 
 def test_adaflash_triton_turns_the_kernels_off_and_refuses_a_bad_value():

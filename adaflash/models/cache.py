@@ -64,9 +64,15 @@ class KVCache:
 
     def write(self, layer: int, where: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [b, q, kv, d] written at the flat indices `where` (from `where`, already reserved)."""
+        keys, values = self.flat_layer(layer)
+        keys.index_copy_(0, where, k.reshape(-1, *keys.shape[1:]).to(keys.dtype))
+        values.index_copy_(0, where, v.reshape(-1, *values.shape[1:]).to(values.dtype))
+
+    def flat_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s keys and values as [slots·capacity, kv, d] views, the rows `where` indexes:
+        what a kernel that stores keys and values itself writes into."""
         shape = (-1, *self.k.shape[3:])
-        self.k[layer].view(shape).index_copy_(0, where, k.reshape(shape).to(self.k.dtype))
-        self.v[layer].view(shape).index_copy_(0, where, v.reshape(shape).to(self.v.dtype))
+        return self.k[layer].view(shape), self.v[layer].view(shape)
 
     def read(self, layer: int, rows: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.in_order:

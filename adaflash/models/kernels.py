@@ -86,15 +86,21 @@ def fused_rope_available(heads: torch.Tensor) -> bool:
 
 
 def rope_heads(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, queries: int, roped: int,
-               norms: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
+               norms: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+               store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Rope over a fused projection's heads [b, n, total, d] in one kernel: heads below `roped`
     rotate (x·cos + roll(x)·sin, cos and signed sin [b, n, d]), the rest (values) are copied.
     `norms` (q weight, k weight, eps): RMS-normalize the rotating heads first, queries (heads below
     `queries`) with the one weight and keys with the other, as Qwen3's q/k norms do.
 
+    `store` (keys [N, kv, d], values [N, kv, d], where [b·n]): write token t's roped keys and values
+    at row where[t] of a KV cache's flat layer (`KVCache.flat_layer`) instead of into the result,
+    whose key and value heads are then left unwritten.
+
     Why: eager rope is four kernels a layer (roll, two multiplies, an add; 5.6 us on an H200 at
     batch 1), and with q/k norms five more (two copies of strided slices, two norms, a gather).
-    Check with `fused_rope_available` first.
+    Storing into the cache saves the two index_copy kernels a layer that wrote keys and values there
+    (at batch 32 on an H200, 150 of a decode step's 1,625 us). Check with `fused_rope_available` first.
     """
     b, n, total, d = heads.shape
     tokens = b * n
@@ -102,8 +108,12 @@ def rope_heads(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, querie
     cos = cos.reshape(tokens, d).contiguous()
     sin = sin.reshape(tokens, d).contiguous()
     q_weight, k_weight, eps = norms if norms is not None else (cos, cos, 0.0)  # weights unread without norms
-    _rope_kernel[(tokens,)](heads, cos, sin, q_weight, k_weight, out, queries, roped, total, float(eps),
-                            D=d, HEADS=triton.next_power_of_2(total), NORM=norms is not None, num_warps=4)
+    keys, values, where = store if store is not None else (out, out, cos)  # unread without a store
+    if store is not None and not (keys.is_contiguous() and values.is_contiguous() and where.numel() == tokens):
+        raise ValueError("rope_heads: store wants contiguous keys and values and one flat index per token")
+    _rope_kernel[(tokens,)](heads, cos, sin, q_weight, k_weight, out, keys, values, where, queries, roped, total,
+                            float(eps), D=d, HEADS=triton.next_power_of_2(total), NORM=norms is not None,
+                            STORE=store is not None, num_warps=4)
     return out
 
 
@@ -153,11 +163,12 @@ if triton is not None:
         tl.store(out_ptr + row * width + cols, product, mask=keep)
 
     @triton.jit
-    def _rope_kernel(x_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, out_ptr, queries, roped, total, eps,
-                     D: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr):
+    def _rope_kernel(x_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, out_ptr, k_ptr, v_ptr, where_ptr, queries, roped,
+                     total, eps, D: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr):
         """One token's heads [total, D] as one tile; products and sums in float32, rounded to the input
         dtype as torch's kernels round (x·cos, roll(x)·sin, their sum), though the compiled kernel was
-        seen to differ from them by up to 2 units in bf16's last place."""
+        seen to differ from them by up to 2 units in bf16's last place. With STORE, key and value heads
+        go to the cache rows where[token] and only the query heads to out."""
         token = tl.program_id(0)
         head = tl.arange(0, HEADS)[:, None]
         col = tl.arange(0, D)[None, :]
@@ -180,7 +191,15 @@ if triton is not None:
         a = (x.to(tl.float32) * c).to(x.dtype)
         r = (xr.to(tl.float32) * s).to(x.dtype)
         y = (a.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-        tl.store(out_ptr + token * total * D + head * D + col, tl.where(rotate, y, x), mask=keep)
+        result = tl.where(rotate, y, x)
+        if STORE:
+            kv = roped - queries
+            row = tl.load(where_ptr + token).to(tl.int64) * kv * D
+            is_k = (head >= queries) & rotate
+            tl.store(k_ptr + row + (head - queries) * D + col, result, mask=is_k)
+            tl.store(v_ptr + row + (head - roped) * D + col, result, mask=keep & (head >= roped))
+            keep = head < queries
+        tl.store(out_ptr + token * total * D + head * D + col, result, mask=keep)
 
     @triton.jit
     def _accept_commit_kernel(block_ptr, post_ptr, lens_ptr, rows_ptr, verify_ptr, tokens_ptr, cache_lens_ptr,

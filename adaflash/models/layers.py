@@ -304,16 +304,34 @@ class Attention(nn.Module):
         `fuse` was called."""
         if self.qkv is None:
             return (self.project_q(x, rope), *self.project_kv(x, rope))
-        b, n, _ = x.shape
-        heads = linear(x, *self.qkv).reshape(b, n, self.num_heads + 2 * self.num_kv, self.head_dim)
-        q, k, v = self._split_roped(heads, self.num_heads, rope)
-        assert q is not None
+        q, k, v = self._split_roped(self._fused_heads(x, self.qkv, self.num_heads), self.num_heads, rope)
+        assert q is not None and k is not None and v is not None
         return q, k, v
 
-    def _split_roped(self, heads: torch.Tensor, queries: int,
-                     rope: Rope) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    def project_q_caching_kv(self, x: torch.Tensor, rope: Rope, cache: KVCache, layer: int,
+                             where: torch.Tensor) -> torch.Tensor:
+        """Roped q [b, n, heads, d]; the roped keys and values go into `cache` (layer `layer`, flat
+        indices `where`). On a GPU the rope kernel stores them itself, two copy kernels a layer fewer."""
+        if self.qkv is None:
+            q, k, v = self.project_qkv(x, rope)
+            cache.write(layer, where, k, v)
+            return q
+        heads = self._fused_heads(x, self.qkv, self.num_heads)
+        q, _, _ = self._split_roped(heads, self.num_heads, rope, store=(cache, layer, where))
+        assert q is not None
+        return q
+
+    def _fused_heads(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor | None],
+                     queries: int) -> torch.Tensor:
+        b, n, _ = x.shape
+        return linear(x, *weights).reshape(b, n, queries + 2 * self.num_kv, self.head_dim)
+
+    def _split_roped(self, heads: torch.Tensor, queries: int, rope: Rope,
+                     store: tuple[KVCache, int, torch.Tensor] | None = None
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """Dense fused heads [b, n, queries + 2·kv, d] (query heads first, if any) → roped q (None
-        without query heads), roped k, and v; per-head norms first where the model has them.
+        without query heads), roped k, and v; per-head norms first where the model has them. With
+        `store` (cache, layer, flat indices), k and v go into the cache and come back as None.
 
         Rope runs over every head, values included (`Rope.over` passes them through), so its kernels
         read one dense tensor; with norms the normed heads are gathered back into one first.
@@ -321,13 +339,24 @@ class Attention(nn.Module):
         roped = queries + self.num_kv
         if fused_rope_available(heads):  # one kernel on a GPU, norms included
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.cfg.qk_norm else None
-            out = rope_heads(heads, rope.cos, rope.sin, queries, roped, norms)
+            into = None
+            if store is not None and store[0].k.dtype == heads.dtype:
+                cache, layer, where = store
+                into = (*cache.flat_layer(layer), where)
+            out = rope_heads(heads, rope.cos, rope.sin, queries, roped, norms, into)
+            if into is not None:
+                return (out[:, :, :queries] if queries else None), None, None
         else:
             if self.cfg.qk_norm:
                 parts = [self.q_norm(heads[:, :, :queries])] if queries else []
                 heads = torch.cat([*parts, self.k_norm(heads[:, :, queries:roped]), heads[:, :, roped:]], dim=2)
             out = apply_rope(heads, *rope.over(roped, heads.shape[2]))
-        return (out[:, :, :queries] if queries else None), out[:, :, queries:roped], out[:, :, roped:]
+        k, v = out[:, :, queries:roped], out[:, :, roped:]
+        if store is not None:
+            cache, layer, where = store
+            cache.write(layer, where, k, v)
+            return (out[:, :, :queries] if queries else None), None, None
+        return (out[:, :, :queries] if queries else None), k, v
 
     def project_q(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         b, q, _ = x.shape
@@ -343,6 +372,7 @@ class Attention(nn.Module):
             weight, bias = self.qkv
             kv = linear(x, weight[start:], bias[start:] if bias is not None else None)
             _, k, v = self._split_roped(kv.reshape(b, q, 2 * self.num_kv, self.head_dim), 0, rope)
+            assert k is not None and v is not None
             return k, v
         k = self.k_proj(x).view(b, q, self.num_kv, self.head_dim)
         v = self.v_proj(x).view(b, q, self.num_kv, self.head_dim)
@@ -421,7 +451,6 @@ class DecoderLayer(nn.Module):
         indices `where`), attending to the first `kv_len` cached positions of `rows` under `mask`:
         the target's forward and the DFlash drafter's block share it."""
         attn = self.self_attn
-        q, k, v = attn.project_qkv(self.input_layernorm(h), rope)
-        cache.write(index, where, k, v)
+        q = attn.project_q_caching_kv(self.input_layernorm(h), rope, cache, index, where)
         keys, values = cache.read(index, rows, kv_len)
         return self.mlp_block(h + attn.attend(q, keys, values, mask))
