@@ -2,17 +2,36 @@
 
 Built-ins are `{run_id}`, `{run_dir}`, `{workspace}`, `{cache_dir}`, `{recipe_dir}` and `{python}`.
 Any other braces are left alone (commands may carry JSON or format strings); an unknown name in
-a known namespace is reported to the Checker, with the names that do exist.
+a known namespace is reported to the Checker, with the names that do exist, and so is a brace word
+one typo away from a placeholder (`{run_dri}`, `{varz.steps}`), which would otherwise reach the
+command as it stands.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 
 from jobs.recipe_checker import Checker
 
+NAMESPACES = ("vars", "gpus", "nproc")
+BUILTINS = ("run_id", "run_dir", "workspace", "cache_dir", "recipe_dir", "python")
 PLACEHOLDER = re.compile(
     r"\{(vars|gpus|nproc)\.([A-Za-z0-9_\-]+)\}|\{(run_id|run_dir|workspace|cache_dir|recipe_dir|python)\}")
+BRACE_WORD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(\.[A-Za-z0-9_\-]+)?\}")
+
+
+def near_miss(text: str) -> tuple[str, str] | None:
+    """The first brace word in `text` that looks like a misspelt placeholder, with its likely spelling."""
+    for match in BRACE_WORD.finditer(text):
+        word, rest = match.group(1), match.group(2)
+        if PLACEHOLDER.fullmatch(match.group(0)):
+            continue
+        choices = NAMESPACES if rest else BUILTINS
+        close = difflib.get_close_matches(word, choices, n=1, cutoff=0.75)
+        if close:
+            return match.group(0), "{" + close[0] + (rest or "") + "}"
+    return None
 
 
 class Substituter:
@@ -33,6 +52,9 @@ class Substituter:
                 return match.group(0)
             return table[name]
 
+        miss = near_miss(text)
+        if miss is not None:
+            self.chk.add(key, f"unknown placeholder {miss[0]}: did you mean {miss[1]}?")
         return PLACEHOLDER.sub(repl, text)
 
 
@@ -60,4 +82,6 @@ def resolve_vars(raw: dict[str, str], chk: Checker, builtins: dict[str, str],
     for name, text in resolved.items():
         for match in PLACEHOLDER.finditer(text):
             chk.add(f"vars.{name}", f"unresolvable placeholder {match.group(0)} (unknown or circular)")
+        if (miss := near_miss(raw[name])) is not None:
+            chk.add(f"vars.{name}", f"unknown placeholder {miss[0]}: did you mean {miss[1]}?")
     return resolved

@@ -142,6 +142,25 @@ restart = "always"
     assert "bad.toml:20: job[0].restart: expected one of never, on-failure" in message
 
 
+def test_a_misspelt_placeholder_is_named_with_its_likely_spelling() -> None:
+    """`{run_dri}` or `{varz.x}` would reach the command as written; JSON and other brace words still pass."""
+    text = """\
+[run]
+name = "typo"
+
+[vars]
+x = "1"
+out = "{run_dri}/out"
+
+[jobs.a]
+command = ["y", "{varz.x}", "{pythn}", '{"json": 1}', "{value}"]
+"""
+    message = _problems(text)
+    assert "bad.toml:6: vars.out: unknown placeholder {run_dri}: did you mean {run_dir}?" in message
+    assert "bad.toml:9: jobs.a.command: unknown placeholder {varz.x}: did you mean {vars.x}?" in message
+    assert "{json" not in message and "{value}" not in message
+
+
 def test_cycles_self_dependencies_and_missing_sections() -> None:
     text = '[run]\nname = "c"\n[jobs.a]\ncommand = ["x"]\nafter = ["b"]\n[jobs.b]\ncommand = ["y"]\nafter = ["a"]\n'
     assert "dependency cycle: a -> b -> a" in _problems(text)
