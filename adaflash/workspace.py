@@ -13,10 +13,15 @@ CACHE_ENV = "ADAFLASH_CACHE"
 DEFAULT_WORKSPACE = "adaflash-workspace"
 
 
-def workspace_dir(explicit: str | os.PathLike | None = None) -> Path:
-    """The workspace: `--workspace`, else $ADAFLASH_WORKSPACE, else ./adaflash-workspace."""
+def workspace_path(explicit: str | os.PathLike | None = None) -> Path:
+    """The workspace: `--workspace`, else $ADAFLASH_WORKSPACE, else ./adaflash-workspace (not created)."""
     raw = explicit or os.environ.get(WORKSPACE_ENV) or DEFAULT_WORKSPACE
-    path = Path(raw).expanduser().resolve()
+    return Path(raw).expanduser().resolve()
+
+
+def workspace_dir(explicit: str | os.PathLike | None = None) -> Path:
+    """`workspace_path`, created: for commands that record something there."""
+    path = workspace_path(explicit)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -138,3 +138,13 @@ def test_generate_streams_nothing_a_stop_string_takes_back(tmp_path, smollm2_fol
     streamed = CliRunner().invoke(cli, [*base, "--stop", stop])
     assert streamed.exit_code == 0, streamed.output
     assert expected == full[: full.find(stop)] and streamed.stdout in (expected, expected + "\n"), streamed.stdout
+
+
+def test_reading_a_workspace_with_no_run_log_names_it_and_creates_nothing(tmp_path):
+    """A mistyped --workspace must not become an empty workspace that lists nothing."""
+    typo = tmp_path / "workpsace"
+    for args in (["runs", "list"], ["runs", "show", "r1"], ["runs", "compare"], ["pipeline", "status"]):
+        result = CliRunner().invoke(cli, ["--workspace", str(typo), *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert f"no run log in workspace {typo}" in result.output, args
+    assert not typo.exists()

@@ -16,7 +16,7 @@ import click
 
 from adaflash.files import nearest_existing
 from adaflash.runlog import RunLog
-from adaflash.workspace import workspace_dir
+from adaflash.workspace import DEFAULT_WORKSPACE, WORKSPACE_ENV, workspace_dir, workspace_path
 
 
 def workspace_of(ctx: click.Context) -> str:
@@ -30,6 +30,17 @@ def runlog_of(ctx: click.Context) -> RunLog:
     log = RunLog.open(workspace_of(ctx))
     log.reap_lost_runs()
     return log
+
+
+def existing_runlog_of(ctx: click.Context) -> RunLog:
+    """`runlog_of` for commands that only read or act on recorded runs: a workspace with no run log
+    (a mistyped --workspace, say) is an error naming it, and nothing is created there."""
+    root = ctx.find_root()
+    workspace = workspace_path((root.obj or {}).get("workspace") if root.obj else None)
+    if not (workspace / "runlog.sqlite").is_file():
+        fail(f"no run log in workspace {workspace}: nothing has been recorded there (the workspace is "
+             f"--workspace, else ${WORKSPACE_ENV}, else ./{DEFAULT_WORKSPACE})")
+    return runlog_of(ctx)
 
 
 def output_format_option(formats: Sequence[str] = ("table", "json", "csv")):

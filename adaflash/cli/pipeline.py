@@ -13,6 +13,7 @@ import click
 from adaflash.cli.common import (
     drafter_folder,
     emit_rows,
+    existing_runlog_of,
     fail,
     fmt_cell,
     length_policy_option,
@@ -232,7 +233,7 @@ def stop(ctx: click.Context, run_id: str) -> None:
     from adaflash.pipeline.buffer import SwapBuffer
     from adaflash.runlog import LIVE_RUN_STATUSES
 
-    log = runlog_of(ctx)
+    log = existing_runlog_of(ctx)
     run = run_or_fail(log, run_id)
     swap = (run.get("config") or {}).get("swap_dir")
     if run["kind"] != "pipeline" or not swap:
@@ -263,7 +264,7 @@ def export(ctx: click.Context, run_id: str | None, swap_dir: str | None, version
     if swap_dir and run_id:
         fail("give RUN_ID or --swap-dir, not both")
     if not swap_dir:
-        run = _find_run(runlog_of(ctx), run_id, None)
+        run = _find_run(existing_runlog_of(ctx), run_id, None)
         swap_dir = (run.get("config") or {}).get("swap_dir")
         if not swap_dir:
             fail(f"run {run['id']} records no swap dir")
@@ -288,7 +289,7 @@ def status(ctx: click.Context, run_id: str | None, swap_dir: str | None, fmt: st
     repeated between buffer and trainers."""
     from adaflash.pipeline.report import pipeline_report
 
-    log = runlog_of(ctx)
+    log = existing_runlog_of(ctx)
     run = _find_run(log, run_id, swap_dir)
     report = pipeline_report(log, run)
     if fmt == "json":

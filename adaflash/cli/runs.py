@@ -6,7 +6,7 @@ import json
 
 import click
 
-from adaflash.cli.common import emit_rows, output_format_option, run_or_fail, runlog_of
+from adaflash.cli.common import emit_rows, existing_runlog_of, output_format_option, run_or_fail
 
 RUN_COLUMNS = ["id", "kind", "status", "method", "target", "draft", "dataset", "created"]
 
@@ -35,7 +35,7 @@ def runs() -> None:
 @click.pass_context
 def list_runs(ctx: click.Context, kind, status, method, target, dataset, limit, fmt) -> None:
     """Runs in the workspace, newest first."""
-    rows = [_created(r) for r in runlog_of(ctx).list_runs(kind=kind, status=status, method=method, target=target,
+    rows = [_created(r) for r in existing_runlog_of(ctx).list_runs(kind=kind, status=status, method=method, target=target,
                                                            dataset=dataset, limit=limit)]
     emit_rows(rows, RUN_COLUMNS, fmt, title="Runs")
 
@@ -46,7 +46,7 @@ def list_runs(ctx: click.Context, kind, status, method, target, dataset, limit, 
 @click.pass_context
 def show_run(ctx: click.Context, run_id: str, fmt: str) -> None:
     """One run: its fields, jobs, latest metrics, checkpoints and benchmark results."""
-    log = runlog_of(ctx)
+    log = existing_runlog_of(ctx)
     run = run_or_fail(log, run_id)
     detail = {
         "run": run,

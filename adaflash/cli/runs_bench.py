@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, runlog_of
+from adaflash.cli.common import emit_rows, existing_runlog_of, fail, runlog_of
 from adaflash.engine.params import METHODS
 
 
@@ -56,7 +56,7 @@ def compare_runs(ctx: click.Context, run_ids: tuple[str, ...], fmt: str) -> None
     RUN ids may be bench-matrix runs (all their results), bench runs or imports; with none, the
     latest bench matrix (or every result when there is no matrix).
     """
-    print_comparison(runlog_of(ctx), list(run_ids) or None, fmt)
+    print_comparison(existing_runlog_of(ctx), list(run_ids) or None, fmt)
 
 
 @click.command("export")
@@ -69,7 +69,7 @@ def export_runs(ctx: click.Context, run_ids: tuple[str, ...], fmt: str, output: 
     """Export the benchmark results of RUN(s) (a bench matrix brings all of its results)."""
     from adaflash.bench import compare
 
-    log = runlog_of(ctx)
+    log = existing_runlog_of(ctx)
     try:
         records, where = compare.select_records(log, list(run_ids))
     except KeyError as err:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from adaflash.cli.common import fail, run_or_fail, runlog_of
+from adaflash.cli.common import existing_runlog_of, fail, run_or_fail
 
 
 @click.command("attach")
@@ -23,7 +23,7 @@ def attach_run(ctx: click.Context, run_id: str, interval: float) -> None:
     from jobs.runner import EXIT_CODES
     from jobs.watch import run_view
 
-    log = runlog_of(ctx)
+    log = existing_runlog_of(ctx)
     run = run_or_fail(log, run_id)
     config = run.get("config") if isinstance(run.get("config"), dict) else {}
     console = Console(highlight=False)
@@ -69,7 +69,7 @@ def stop_run(ctx: click.Context, run_id: str, grace: float, job_name: str | None
     stopped directly (each pid checked against its recorded create time)."""
     from jobs import control
 
-    log = runlog_of(ctx)
+    log = existing_runlog_of(ctx)
     run = run_or_fail(log, run_id)
     if restart and not job_name:
         fail("--restart needs --job NAME")
