@@ -112,6 +112,10 @@ def test_resume_is_bit_for_bit(tmp_path, learnable, regen):
     b = load_drafter(tmp_path / "b" / "d").state_dict()
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    finished = Trainer(_cfg(tmp_path / "b", resume=True, steps=4), tiny_target)  # fewer steps than it has
+    with pytest.raises(ValueError, match="is at step 6, already the run's 4 steps"):
+        finished.run(sequences)
+    assert all(torch.equal(b[k], v) for k, v in load_drafter(tmp_path / "b" / "d").state_dict().items())
 
 
 def test_dflash_training_raises_tau(tmp_path, learnable, regen):

@@ -283,6 +283,9 @@ class Trainer:
         per_epoch = [b for i, b in enumerate(batches(epoch_order(len(sequences), cfg.seed, 0), sequences,
                                                      cfg.batch_tokens)) if i % world == rank]
         total = cfg.steps or cfg.epochs * len(per_epoch)
+        if cfg.resume and self.state.step >= total:
+            raise ValueError(f"--resume: the checkpoint in {cfg.out} is at step {self.state.step}, already the run's "
+                             f"{total} steps (--steps/--epochs): ask for more steps to continue it")
         last: dict[str, float] = {}
         started, tokens_at_start = time.perf_counter(), self.state.tokens
         deadline = started + cfg.max_minutes * 60 if cfg.max_minutes else None
