@@ -71,3 +71,6 @@ def test_train_cli_draft_vocab(tmp_path, learnable, regen):  # noqa: F811
     assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 128
     result = CliRunner().invoke(cli, [*args, "--init", str(out)])
     assert result.exit_code == 2 and "--draft-vocab" in result.output
+    # a depth asked of a drafter that already has one is refused, not dropped
+    result = CliRunner().invoke(cli, [*args[:-4], "--eval-prompts", "0", "--init", str(out), "--layers", "2"])
+    assert result.exit_code == 2 and "--layers sets a new drafter's depth" in result.output, result.output

@@ -116,6 +116,8 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
 
     rank, world = rank_world()
     try:
+        if init and ctx.get_parameter_source("layers") is click.core.ParameterSource.COMMANDLINE:
+            raise ValueError("--layers sets a new drafter's depth; --init continues one with the layers it has")
         refuse_foreign_folder(Path(out))  # before the training, not at its first checkpoint
         loss_cfg = LossConfig(loss, alpha, kl_temperature, clip, gamma)
         tgt = load_target(target, device=_device(device, rank, world), dtype="float32")
