@@ -49,6 +49,8 @@ def test_pipeline_and_training_resolve_names_or_say_what_is_missing(workspace, t
     line = next(x for x in result.output.splitlines() if x.startswith("inference:"))
     assert json.loads(line[line.index("'{") + 1: line.rindex("}'") + 1])["data"] == str(
         (workspace / "data" / "mini_train.jsonl").resolve())
+    assert not (workspace / "runs").exists()  # a dry run records no run and makes no run folder
+    assert not (workspace / "runlog.sqlite").exists()
 
     result = CliRunner().invoke(cli, [*base, "pipeline", "--draft", "smollm2-135m-dflash", "--data", "nowhere", "--dry-run"])
     assert result.exit_code == 2 and "--data" in result.output and "data prepare nowhere" in result.output

@@ -84,7 +84,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     from adaflash.pipeline.inference import InferenceConfig
     from adaflash.pipeline.launch import Pipeline, parse_gpus
     from adaflash.pipeline.training import TrainingConfig
-    from adaflash.workspace import runs_dir
+    from adaflash.workspace import runs_dir, workspace_path
 
     if not data:
         fail("--data FILE is required: the prompts the inference worker answers (see `adaflash pipeline --help`)")
@@ -106,12 +106,17 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     _check_budget(lr_decay_minutes, max_minutes)
     if loop is None:
         loop = max_minutes is not None
-    workspace = workspace_of(ctx)
-    log = runlog_of(ctx)
     method = preset or ("adaflash" if chosen["length_head"] else "osd")
-    run_id = log.create_run("pipeline", method=method, target=target, draft=draft, dataset=data, status="pending")
-    run_dir = runs_dir(workspace) / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if dry_run:  # the command lines only: nothing recorded, nothing created
+        workspace = str(workspace_path(ctx.find_root().obj.get("workspace") if ctx.find_root().obj else None))
+        log, run_id = None, "RUN_ID"
+        run_dir = Path(workspace) / "runs" / run_id
+    else:
+        workspace = workspace_of(ctx)
+        log = runlog_of(ctx)
+        run_id = log.create_run("pipeline", method=method, target=target, draft=draft, dataset=data, status="pending")
+        run_dir = runs_dir(workspace) / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
     swap = str(Path(swap_dir).resolve() if swap_dir else run_dir / "swap")
     deadline = time.time() + max_minutes * 60 if max_minutes else None
     device = lambda gpus: "cuda" if gpus else "cpu"  # noqa: E731  (CUDA_VISIBLE_DEVICES narrows it)
@@ -128,16 +133,15 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
                            lr_decay_seconds=lr_decay_minutes * 60)
     runner = Pipeline(log, run_id, run_dir, infer, train, infer_list, train_list, deadline=deadline,
                       train_procs=train_procs)
+    if log is None:
+        _print_commands(runner)
+        return
     log.update_run(run_id, run_dir=str(run_dir), config={"preset": method, **chosen, "swap_dir": swap,
                                                          "infer_gpus": infer_gpus, "train_gpus": train_gpus,
                                                          "train_procs": train_procs or len(train_list) or 1,
                                                          "max_samples": max_samples, "skip": skip, "loop": loop, "duration": duration,
                                                          "max_minutes": max_minutes, "deadline": deadline,
                                                          "lr": lr, "lr_decay_minutes": lr_decay_minutes})
-    if dry_run:
-        _print_commands(runner)
-        log.finish_run(run_id, "finished", note="dry run")
-        return
     log.update_run(run_id, status="running")
     click.echo(f"pipeline {run_id}: {method} (loss {chosen['loss']}, length head {chosen['length_head']}), "
                f"inference on {infer_gpus}, training on {train_gpus}; swap dir {swap}")

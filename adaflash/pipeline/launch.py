@@ -93,7 +93,7 @@ def train_command(cfg: TrainingConfig, gpus: list[str], procs: int | None = None
 
 
 class Pipeline:
-    def __init__(self, log: RunLog, run_id: str, run_dir: Path, infer: InferenceConfig, train: TrainingConfig,
+    def __init__(self, log: RunLog | None, run_id: str, run_dir: Path, infer: InferenceConfig, train: TrainingConfig,
                  infer_gpus: list[str], train_gpus: list[str], grace: float = 60.0,
                  deadline: float | None = None, train_procs: int | None = None) -> None:
         self.log, self.run_id, self.run_dir = log, run_id, run_dir
@@ -115,6 +115,8 @@ class Pipeline:
         return {"inference": ",".join(self.infer_gpus), "training": ",".join(self.train_gpus)}
 
     def start(self) -> None:
+        if self.log is None:
+            raise RuntimeError("this pipeline was made for its command lines only (--dry-run, no run log)")
         buffer = SwapBuffer(self.infer.swap_dir)
         buffer.clear_stop()
         buffer.clear_done()  # a run resumed on an earlier swap dir: its producer is not done until it says so
