@@ -307,6 +307,24 @@ def test_accuracy_is_scored_against_the_reference_answers(workspace, tiny_llama,
 
 
 
+def test_admit_batch_reaches_the_engine_and_the_run_config(workspace, tiny_llama, tmp_path):
+    """--admit-batch 4 at batch 4: prompts are admitted only once all four slots are free, so 8 prompts
+    take exactly two prefills; more than the smallest batch size is refused, naming the option."""
+    from adaflash.runlog import RunLog
+
+    prompts = tmp_path / "eight.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Count to {i + 2}."}) + "\n" for i in range(8)))
+    result = _invoke("--target", str(tiny_llama), "--methods", "vanilla", "--prompts", str(prompts), "--num-prompts", "8",
+                     "--batch-sizes", "4", "--admit-batch", "4", "--max-new-tokens", "5", "--device", "cpu",
+                     "--warmup", "none", "--format", "json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["records"][0]["passes"]["prefill"]["steps"] == 2
+    assert RunLog.open(workspace).get_run(payload["run_id"])["config"]["admit_batch"] == 4
+    bad = _invoke("--target", str(tiny_llama), "--prompts", str(prompts), "--batch-sizes", "1,8", "--admit-batch", "2")
+    assert bad.exit_code == 2 and "--admit-batch 2: more than the smallest --batch-sizes (1)" in bad.output
+
+
 @pytest.mark.parametrize("order", ["interleaved", "sequential"])
 def test_passes_by_kind_account_for_every_step(workspace, tiny_llama, drafts, prompt_file, order):
     """Each row says where its time went: prefills, and decode steps by kind (AdaFlash's cost rule first

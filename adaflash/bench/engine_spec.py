@@ -43,6 +43,7 @@ class EngineBenchSpec:
     min_length: int = 2  # AdaFlash: fewest block positions verified
     length_policy: str = DEFAULT_LENGTH_POLICY  # AdaFlash: rate (the design's rule) or cost (measured step cost)
     order: str = "auto"  # auto (interleaved on CPU, sequential on CUDA), interleaved or sequential
+    admit_batch: int | None = None  # prefill once this many slots are free (None: the engine's default)
 
     def config(self) -> dict[str, Any]:
         return {"bench": "engine", **{k: getattr(self, k) for k in self.__dataclass_fields__}}

@@ -347,6 +347,9 @@ def _supervised_launcher(log, workspace: str, spec):
               help="interleaved: every method's engine gets all prompts queued and they take turns of a few steps, "
                    "each on its own clock, so a drifting machine slows every row alike; sequential: one method "
                    "after the other, all prompts queued at once; auto = interleaved on CPU, sequential on CUDA.")
+@click.option("--admit-batch", type=click.IntRange(1), default=None,
+              help="Prefill new prompts once this many slots are free (as `serve --admit-batch`; default: batch // 8 "
+                   "on a GPU, 1 on a CPU). At most the smallest --batch-sizes.")
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the target's chat template.")
 @click.option("--seed", type=int, default=None, help="Sample the prompts with this seed (default: the first N).")
 @click.option("--label", default=None, help="A name for this run (shown in comparisons).")
@@ -355,8 +358,8 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.pass_context
 def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None, drafts: tuple[str, ...], dataset: str,
            num_prompts: int, batch_sizes: str, max_new_tokens: int, device: str, dtype: str, compare_hf: bool,
-           prompt_lookup_tokens: int, warmup: str, length_rate: float, length_policy: str, min_length: int, order: str, chat: bool,
-           seed: int | None, label: str | None, fmt: str) -> None:
+           prompt_lookup_tokens: int, warmup: str, length_rate: float, length_policy: str, min_length: int, order: str,
+           admit_batch: int | None, chat: bool, seed: int | None, label: str | None, fmt: str) -> None:
     """Measure every method through the embedded engine side by side, greedy, on the same prompts.
 
     Per batch size: output tok/s, τ and whether greedy output is identical to our Vanilla's; with
@@ -389,6 +392,9 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     try:
         method_list = parse_methods(methods)
         sizes = parse_batch_sizes(batch_sizes)
+        if admit_batch is not None and admit_batch > min(sizes):
+            fail(f"--admit-batch {admit_batch}: more than the smallest --batch-sizes ({min(sizes)}), whose engine "
+                 f"would never admit a prompt while a row decodes")
         unused = [f"{m}={d}" for m, d in explicit.items() if m not in method_list]
         if unused:  # a drafter given for a method that does not run: most likely a mistyped --methods
             fail(f"--draft {', '.join(unused)}: not in --methods {','.join(method_list)}")
@@ -411,7 +417,7 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
                            max_new_tokens=max_new_tokens, device=device, dtype=dtype, compare_hf=compare_hf,
                            prompt_lookup_tokens=prompt_lookup_tokens, label=label, warmup=warmup,
                            length_rate=length_rate, min_length=min_length, order=order,
-                           length_policy=length_policy)
+                           length_policy=length_policy, admit_batch=admit_batch)
     log = runlog_of(ctx)
     events = EngineBenchEvents(message=lambda m: click.echo(m, err=True))
     try:
