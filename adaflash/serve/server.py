@@ -11,13 +11,13 @@ same thread and runs between two steps.
 
 Endpoints: POST /generate, GET /health, GET /health_generate, GET /get_server_info,
 GET /get_model_info, POST /update_weights_from_disk (swaps the DRAFTER, the part the pipeline
-retrains), POST /flush_cache.
+retrains), POST /flush_cache; and in OpenAI's dialect GET /v1/models, POST /v1/completions and
+POST /v1/chat/completions (`openai_api`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import dataclasses
 import hmac
@@ -36,7 +36,9 @@ from adaflash.bench.metrics import cpu_model
 from adaflash.engine.engine import Engine, StepEvent
 from adaflash.engine.params import Output, Request, SamplingParams
 from adaflash.serve.engine_loop import EngineLoop, Failure, Handle
+from adaflash.serve.event_stream import EventStream
 from adaflash.serve.http_errors import MAX_BODY_BYTES, error_body, error_response, http_error, json_body
+from adaflash.serve.openai_api import OpenAIRoutes
 from adaflash.serve.protocol import BadRequest, GenerateItem, parse_generate
 from adaflash.serve.stream_text import shown_text
 
@@ -92,6 +94,7 @@ class EmbeddedServer:
         app.router.add_post("/update_weights_from_disk", self.update_weights)
         app.router.add_post("/flush_cache", self.flush_cache)
         app.router.add_get("/flush_cache", self.flush_cache)
+        OpenAIRoutes(self).register(app)
         app.on_startup.append(self._startup)
         app.on_shutdown.append(self._shutdown)
         return app
@@ -135,8 +138,24 @@ class EmbeddedServer:
         arrived = time.perf_counter()
         body = await json_body(request)
         parsed = parse_generate(body, max_new_tokens_limit=self.max_new_tokens_limit)
-        encoded = await asyncio.get_running_loop().run_in_executor(self.encoding, self._encode, parsed.items)
-        requests = [self._to_request(item, ids) for item, ids in zip(parsed.items, encoded)]
+        handles = await self.submit(parsed.items, arrived)
+        try:
+            if parsed.stream:
+                return await self._stream(request, handles, parsed.batch)
+            results = await asyncio.gather(*(self.collect(h) for h in handles))
+        finally:
+            self.release(handles)
+        failures = [r for r in results if isinstance(r, Failure)]
+        if failures:
+            return error_response(failures[0].message, failures[0].status)
+        payload = [r.to_json() for r in results]
+        return web.json_response(payload if parsed.batch else payload[0])
+
+    async def submit(self, items: list[GenerateItem], arrived: float) -> list[Handle]:
+        """Tokenize, check and queue `items` for the engine thread: one Handle each, whose queue gets
+        its StepEvents. The caller must `release` them when it is done, whatever happened."""
+        encoded = await asyncio.get_running_loop().run_in_executor(self.encoding, self._encode, items)
+        requests = [self._to_request(item, ids) for item, ids in zip(items, encoded)]
         self._check_live()
         handles = []
         for req in requests:
@@ -145,21 +164,14 @@ class EmbeddedServer:
             handles.append(handle)
         for req, handle in zip(requests, handles):
             self.loop_thread.submit(req, handle)
-        try:
-            if parsed.stream:
-                return await self._stream(request, handles, parsed.batch)
-            results = await asyncio.gather(*(self._collect(h) for h in handles))
-        finally:
-            # A client that left (its handler cancelled, or a stream write failed) frees its slots.
-            for handle in handles:
-                self.in_flight.discard(handle.rid)
-                if not handle.done:
-                    self.loop_thread.abort(handle.rid)
-        failures = [r for r in results if isinstance(r, Failure)]
-        if failures:
-            return error_response(failures[0].message, failures[0].status)
-        payload = [r.to_json() for r in results]
-        return web.json_response(payload if parsed.batch else payload[0])
+        return handles
+
+    def release(self, handles: list[Handle]) -> None:
+        """A client that left (its handler cancelled, or a stream write failed) frees its slots."""
+        for handle in handles:
+            self.in_flight.discard(handle.rid)
+            if not handle.done:
+                self.loop_thread.abort(handle.rid)
 
     def _encode(self, items: list[GenerateItem]) -> list[list[int]]:
         """Token ids of each item (on the tokenizing thread)."""
@@ -181,23 +193,24 @@ class EmbeddedServer:
         if self.loop_thread is None or not self.loop_thread.alive:
             raise BadRequest("the engine loop is not running", 503)
 
-    async def _collect(self, handle: Handle) -> Output | Failure:
+    async def collect(self, handle: Handle) -> Output | Failure:
+        """The request's finished Output (or its Failure), once the engine thread hands it over."""
         while True:
             item = await handle.queue.get()
             if isinstance(item, Failure):
                 handle.done = True
                 return item
-            self._note(handle, item)
+            self.note(handle, item)
             if item.output is not None:
-                return self._finish(handle, item.output)
+                return self.finish(handle, item.output)
 
-    def _note(self, handle: Handle, event: StepEvent) -> None:
+    def note(self, handle: Handle, event: StepEvent) -> None:
         handle.steps += 1
         handle.ids.extend(event.new_ids)
         if handle.first_at is None and event.new_ids:
             handle.first_at = time.perf_counter()
 
-    def _finish(self, handle: Handle, output: Output) -> Output:
+    def finish(self, handle: Handle, output: Output) -> Output:
         handle.done = True
         now = time.perf_counter()
         meta = dict(output.meta_info)
@@ -212,33 +225,20 @@ class EmbeddedServer:
     async def _stream(self, request: web.Request, handles: list[Handle], batch: bool) -> web.StreamResponse:
         # Each chunk carries the cumulative text, as SGLang's /generate stream does; a request the
         # engine thread refuses late (it re-checks) becomes an error chunk, then [DONE].
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        lock = asyncio.Lock()
-        gone = False
-
-        async def send(payload: dict[str, Any] | str) -> None:
-            nonlocal gone
-            if gone:
-                return
-            data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-            try:
-                async with lock:
-                    await response.write(f"data: {data}\n\n".encode())
-            except (ConnectionResetError, RuntimeError):
-                gone = True  # the client left: `generate` aborts what is still decoding
+        events = await EventStream.open(request)
+        send = events.send
 
         async def pump(index: int, handle: Handle) -> None:
-            while not gone:
+            while not events.gone:
                 item = await handle.queue.get()
                 if isinstance(item, Failure):
                     handle.done = True
                     body = error_body(item.message, "BadRequest" if item.status == 400 else "InternalServerError")
                     await send({**body, "index": index} if batch else body)
                     return
-                self._note(handle, item)
+                self.note(handle, item)
                 if item.output is not None:
-                    chunk = self._finish(handle, item.output).to_json()
+                    chunk = self.finish(handle, item.output).to_json()
                 else:
                     chunk = self._partial(handle)
                 if batch:
@@ -248,11 +248,7 @@ class EmbeddedServer:
                     return
 
         await asyncio.gather(*(pump(i, h) for i, h in enumerate(handles)))
-        await send("[DONE]")
-        if not gone:
-            with contextlib.suppress(ConnectionResetError, RuntimeError):
-                await response.write_eof()
-        return response
+        return await events.close()
 
     def _partial(self, handle: Handle) -> dict[str, Any]:
         text = shown_text(self.text.decode(handle.ids), handle.stops)
@@ -282,7 +278,7 @@ class EmbeddedServer:
         handle = Handle(req.rid, asyncio.Queue(), time.perf_counter())
         self.loop_thread.submit(req, handle)
         try:
-            result = await asyncio.wait_for(self._collect(handle), timeout=60)
+            result = await asyncio.wait_for(self.collect(handle), timeout=60)
         except asyncio.TimeoutError:
             return error_response("the engine did not answer within 60 s", 503)
         if isinstance(result, Failure):

@@ -1,0 +1,166 @@
+"""OpenAI-compatible endpoints over the embedded engine: GET /v1/models, POST /v1/completions and
+POST /v1/chat/completions, streamed or not.
+
+They ride on the native server's machinery (`EmbeddedServer.submit`, `collect`, `release`): the same
+engine thread, batching and abort-on-disconnect; only the dialect differs. Streams send deltas (the
+native stream sends the cumulative text), holding back what a stop string could still take back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from adaflash.engine.params import Output
+from adaflash.serve.engine_loop import Failure, Handle
+from adaflash.serve.event_stream import EventStream
+from adaflash.serve.http_errors import error_body, error_response, json_body
+from adaflash.serve.openai_protocol import OpenAIInput, parse_chat, parse_completion
+from adaflash.serve.protocol import BadRequest, GenerateItem
+from adaflash.serve.stream_text import shown_text
+
+if TYPE_CHECKING:
+    from adaflash.serve.server import EmbeddedServer
+
+class OpenAIRoutes:
+    def __init__(self, server: EmbeddedServer) -> None:
+        self.server = server
+
+    def register(self, app: web.Application) -> None:
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
+
+    @property
+    def model_id(self) -> str:
+        return self.server.target_name
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model_id, "object": "model", "created": int(self.server.started), "owned_by": "adaflash"}]})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.perf_counter()
+        parsed = parse_completion(await json_body(request), max_new_tokens_limit=self.server.max_new_tokens_limit)
+        self._check_model(parsed.model)
+        assert parsed.prompts is not None
+        return await self._answer(request, parsed, parsed.prompts, chat=False, arrived=arrived)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.perf_counter()
+        parsed = parse_chat(await json_body(request), max_new_tokens_limit=self.server.max_new_tokens_limit)
+        self._check_model(parsed.model)
+        assert parsed.messages is not None
+        try:
+            prompt = self.server.text.render(parsed.messages)
+        except Exception as err:  # a template that refuses the conversation (roles out of order, say)
+            raise BadRequest(f"'messages' do not fit the model's chat template: {err}") from None
+        return await self._answer(request, parsed, [prompt], chat=True, arrived=arrived)
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model not in (self.model_id, "default"):
+            raise BadRequest(f"model {model!r} is not served here; this server serves {self.model_id!r} "
+                             f"(GET /v1/models)", 404)
+
+    async def _answer(self, request: web.Request, parsed: OpenAIInput, prompts: list[str], *, chat: bool,
+                      arrived: float) -> web.StreamResponse:
+        items = [GenerateItem(p, None, dataclasses.replace(parsed.params, stop=list(parsed.params.stop)))
+                 for p in prompts]
+        handles = await self.server.submit(items, arrived)
+        reply = Reply(chat, self.model_id)
+        try:
+            if parsed.stream:
+                return await self._stream(request, handles, reply, parsed.include_usage)
+            results = await asyncio.gather(*(self.server.collect(h) for h in handles))
+        finally:
+            self.server.release(handles)
+        failures = [r for r in results if isinstance(r, Failure)]
+        if failures:
+            return error_response(failures[0].message, failures[0].status)
+        outputs = [r for r in results if isinstance(r, Output)]
+        return web.json_response(reply.whole(outputs))
+
+    async def _stream(self, request: web.Request, handles: list[Handle], reply: Reply,
+                      include_usage: bool) -> web.StreamResponse:
+        events = await EventStream.open(request)
+        send = events.send
+        outputs: list[Output] = []
+
+        async def pump(index: int, handle: Handle) -> None:
+            shown = ""
+            if reply.chat:
+                await send(reply.chunk(index, "", None, role=True))
+            while not events.gone:
+                item = await handle.queue.get()
+                if isinstance(item, Failure):
+                    handle.done = True
+                    await send(error_body(item.message, "BadRequest" if item.status == 400 else "InternalServerError"))
+                    return
+                self.server.note(handle, item)
+                finish = None
+                if item.output is not None:
+                    output = self.server.finish(handle, item.output)
+                    outputs.append(output)
+                    text, finish = output.text, finish_reason(output)
+                else:
+                    text = shown_text(self.server.text.decode(handle.ids), handle.stops)
+                delta = text[len(shown):] if text.startswith(shown) else ""
+                shown += delta
+                if delta or finish:
+                    await send(reply.chunk(index, delta, finish))
+                if finish:
+                    return
+
+        await asyncio.gather(*(pump(i, h) for i, h in enumerate(handles)))
+        if include_usage and len(outputs) == len(handles):
+            await send({**reply.header(chunk=True), "choices": [], "usage": usage(outputs)})
+        return await events.close()
+
+
+@dataclasses.dataclass
+class Reply:
+    """One response's id and shape: a text completion or a chat completion, whole or in chunks."""
+
+    chat: bool
+    model: str
+    id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    def header(self, *, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        return {"id": f"{'chatcmpl' if self.chat else 'cmpl'}-{self.id}", "object": kind, "created": self.created,
+                "model": self.model}
+
+    def whole(self, outputs: list[Output]) -> dict[str, Any]:
+        if self.chat:
+            choices = [{"index": i, "message": {"role": "assistant", "content": o.text}, "logprobs": None,
+                        "finish_reason": finish_reason(o)} for i, o in enumerate(outputs)]
+        else:
+            choices = [{"index": i, "text": o.text, "logprobs": None, "finish_reason": finish_reason(o)}
+                       for i, o in enumerate(outputs)]
+        return {**self.header(chunk=False), "choices": choices, "usage": usage(outputs)}
+
+    def chunk(self, index: int, delta: str, finish: str | None, *, role: bool = False) -> dict[str, Any]:
+        if self.chat:
+            body: dict[str, Any] = {"role": "assistant", "content": delta} if role else {"content": delta}
+            choice = {"index": index, "delta": body, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": delta, "logprobs": None, "finish_reason": finish}
+        return {**self.header(chunk=True), "choices": [choice]}
+
+
+def finish_reason(output: Output) -> str:
+    """The engine's finish (a stop token or string, or the length) as OpenAI names it."""
+    finish = output.meta_info.get("finish_reason") or {}
+    return "length" if finish.get("type") == "length" else "stop"
+
+
+def usage(outputs: list[Output]) -> dict[str, int]:
+    prompt = sum(int(o.meta_info["prompt_tokens"]) for o in outputs)
+    completion = sum(int(o.meta_info["completion_tokens"]) for o in outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

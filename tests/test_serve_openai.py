@@ -1,0 +1,145 @@
+"""The embedded server's OpenAI-style endpoints on a tiny random target: same tokens as the engine
+alone, deltas that add up to the whole answer, usage counts, and bad requests named field by field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+MAX_NEW = 10
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three colors."}]
+
+
+@pytest.fixture(scope="module")
+def engine_alone(tiny_target):
+    """Greedy token ids of a prompt string through engine.generate, one request at a time."""
+    from adaflash.engine.engine import Engine
+    from adaflash.engine.params import Request, SamplingParams
+
+    engine = Engine(tiny_target, "vanilla", max_batch=1, max_len=256)
+
+    def run(text: str) -> list[int]:
+        request = Request(tiny_target.encode(text), SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
+        return engine.generate([request])[0].output_ids
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama: Path):
+    from adaflash.engine.build import build_engine
+    from adaflash.serve.running import RunningServer
+    from adaflash.serve.server import EmbeddedServer
+
+    engine = build_engine(str(tiny_llama), "vanilla", None, device="cpu", max_batch=8, max_len=256)
+    running = RunningServer(EmbeddedServer(engine, target="tiny", max_new_tokens_limit=64))
+    yield running
+    running.stop()
+
+
+async def _post(url: str, body) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
+        return response.status, await response.text()
+
+
+def _events(raw: str) -> list:
+    blocks = [b for b in raw.split("\n\n") if b]
+    assert all(b.startswith("data: ") for b in blocks), blocks
+    assert blocks[-1] == "data: [DONE]"
+    return [json.loads(b[len("data: "):]) for b in blocks[:-1]]
+
+
+GREEDY = {"max_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+
+
+async def test_models_and_completions_give_the_engines_tokens(server, engine_alone, tiny_target):
+    status, text = await _post(server.url + "/v1/completions", {"model": "tiny", "prompt": ["Hello there", "Say hi"],
+                                                                **GREEDY})
+    assert status == 200, text
+    body = json.loads(text)
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-") and body["model"] == "tiny"
+    for index, prompt in enumerate(["Hello there", "Say hi"]):
+        choice = body["choices"][index]
+        assert choice["index"] == index and choice["finish_reason"] == "length"
+        assert choice["text"] == tiny_target.decode(engine_alone(prompt))
+    prompt_tokens = len(tiny_target.encode("Hello there")) + len(tiny_target.encode("Say hi"))
+    assert body["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 2 * MAX_NEW,
+                             "total_tokens": prompt_tokens + 2 * MAX_NEW}
+    async with aiohttp.ClientSession() as session, session.get(server.url + "/v1/models") as response:
+        models = await response.json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+
+
+async def test_chat_applies_the_template_and_streams_deltas_that_add_up(server, engine_alone, tiny_target):
+    status, text = await _post(server.url + "/v1/chat/completions", {"messages": CHAT, **GREEDY})
+    assert status == 200, text
+    whole = json.loads(text)
+    expected = tiny_target.decode(engine_alone(tiny_target.render(CHAT)))
+    assert whole["object"] == "chat.completion"
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": expected}
+    assert whole["usage"]["prompt_tokens"] == len(tiny_target.encode(tiny_target.render(CHAT)))
+
+    body = {"messages": CHAT, **GREEDY, "stream": True, "stream_options": {"include_usage": True}}
+    async with aiohttp.ClientSession() as session, session.post(server.url + "/v1/chat/completions",
+                                                                json=body) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        chunks = _events((await response.read()).decode())
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    deltas = [c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]]
+    assert "".join(deltas) == expected
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert finishes[-1] == "length" and set(finishes[:-1]) == {None}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+
+
+async def test_a_stop_string_ends_the_answer_and_no_delta_takes_text_back(server, engine_alone, tiny_target):
+    full = tiny_target.decode(engine_alone("Hello there"))
+    stop = full[len(full) // 2: len(full) // 2 + 4]
+    body = {"prompt": "Hello there", **GREEDY, "stop": stop, "stream": True}
+    status, raw = await _post(server.url + "/v1/completions", body)
+    assert status == 200, raw
+    chunks = _events(raw)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == full[: full.find(stop)]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+BAD = [
+    ("/v1/chat/completions", {"messages": []}, 400, "'messages' must be a non-empty list"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content[0]"),
+    ("/v1/chat/completions", {"messages": CHAT, "n": 2}, 400, "n=2 is not supported"),
+    ("/v1/chat/completions", {"messages": CHAT, "model": "gpt-4"}, 404, "model 'gpt-4' is not served here"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 65}, 400, "'max_tokens'=65 exceeds the limit 64"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 4, "max_completion_tokens": 5}, 400, "not both"),
+    ("/v1/completions", {"prompt": 5}, 400, "'prompt' must be a string"),
+    ("/v1/completions", {"prompt": "a", "temperature": -1}, 400, "'temperature' must be a finite number >= 0"),
+    ("/v1/completions", {"prompt": "a", "stop": [""]}, 400, "'stop' must be"),
+    ("/v1/completions", {"prompt": "a", "logprobs": 3}, 400, "logprobs=3 is not supported"),
+    ("/v1/completions", {"prompt": "a", "bogus": 1}, 400, "unknown field 'bogus'"),
+    ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "only with \"stream\": true"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "message"), BAD, ids=[b[3] for b in BAD])
+async def test_bad_requests_name_the_field(server, path, body, status, message):
+    got, text = await _post(server.url + path, body)
+    assert got == status, text
+    assert message in json.loads(text)["error"]["message"], text
+
+
+async def test_clients_defaults_are_accepted(server):
+    """What the openai SDK and others send by default (nulls, n=1, zero penalties) is not an error."""
+    body = {"model": "tiny", "messages": CHAT, "max_tokens": 2, "n": 1, "presence_penalty": 0, "frequency_penalty": 0.0,
+            "logit_bias": None, "seed": None, "user": "me", "top_p": None, "stop": None, "tools": None}
+    status, text = await _post(server.url + "/v1/chat/completions", body)
+    assert status == 200, text
+    assert json.loads(text)["usage"]["completion_tokens"] <= 2
+    # no max_tokens: the chat default (256) capped by the server's --max-new-tokens-limit (64), not refused
+    status, text = await _post(server.url + "/v1/chat/completions", {"messages": CHAT, "ignore_eos": True})
+    assert status == 200, text
+    assert json.loads(text)["usage"]["completion_tokens"] == 64
