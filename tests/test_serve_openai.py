@@ -121,6 +121,8 @@ BAD = [
     ("/v1/completions", {"prompt": "a", "stop": [""]}, 400, "'stop' must be"),
     ("/v1/completions", {"prompt": "a", "logprobs": 3}, 400, "logprobs=3 is not supported"),
     ("/v1/completions", {"prompt": "a", "bogus": 1}, 400, "unknown field 'bogus'"),
+    ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_object"}}, 400,
+     "response_format={'type': 'json_object'} is not supported"),
     ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "only with \"stream\": true"),
 ]
 
@@ -135,7 +137,8 @@ async def test_bad_requests_name_the_field(server, path, body, status, message):
 async def test_clients_defaults_are_accepted(server):
     """What the openai SDK and others send by default (nulls, n=1, zero penalties) is not an error."""
     body = {"model": "tiny", "messages": CHAT, "max_tokens": 2, "n": 1, "presence_penalty": 0, "frequency_penalty": 0.0,
-            "logit_bias": None, "seed": None, "user": "me", "top_p": None, "stop": None, "tools": None}
+            "logit_bias": None, "seed": None, "user": "me", "top_p": None, "stop": None, "tools": None,
+            "response_format": {"type": "text"}}
     status, text = await _post(server.url + "/v1/chat/completions", body)
     assert status == 200, text
     assert json.loads(text)["usage"]["completion_tokens"] <= 2

@@ -25,12 +25,12 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
     "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},), "suffix": (),
     "seed": (), "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-    "parallel_tool_calls": (True, False),
+    "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},),
 }
 # The engine's messages name the native fields; these requests name them at the top level.
 RENAMED = {"sampling_params.max_new_tokens": "'max_tokens'", "sampling_params.temperature": "'temperature'",
            "sampling_params.top_p": "'top_p'", "sampling_params.top_k": "'top_k'"}
-HARMLESS = {"user", "metadata", "store", "service_tier", "stream_options", "response_format", "model"}
+HARMLESS = {"user", "metadata", "store", "service_tier", "stream_options", "model"}
 COMMON = {"max_tokens", "temperature", "top_p", "top_k", "stop", "stream", "ignore_eos"}
 ROLES = ("system", "user", "assistant", "developer")
 
