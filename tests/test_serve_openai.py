@@ -138,7 +138,7 @@ async def test_clients_defaults_are_accepted(server):
     """What the openai SDK and others send by default (nulls, n=1, zero penalties) is not an error."""
     body = {"model": "tiny", "messages": CHAT, "max_tokens": 2, "n": 1, "presence_penalty": 0, "frequency_penalty": 0.0,
             "logit_bias": None, "seed": None, "user": "me", "top_p": None, "stop": None, "tools": None,
-            "response_format": {"type": "text"}}
+            "response_format": {"type": "text"}, "ignore_eos": None, "max_completion_tokens": None}
     status, text = await _post(server.url + "/v1/chat/completions", body)
     assert status == 200, text
     assert json.loads(text)["usage"]["completion_tokens"] <= 2

@@ -62,8 +62,8 @@ def parse_chat(body: Any, *, max_new_tokens_limit: int | None = None) -> OpenAII
     if not isinstance(raw, list) or not raw:
         raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
     messages = [_message(m, i) for i, m in enumerate(raw)]
-    if "max_completion_tokens" in body:
-        if "max_tokens" in body and body["max_tokens"] != body["max_completion_tokens"]:
+    if body.get("max_completion_tokens") is not None:
+        if body.get("max_tokens") is not None and body["max_tokens"] != body["max_completion_tokens"]:
             raise BadRequest("give 'max_completion_tokens' or 'max_tokens', not both")
         body = {**body, "max_tokens": body["max_completion_tokens"]}
     return OpenAIInput(None, messages, *_common(body, CHAT_MAX_TOKENS, max_new_tokens_limit))
@@ -131,7 +131,7 @@ def _common(body: dict[str, Any], default_tokens: int,
         top_p=1.0 if body.get("top_p") is None else body["top_p"],
         top_k=-1 if body.get("top_k") is None else body["top_k"],
         stop=list(stops),
-        ignore_eos=body.get("ignore_eos", False),
+        ignore_eos=False if body.get("ignore_eos") is None else body["ignore_eos"],
     )
     if not isinstance(params.ignore_eos, bool):
         raise BadRequest(f"'ignore_eos' must be a boolean, got {params.ignore_eos!r}")
