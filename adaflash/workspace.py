@@ -11,6 +11,7 @@ from pathlib import Path
 WORKSPACE_ENV = "ADAFLASH_WORKSPACE"
 CACHE_ENV = "ADAFLASH_CACHE"
 DEFAULT_WORKSPACE = "adaflash-workspace"
+RUNLOG_FILE = "runlog.sqlite"
 
 
 def workspace_path(explicit: str | os.PathLike | None = None) -> Path:
@@ -27,7 +28,7 @@ def workspace_dir(explicit: str | os.PathLike | None = None) -> Path:
 
 
 def runlog_path(workspace: str | os.PathLike | None = None) -> Path:
-    return workspace_dir(workspace) / "runlog.sqlite"
+    return workspace_dir(workspace) / RUNLOG_FILE
 
 
 def runs_dir(workspace: str | os.PathLike | None = None) -> Path:

@@ -16,8 +16,7 @@ from jobs.recipe_checker import Checker
 
 NAMESPACES = ("vars", "gpus", "nproc")
 BUILTINS = ("run_id", "run_dir", "workspace", "cache_dir", "recipe_dir", "python")
-PLACEHOLDER = re.compile(
-    r"\{(vars|gpus|nproc)\.([A-Za-z0-9_\-]+)\}|\{(run_id|run_dir|workspace|cache_dir|recipe_dir|python)\}")
+PLACEHOLDER = re.compile(rf"\{{({'|'.join(NAMESPACES)})\.([A-Za-z0-9_\-]+)\}}|\{{({'|'.join(BUILTINS)})\}}")
 BRACE_WORD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(\.[A-Za-z0-9_\-]+)?\}")
 
 

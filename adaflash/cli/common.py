@@ -16,13 +16,22 @@ import click
 
 from adaflash.files import nearest_existing
 from adaflash.runlog import RunLog
-from adaflash.workspace import DEFAULT_WORKSPACE, WORKSPACE_ENV, workspace_dir, workspace_path
+from adaflash.workspace import DEFAULT_WORKSPACE, RUNLOG_FILE, WORKSPACE_ENV, workspace_dir, workspace_path
+
+
+def _workspace_option(ctx: click.Context) -> str | None:
+    root = ctx.find_root()
+    return (root.obj or {}).get("workspace") if root.obj else None
+
+
+def workspace_path_of(ctx: click.Context) -> Path:
+    """The workspace `--workspace` (or its default) names, not created."""
+    return workspace_path(_workspace_option(ctx))
 
 
 def workspace_of(ctx: click.Context) -> str:
-    root = ctx.find_root()
-    explicit = (root.obj or {}).get("workspace") if root.obj else None
-    return str(workspace_dir(explicit))
+    """The workspace, created: for commands that record something there."""
+    return str(workspace_dir(_workspace_option(ctx)))
 
 
 def runlog_of(ctx: click.Context) -> RunLog:
@@ -35,9 +44,8 @@ def runlog_of(ctx: click.Context) -> RunLog:
 def existing_runlog_of(ctx: click.Context) -> RunLog:
     """`runlog_of` for commands that only read or act on recorded runs: a workspace with no run log
     (a mistyped --workspace, say) is an error naming it, and nothing is created there."""
-    root = ctx.find_root()
-    workspace = workspace_path((root.obj or {}).get("workspace") if root.obj else None)
-    if not (workspace / "runlog.sqlite").is_file():
+    workspace = workspace_path_of(ctx)
+    if not (workspace / RUNLOG_FILE).is_file():
         fail(f"no run log in workspace {workspace}: nothing has been recorded there (the workspace is "
              f"--workspace, else ${WORKSPACE_ENV}, else ./{DEFAULT_WORKSPACE})")
     return runlog_of(ctx)

@@ -23,6 +23,7 @@ from adaflash.cli.common import (
     run_or_fail,
     runlog_of,
     workspace_of,
+    workspace_path_of,
 )
 
 PRESETS = {
@@ -84,7 +85,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     from adaflash.pipeline.inference import InferenceConfig
     from adaflash.pipeline.launch import Pipeline, parse_gpus
     from adaflash.pipeline.training import TrainingConfig
-    from adaflash.workspace import runs_dir, workspace_path
+    from adaflash.workspace import runs_dir
 
     if not data:
         fail("--data FILE is required: the prompts the inference worker answers (see `adaflash pipeline --help`)")
@@ -108,7 +109,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
         loop = max_minutes is not None
     method = preset or ("adaflash" if chosen["length_head"] else "osd")
     if dry_run:  # the command lines only: nothing recorded, nothing created
-        workspace = str(workspace_path(ctx.find_root().obj.get("workspace") if ctx.find_root().obj else None))
+        workspace = str(workspace_path_of(ctx))
         log, run_id = None, "RUN_ID"
         run_dir = Path(workspace) / "runs" / run_id
     else:

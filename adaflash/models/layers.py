@@ -337,26 +337,24 @@ class Attention(nn.Module):
         read one dense tensor; with norms the normed heads are gathered back into one first.
         """
         roped = queries + self.num_kv
+        into = None  # where the rope kernel stores k and v itself
         if fused_rope_available(heads):  # one kernel on a GPU, norms included
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.cfg.qk_norm else None
-            into = None
             if store is not None and store[0].k.dtype == heads.dtype:
-                cache, layer, where = store
-                into = (*cache.flat_layer(layer), where)
+                into = (*store[0].flat_layer(store[1]), store[2])
             out = rope_heads(heads, rope.cos, rope.sin, queries, roped, norms, into)
-            if into is not None:
-                return (out[:, :, :queries] if queries else None), None, None
         else:
             if self.cfg.qk_norm:
                 parts = [self.q_norm(heads[:, :, :queries])] if queries else []
                 heads = torch.cat([*parts, self.k_norm(heads[:, :, queries:roped]), heads[:, :, roped:]], dim=2)
             out = apply_rope(heads, *rope.over(roped, heads.shape[2]))
-        k, v = out[:, :, queries:roped], out[:, :, roped:]
-        if store is not None:
+        q = out[:, :, :queries] if queries else None
+        if store is None:
+            return q, out[:, :, queries:roped], out[:, :, roped:]
+        if into is None:  # eager rope, or a cache of another dtype: copy k and v in
             cache, layer, where = store
-            cache.write(layer, where, k, v)
-            return (out[:, :, :queries] if queries else None), None, None
-        return (out[:, :, :queries] if queries else None), k, v
+            cache.write(layer, where, out[:, :, queries:roped], out[:, :, roped:])
+        return q, None, None
 
     def project_q(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         b, q, _ = x.shape
@@ -370,8 +368,8 @@ class Attention(nn.Module):
         if self.qkv is not None:  # fused: k and v are the last rows of the one weight, a single GEMM
             start = self.num_heads * self.head_dim
             weight, bias = self.qkv
-            kv = linear(x, weight[start:], bias[start:] if bias is not None else None)
-            _, k, v = self._split_roped(kv.reshape(b, q, 2 * self.num_kv, self.head_dim), 0, rope)
+            kv = self._fused_heads(x, (weight[start:], bias[start:] if bias is not None else None), 0)
+            _, k, v = self._split_roped(kv, 0, rope)
             assert k is not None and v is not None
             return k, v
         k = self.k_proj(x).view(b, q, self.num_kv, self.head_dim)

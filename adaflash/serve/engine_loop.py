@@ -22,12 +22,17 @@ from typing import Any
 
 from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request
+from adaflash.serve.http_errors import error_body
 
 
 @dataclass
 class Failure:
     message: str
     status: int = 500
+
+    def body(self) -> dict[str, Any]:
+        """The error a stream sends for it (a stream has already answered 200)."""
+        return error_body(self.message, "BadRequest" if self.status == 400 else "InternalServerError")
 
 
 @dataclass

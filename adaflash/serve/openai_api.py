@@ -19,7 +19,7 @@ from aiohttp import web
 from adaflash.engine.params import Output
 from adaflash.serve.engine_loop import Failure, Handle
 from adaflash.serve.event_stream import EventStream
-from adaflash.serve.http_errors import error_body, error_response, json_body
+from adaflash.serve.http_errors import error_response, json_body
 from adaflash.serve.openai_protocol import OpenAIInput, parse_chat, parse_completion
 from adaflash.serve.protocol import BadRequest, GenerateItem
 from adaflash.serve.stream_text import shown_text
@@ -99,7 +99,7 @@ class OpenAIRoutes:
                 item = await handle.queue.get()
                 if isinstance(item, Failure):
                     handle.done = True
-                    await send(error_body(item.message, "BadRequest" if item.status == 400 else "InternalServerError"))
+                    await send(item.body())
                     return
                 self.server.note(handle, item)
                 finish = None

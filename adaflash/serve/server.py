@@ -233,7 +233,7 @@ class EmbeddedServer:
                 item = await handle.queue.get()
                 if isinstance(item, Failure):
                     handle.done = True
-                    body = error_body(item.message, "BadRequest" if item.status == 400 else "InternalServerError")
+                    body = item.body()
                     await send({**body, "index": index} if batch else body)
                     return
                 self.note(handle, item)
