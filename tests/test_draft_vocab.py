@@ -39,6 +39,18 @@ def test_draft_vocab_drafter_is_lossless_and_round_trips(tmp_path, tiny_target, 
     assert set(drafts.flatten().tolist()) <= set(vocab.tolist()), "drafts come from the draft vocabulary"
 
 
+def test_a_whole_vocabulary_drafter_takes_a_draft_vocabulary(tmp_path, tiny_target):
+    drafter = new_drafter("dflash", tiny_target.model.cfg, block_size=4)
+    assert drafter.draft_vocab is None
+    drafter.set_draft_vocab(torch.arange(40, 72))
+    save_drafter(drafter, tmp_path / "d")
+    loaded = load_drafter(tmp_path / "d", tiny_target.model.cfg)
+    assert loaded.draft_vocab.tolist() == list(range(40, 72))
+    drafts, _ = loaded.draft(Engine(tiny_target, "dflash", loaded, max_batch=1, max_len=64).draft_cache,
+                             torch.tensor([0]), torch.tensor([5]), torch.tensor([1]), tiny_target.model, 1)
+    assert set(drafts.flatten().tolist()) <= set(range(40, 72))
+
+
 def test_bad_draft_vocab_size_names_the_field(tmp_path, tiny_target):
     save_drafter(new_drafter("dflash", tiny_target.model.cfg, draft_vocab=torch.arange(10, 30)), tmp_path / "d")
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
@@ -69,8 +81,15 @@ def test_train_cli_draft_vocab(tmp_path, learnable, regen):  # noqa: F811
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 128
-    result = CliRunner().invoke(cli, [*args, "--init", str(out)])
-    assert result.exit_code == 2 and "--draft-vocab" in result.output
+    # given with --init the vocabulary is chosen anew (wider here)
+    wider = tmp_path / "wider"
+    result = CliRunner().invoke(cli, [*args[:args.index("--out")], "--out", str(wider), "--steps", "1",
+                                      "--draft-vocab", "192", "--eval-prompts", "0", "--init", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((wider / "config.json").read_text())["draft_vocab_size"] == 192
+    narrow, wide = load_drafter(out, learnable.model.cfg), load_drafter(wider, learnable.model.cfg)
+    assert set(narrow.draft_vocab.tolist()) < set(wide.draft_vocab.tolist())
+    assert wide.draft_vocab.tolist() == sorted(wide.draft_vocab.tolist())
     # a depth asked of a drafter that already has one is refused, not dropped
     result = CliRunner().invoke(cli, [*args[:-4], "--eval-prompts", "0", "--init", str(out), "--layers", "2"])
     assert result.exit_code == 2 and "--layers sets a new drafter's depth" in result.output, result.output

@@ -81,7 +81,8 @@ def common_options(func):
 @click.option("--length-head/--no-length-head", default=False, show_default=True, help="DFlash: train the length head jointly.")
 @click.option("--draft-vocab", type=click.IntRange(16), default=None,
               help="Score only the N most frequent tokens of --data (a draft vocabulary): drafting and training "
-                   "cost N/V of the full lm_head. Default: the whole vocabulary.")
+                   "cost N/V of the full lm_head. Default: the whole vocabulary, or the --init drafter's; given with "
+                   "--init, its vocabulary is chosen anew (no weight depends on it).")
 @click.option("--init-from-target/--random-init", default=False, show_default=True,
               help="A new drafter copies the target layers after its deepest feature layer (not with --init).")
 @click.option("--loss", type=click.Choice(["ce", "rkl-mix", "fkl"]), default="ce", show_default=True)
@@ -131,8 +132,6 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
             raise ValueError("--init-from-target starts a new drafter from the target; --init continues an existing one")
         vocab = None
         if draft_vocab is not None:
-            if init:
-                raise ValueError("--draft-vocab makes a new drafter's vocabulary; --init keeps the one it has")
             vocab = frequent_tokens([s.ids[s.response_start:] for s in sequences], draft_vocab,
                                     tgt.model.cfg.vocab_size, always=tgt.eos_ids)
         trainer = Trainer(cfg, tgt, build_drafter(cfg, tgt, vocab))

@@ -50,6 +50,14 @@ class Drafter(nn.Module):
             self.draft_vocab = None
         self.head_weight: torch.Tensor | None = None
 
+    def set_draft_vocab(self, vocab: torch.Tensor) -> None:
+        """Score these target ids from now on. No weight depends on the vocabulary (the head is the
+        target's rows), so a trained drafter can be given a wider one and learn the new tokens."""
+        self._buffers.pop("draft_vocab", None)
+        self.__dict__.pop("draft_vocab", None)  # the plain None a whole-vocabulary drafter holds
+        self.register_buffer("draft_vocab", vocab.to(dtype=torch.long, device=next(self.parameters()).device).clone())
+        self.head_weight = None
+
     def fuse_projections(self) -> None:
         """q/k/v and gate/up as one GEMM each in every layer, as the target's (`TargetModel.fuse_projections`).
 

@@ -113,6 +113,8 @@ def build_drafter(cfg: TrainConfig, target: Target, draft_vocab: torch.Tensor | 
             if not isinstance(drafter, DFlashDrafter):
                 raise ValueError(f"--block-size applies to DFlash drafters; {cfg.init} is a {drafter.kind} drafter")
             drafter.block_size = cfg.block_size  # no weight depends on B: positions past the old block learn here
+        if draft_vocab is not None:
+            drafter.set_draft_vocab(draft_vocab)
         return drafter
     drafter = new_drafter(cfg.method, target.model.cfg, layers=cfg.layers, block_size=cfg.block_size or 16,
                           length_head=cfg.length_head, steps=cfg.steps_chain, seed=cfg.seed, draft_vocab=draft_vocab)
