@@ -325,6 +325,30 @@ def test_admit_batch_reaches_the_engine_and_the_run_config(workspace, tiny_llama
     assert bad.exit_code == 2 and "--admit-batch 2: more than the smallest --batch-sizes (1)" in bad.output
 
 
+def test_no_overlap_reaches_the_engine_and_the_run_config(workspace, tiny_llama, tmp_path, monkeypatch):
+    from adaflash.engine import build
+    from adaflash.runlog import RunLog
+
+    made = []  # the overlap each engine was asked for (None: the engine's default, on a GPU)
+    real = build.Engine
+
+    def spy(*args, **kw):
+        made.append(kw.get("overlap", "unset"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(build, "Engine", spy)
+    prompts = tmp_path / "two.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Count to {i + 2}."}) + "\n" for i in range(2)))
+    for flag, asked in (("--no-overlap", False), ("--overlap", None)):
+        made.clear()
+        result = _invoke("--target", str(tiny_llama), "--methods", "vanilla", "--prompts", str(prompts), "--num-prompts",
+                         "2", "--max-new-tokens", "3", "--device", "cpu", "--warmup", "none", flag, "--format", "json")
+        assert result.exit_code == 0, result.output
+        assert made and set(made) == {asked}
+        config = RunLog.open(workspace).get_run(json.loads(result.stdout)["run_id"])["config"]
+        assert config["overlap"] is (asked is None)
+
+
 @pytest.mark.parametrize("order", ["interleaved", "sequential"])
 def test_passes_by_kind_account_for_every_step(workspace, tiny_llama, drafts, prompt_file, order):
     """Each row says where its time went: prefills, and decode steps by kind (AdaFlash's cost rule first

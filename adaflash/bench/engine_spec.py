@@ -44,6 +44,7 @@ class EngineBenchSpec:
     length_policy: str = DEFAULT_LENGTH_POLICY  # AdaFlash: rate (the design's rule) or cost (measured step cost)
     order: str = "auto"  # auto (interleaved on CPU, sequential on CUDA), interleaved or sequential
     admit_batch: int | None = None  # prefill once this many slots are free (None: the engine's default)
+    overlap: bool = True  # launch a greedy step before the host takes the last one's tokens (the engine's default)
 
     def config(self) -> dict[str, Any]:
         return {"bench": "engine", **{k: getattr(self, k) for k in self.__dataclass_fields__}}

@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 
-from adaflash.cli.common import fail, length_policy_option, note_builtin_drafter, runlog_of, workspace_of
+from adaflash.cli.common import (
+    fail,
+    length_policy_option,
+    note_builtin_drafter,
+    overlap_option,
+    runlog_of,
+    workspace_of,
+)
 from adaflash.engine.params import METHODS
 
 SUMMARY = [("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
@@ -350,6 +357,7 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.option("--admit-batch", type=click.IntRange(1), default=None,
               help="Prefill new prompts once this many slots are free (as `serve --admit-batch`; default: batch // 8 "
                    "on a GPU, 1 on a CPU). At most the smallest --batch-sizes.")
+@overlap_option
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the target's chat template.")
 @click.option("--seed", type=int, default=None, help="Sample the prompts with this seed (default: the first N).")
 @click.option("--label", default=None, help="A name for this run (shown in comparisons).")
@@ -359,7 +367,7 @@ def _supervised_launcher(log, workspace: str, spec):
 def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None, drafts: tuple[str, ...], dataset: str,
            num_prompts: int, batch_sizes: str, max_new_tokens: int, device: str, dtype: str, compare_hf: bool,
            prompt_lookup_tokens: int, warmup: str, length_rate: float, length_policy: str, min_length: int, order: str,
-           admit_batch: int | None, chat: bool, seed: int | None, label: str | None, fmt: str) -> None:
+           admit_batch: int | None, overlap: bool, chat: bool, seed: int | None, label: str | None, fmt: str) -> None:
     """Measure every method through the embedded engine side by side, greedy, on the same prompts.
 
     Per batch size: output tok/s, τ and whether greedy output is identical to our Vanilla's; with
@@ -417,7 +425,7 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
                            max_new_tokens=max_new_tokens, device=device, dtype=dtype, compare_hf=compare_hf,
                            prompt_lookup_tokens=prompt_lookup_tokens, label=label, warmup=warmup,
                            length_rate=length_rate, min_length=min_length, order=order,
-                           length_policy=length_policy, admit_batch=admit_batch)
+                           length_policy=length_policy, admit_batch=admit_batch, overlap=overlap)
     log = runlog_of(ctx)
     events = EngineBenchEvents(message=lambda m: click.echo(m, err=True))
     try:

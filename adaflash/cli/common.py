@@ -204,6 +204,15 @@ def run_guard(log: RunLog, run_id: str, expected: tuple[type[BaseException], ...
         raise
 
 
+def overlap_option(func):
+    """`--overlap/--no-overlap`: whether the engine launches a greedy step before it takes the last one's tokens."""
+    return click.option(
+        "--overlap/--no-overlap", default=True, show_default=True,
+        help="Embedded engine: launch each greedy step before the host takes the last one's tokens (on a GPU, "
+             "where the device would otherwise wait for that work; a CPU runs every op as it is called). "
+             "--no-overlap reads each step before launching the next.")(func)
+
+
 def length_policy_option(func):
     """`--length-policy`: how AdaFlash turns the head's prediction into a verify length."""
     from adaflash.engine.params import DEFAULT_LENGTH_POLICY, LENGTH_POLICIES

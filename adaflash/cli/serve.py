@@ -13,7 +13,7 @@ import time
 
 import click
 
-from adaflash.cli.common import chosen_drafter, fail, length_policy_option, runlog_of
+from adaflash.cli.common import chosen_drafter, fail, length_policy_option, overlap_option, runlog_of
 from adaflash.engine.params import METHODS
 
 
@@ -36,6 +36,7 @@ from adaflash.engine.params import METHODS
               help="Embedded: while requests decode, prefill waiting ones once this many slots are free "
                    "(default: max-batch/8 on a GPU, 1 on a CPU). 1 admits each request at once: lowest time to "
                    "first token, but on a GPU a full batch then spends much of its time in eager prefills.")
+@overlap_option
 @click.option("--max-new-tokens-limit", type=click.IntRange(1), default=None, help="Refuse requests asking for more.")
 @click.option("--context-length", type=click.IntRange(16), default=None,
               help="Embedded: tokens per sequence slot (prompt + answer); default min(model context, 4096).")
@@ -54,7 +55,7 @@ from adaflash.engine.params import METHODS
 @click.option("--dry-run", is_flag=True, help="Print the command (SGLang) or the configuration (embedded) and exit.")
 @click.pass_context
 def serve(ctx: click.Context, method: str, target: str, draft: str | None, engine_kind: str, host: str, port: int,
-          api_key: str | None, gpus: str | None, max_batch: int | None, admit_batch: int | None,
+          api_key: str | None, gpus: str | None, max_batch: int | None, admit_batch: int | None, overlap: bool,
           max_new_tokens_limit: int | None,
           context_length: int | None, length_rate: float, length_policy: str, min_length: int, steps: int | None,
           block_size: int | None, device: str, dtype: str, seed: int, sglang_args: tuple[str, ...], dry_run: bool) -> None:
@@ -92,7 +93,7 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
             if len(gpu_ids) > 1:
                 click.secho(f"note: the embedded engine uses one GPU; serving on GPU {gpu_ids[0]}", fg="yellow", err=True)
     config = {"engine": "embedded", "method": method, "target": target, "draft": draft, "host": host, "port": port,
-              "max_batch": max_batch or 16, "admit_batch": admit_batch, "max_new_tokens_limit": max_new_tokens_limit,
+              "max_batch": max_batch or 16, "admit_batch": admit_batch, "overlap": overlap, "max_new_tokens_limit": max_new_tokens_limit,
               "context_length": context_length, "length_rate": length_rate, "length_policy": length_policy,
               "min_length": min_length, "steps": steps, "device": device, "dtype": dtype, "gpus": gpus, "api_key": bool(api_key)}
     if dry_run:
@@ -114,7 +115,7 @@ def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed:
                               dtype=config["dtype"], max_batch=config["max_batch"], max_len=config["context_length"],
                               length_rate=config["length_rate"], min_length=config["min_length"],
                               length_policy=config["length_policy"], admit_batch=config["admit_batch"],
-                              num_steps=config["steps"], seed=seed)
+                              overlap=None if config["overlap"] else False, num_steps=config["steps"], seed=seed)
     except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))
     if engine.graphs.enabled:

@@ -22,6 +22,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -38,6 +39,36 @@ from adaflash.models.loading import Target
 
 BLOCK_METHODS = ("dflash", "adaflash", "osd")
 CHAIN_METHODS = ("eagle3", "mtp")
+
+
+@dataclass
+class _Flight:
+    """A greedy step launched on the device whose tokens the host has not read (`Engine.step`)."""
+
+    seqs: list[RunningSeq]
+    slots: list[int]  # the pass's rows, free slots that pad it included
+    packed: torch.Tensor  # per slot: accepted, verified, then the emitted tokens
+    kind: str
+    started: float
+
+
+@dataclass
+class _Landed:
+    """A flight's rows read back, for the rows still decoding: what the next launch needs first."""
+
+    seqs: list[RunningSeq]
+    rows: list[list[int]]
+    seconds: float
+
+    @cached_property
+    def tokens(self) -> dict[int, list[int]]:
+        """Per slot, the tokens the step emitted."""
+        return {s.slot: r[2: r[0] + 3] for s, r in zip(self.seqs, self.rows)}
+
+    @cached_property
+    def after(self) -> dict[int, tuple[int, int]]:
+        """Per slot, the pending token and cache length once the step's tokens are taken."""
+        return {s.slot: (r[r[0] + 2], s.length + r[0] + 1) for s, r in zip(self.seqs, self.rows)}
 
 
 @dataclass
@@ -74,6 +105,7 @@ class Engine:
         pad_shapes: bool | None = None,
         admit_batch: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        overlap: bool | None = None,
     ) -> None:
         if method != "vanilla" and drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (--draft DIR)")
@@ -122,6 +154,12 @@ class Engine:
         # timing a width).
         self.step_counts: Counter[str] = Counter()
         self.step_seconds: Counter[str] = Counter()
+        # Launch a greedy step before the host takes the last one's tokens (`step`); None: on padded
+        # shapes (a GPU), where the host's work would leave the device idle. On a CPU every op runs
+        # as it is called, so there is nothing to overlap.
+        self.overlap = self.passes.padded if overlap is None else overlap
+        self._flight: _Flight | None = None
+        self._settled: list[StepEvent] = []  # events of a flight read outside `step`
         if drafter is not None:
             self.passes.install_drafter(drafter)
 
@@ -170,6 +208,7 @@ class Engine:
             raise ValueError("this engine runs without a drafter; nothing to swap")
         if drafter.kind != self.drafter.kind or list(drafter.target_layer_ids) != self.passes.capture:
             raise ValueError("the new drafter does not match the running one (kind or target_layer_ids differ)")
+        self._settle()  # the context is rebuilt from every position the target has kept
         self.passes.swap_drafter(drafter)
         self.drafter_version = version
         if self.active:
@@ -219,7 +258,7 @@ class Engine:
         return False
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.active)
+        return bool(self.waiting or self.active or self._settled)
 
     def generate(self, requests: Iterable[Request],
                  on_event: Callable[[StepEvent], None] | None = None) -> list[Output]:
@@ -239,13 +278,84 @@ class Engine:
 
     # -- one engine step ----------------------------------------------------------------------
     def step(self) -> list[StepEvent]:
-        events: list[StepEvent] = []
+        """Admit, then step every decoding row once; the events of what the host read this call.
+
+        Overlapped (`overlap`, on a GPU): a greedy step that needs no host choice is launched and read
+        in the next call, and the step after it is launched the moment its tokens are read, before the
+        host takes them (stops, events, the caller's work), so the device never waits for that work.
+        A row whose stop string only the text shows steps once more for nothing; its result is dropped.
+        """
+        events, self._settled = self._settled, []
         if self._admitting():
             events += self._prefill()
-        decoding = [s for s in self.active.values() if s.verify_ct > 0 and s.finish is None]
+        landed = self._land()
+        decoding = self._decoding(landed)
+        chooser = self._length_chooser(len(decoding)) if decoding else None  # once a step: it plans
+        if decoding and self._overlappable(decoding, chooser):
+            self._flight = self._launch(decoding, landed)
+            decoding = []
+        if landed is not None:
+            events += self._take_landed(landed)
+        decoding = [s for s in decoding if s.finish is None and self.active.get(s.slot) is s]
         if decoding:
-            events += self._decode(decoding)
+            events += self._decode(decoding, chooser)
         return events
+
+    def _decoding(self, landed: _Landed | None) -> list[RunningSeq]:
+        """The rows to step now, by slot; a row the landed step ends (stop token, length) is not."""
+        seqs = sorted((s for s in self.active.values() if s.verify_ct > 0 and s.finish is None), key=lambda s: s.slot)
+        if landed is None:
+            return seqs
+        eos, tokens = self.target.eos_ids, landed.tokens
+        return [s for s in seqs if s.slot not in tokens or not s.ends_within(tokens[s.slot], eos)]
+
+    def _overlappable(self, seqs: list[RunningSeq], chooser: LengthChooser | None) -> bool:
+        """Greedy rows whose whole step runs on the device: no drafts or lengths the host must see."""
+        if not self.overlap or chooser is not None or any(s.request.params.temperature != 0 for s in seqs):
+            return False
+        return self.drafter is None or (self._draft_steps() or 0) <= self.drafter.max_draft
+
+    def _launch(self, seqs: list[RunningSeq], landed: _Landed | None) -> _Flight:
+        """Launch a greedy step from each row's pending token and length: the landed step's where it
+        stepped the row (the host has not taken its tokens yet), else the row's own."""
+        after = landed.after if landed is not None else {}
+        pending = [after[s.slot][0] if s.slot in after else s.pending for s in seqs]
+        lengths = [after[s.slot][1] if s.slot in after else s.length for s in seqs]
+        slots, in_order, (rows, pending_d, lens) = self._step_rows(seqs, pending, lengths, fill=True)
+        longest, started = max(lengths), time.perf_counter()
+        if self.drafter is None:
+            drafts, verify_n = self.passes.draft(rows, pending_d, lens, longest, steps=None, choose=None)
+            packed = self.passes.greedy_step(rows, pending_d, drafts, verify_n, lens, longest, in_order=in_order)
+            kind = "decode"
+        else:
+            packed = self.passes.draft_and_step(rows, pending_d, lens, longest, steps=self._draft_steps(),
+                                                in_order=in_order)
+            kind = "whole"
+        return _Flight(seqs, slots, packed, kind, started)
+
+    def _land(self) -> _Landed | None:
+        """Read the step in flight (the host's one sync for it) and account for it."""
+        flight, self._flight = self._flight, None
+        if flight is None:
+            return None
+        rows = flight.packed.tolist()
+        seconds = time.perf_counter() - flight.started
+        by_slot = dict(zip(flight.slots, rows))
+        seqs = [s for s in flight.seqs if s.finish is None and self.active.get(s.slot) is s]
+        packed = [by_slot[s.slot] for s in seqs]
+        if seqs:
+            self._account(seqs, packed, flight.kind, seconds)
+        return _Landed(seqs, packed, seconds)
+
+    def _take_landed(self, landed: _Landed) -> list[StepEvent]:
+        return self._take(landed.seqs, landed.rows, draft_s=0.0, verify_s=landed.seconds)
+
+    def _settle(self) -> None:
+        """Read and take the step in flight now (its events go out with the next `step`): before
+        anything that must see every row's tokens, such as a drafter swap."""
+        landed = self._land()
+        if landed is not None:
+            self._settled += self._take_landed(landed)
 
     def _admitting(self) -> bool:
         """Prefill now: an idle engine at once, a busy one once `admit_batch` slots are free.
@@ -291,13 +401,14 @@ class Engine:
         return events
 
     @torch.no_grad()
-    def _decode(self, seqs: list[RunningSeq]) -> list[StepEvent]:
-        seqs = sorted(seqs, key=lambda s: s.slot)
+    def _decode(self, seqs: list[RunningSeq], chooser: LengthChooser | None) -> list[StepEvent]:
+        """One step read at once (not overlapped): sampling rows, a head-chosen width, a CPU."""
         params = [s.request.params for s in seqs]
         greedy = all(p.temperature == 0 for p in params)
-        steps, chooser = self._draft_steps(), self._length_chooser(len(seqs))
+        steps = self._draft_steps()
         # Greedy whole-block steps give every row its own result, so free slots may pad the batch.
-        slots, in_order, (rows, pending, lens) = self._step_rows(seqs, fill=greedy and chooser is None)
+        slots, in_order, (rows, pending, lens) = self._step_rows(
+            seqs, [s.pending for s in seqs], [s.length for s in seqs], fill=greedy and chooser is None)
         longest = max(s.length for s in seqs)
         t0 = time.perf_counter()
         if greedy and self.passes.padded and self.drafter is not None and chooser is None \
@@ -313,32 +424,41 @@ class Engine:
         if len(slots) != len(seqs):
             index = {slot: i for i, slot in enumerate(slots)}
             packed = [packed[index[s.slot]] for s in seqs]
-        # Per row: accepted drafts, verified drafts, then the emitted tokens.
-        acc_list, n_list, emit_list = [r[0] for r in packed], [r[1] for r in packed], [r[2:] for r in packed]
         kind = "decode" if self.drafter is None else "whole" if chooser is None else "choose"
+        self._account(seqs, packed, kind, t3 - t0)
+        return self._take(seqs, packed, draft_s=(t1 - t0) + (t3 - t2), verify_s=t2 - t1)
+
+    def _account(self, seqs: list[RunningSeq], packed: list[list[int]], kind: str, seconds: float) -> None:
+        """Count a step by kind; the cost rule learns its time (before it plans the next step)."""
         if self._reads_head() and self.length_policy == "cost":
             rule = self._cost_rule()
             kind = rule.planned or kind
-            rule.record(len(seqs), max(n_list) + 1, t3 - t0, tokens=sum(acc_list) + len(seqs))
-        self._count(kind, t3 - t0)
+            rule.record(len(seqs), max(r[1] for r in packed) + 1, seconds, tokens=sum(r[0] for r in packed) + len(seqs))
+        self._count(kind, seconds)
+
+    def _take(self, seqs: list[RunningSeq], packed: list[list[int]], *, draft_s: float,
+              verify_s: float) -> list[StepEvent]:
+        """Each row takes its step's tokens. Per row of `packed`: accepted drafts, verified drafts,
+        then the emitted tokens."""
         events = []
-        for i, seq in enumerate(seqs):
+        for seq, row in zip(seqs, packed):
+            n_acc = row[0]
             seq.verify_ct += 1
-            seq.length += acc_list[i] + 1
-            seq.draft_time += (t1 - t0) + (t3 - t2)
-            seq.verify_time += t2 - t1
-            n_acc = acc_list[i]
-            events.append(self._emit(seq, emit_list[i][: n_acc + 1], accepted=n_acc, proposed=n_list[i]))
+            seq.length += n_acc + 1
+            seq.draft_time += draft_s
+            seq.verify_time += verify_s
+            events.append(self._emit(seq, row[2: n_acc + 3], accepted=n_acc, proposed=row[1]))
         return events
 
-    def _step_rows(self, seqs: list[RunningSeq], *, fill: bool) -> tuple[list[int], bool, list[torch.Tensor]]:
+    def _step_rows(self, seqs: list[RunningSeq], pending: list[int], lengths: list[int], *,
+                   fill: bool) -> tuple[list[int], bool, list[torch.Tensor]]:
         """The slots a step runs over (`DevicePasses.rows_for`), whether they are 0..b-1 in order, and
         per row its slot, pending token and length on the device, in one host-to-device copy (free
         slots that pad the batch get zeros)."""
         slots, in_order = self.passes.rows_for([s.slot for s in seqs], fill=fill)
-        live = {s.slot: s for s in seqs}
-        columns = torch.tensor([slots, [live[r].pending if r in live else 0 for r in slots],
-                                [live[r].length if r in live else 0 for r in slots]], device=self.device)
+        live = {s.slot: (p, n) for s, p, n in zip(seqs, pending, lengths)}
+        columns = torch.tensor([slots, [live[r][0] if r in live else 0 for r in slots],
+                                [live[r][1] if r in live else 0 for r in slots]], device=self.device)
         return slots, in_order, list(columns.unbind(0))
 
     def _count(self, kind: str, seconds: float) -> None:

@@ -35,6 +35,20 @@ class RunningSeq:
     finish: dict[str, Any] | None = None
     text: str = ""  # the answer cut before a matched stop string
     clock: Callable[[], float] = time.perf_counter  # the engine's (see Engine's `clock`)
+    _stop_ids: frozenset[int] | None = field(default=None, init=False, repr=False)  # the request's stop tokens with the target's eos, once known
+
+    def stop_ids(self, eos_ids: Sequence[int]) -> frozenset[int]:
+        if self._stop_ids is None:
+            params = self.request.params
+            self._stop_ids = frozenset(params.stop_token_ids) | frozenset(() if params.ignore_eos else eos_ids)
+        return self._stop_ids
+
+    def ends_within(self, new_ids: list[int], eos_ids: Sequence[int]) -> bool:
+        """Whether taking `new_ids` ends the request by a stop token or its length: the checks that need
+        no text, so the engine can tell before it reads a step's tokens which rows step again."""
+        stops = self.stop_ids(eos_ids)
+        return len(self.output_ids) + len(new_ids) >= self.request.params.max_new_tokens \
+            or any(token in stops for token in new_ids)
 
     def take(self, new_ids: list[int], *, accepted: int, proposed: int, eos_ids: Sequence[int],
              decode: Decode) -> list[int]:
@@ -49,7 +63,7 @@ class RunningSeq:
                 self.histogram.append(0)
             self.histogram[accepted] += 1
         params = self.request.params
-        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+        stop_ids = self.stop_ids(eos_ids)
         taken: list[int] = []
         for token in new_ids:
             taken.append(token)

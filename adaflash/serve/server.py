@@ -304,6 +304,7 @@ class EmbeddedServer:
             "max_batch": engine.max_batch,
             "max_running_requests": engine.max_batch,
             "admit_batch": engine.admit_batch,
+            "overlap": engine.overlap,
             "context_length": engine.max_len,
             "context_margin": engine.context_margin,  # positions a request may not use (the verified block)
             "max_new_tokens_limit": self.max_new_tokens_limit,
