@@ -149,3 +149,12 @@ def test_adaflash_mixes_overlapped_whole_blocks_with_steps_the_head_sizes(tiny_t
     outputs = engine.generate(requests_for(tiny_target))
     assert {o.rid: o.output_ids for o in outputs} == {rid: o.output_ids for rid, o in reference.items()}
     assert engine.step_counts["whole"] > 0 and engine.step_counts["probe"] + engine.step_counts["choose"] > 0
+
+
+def test_a_flight_is_timed_on_the_engines_clock(tiny_target):
+    """A bench whose engines take turns stops each engine's clock between its turns, and a flight
+    launched at the end of one turn is read in the next: its time must not count the other engines'."""
+    engine = overlapped(tiny_target, "vanilla")
+    engine.clock = lambda: 5.0  # stands still: the engine never had a turn
+    engine.generate(requests_for(tiny_target)[:2])
+    assert engine.step_counts["decode"] > 0 and engine.step_seconds["decode"] == 0.0

@@ -49,7 +49,7 @@ class _Flight:
     slots: list[int]  # the pass's rows, free slots that pad it included
     packed: torch.Tensor  # per slot: accepted, verified, then the emitted tokens
     kind: str
-    started: float
+    started: float  # on the engine's clock
 
 
 @dataclass
@@ -322,7 +322,8 @@ class Engine:
         pending = [after[s.slot][0] if s.slot in after else s.pending for s in seqs]
         lengths = [after[s.slot][1] if s.slot in after else s.length for s in seqs]
         slots, in_order, (rows, pending_d, lens) = self._step_rows(seqs, pending, lengths, fill=True)
-        longest, started = max(lengths), time.perf_counter()
+        # On the engine's clock: a flight may be read in a later turn of a bench whose engines take turns.
+        longest, started = max(lengths), self.clock()
         if self.drafter is None:
             drafts, verify_n = self.passes.draft(rows, pending_d, lens, longest, steps=None, choose=None)
             packed = self.passes.greedy_step(rows, pending_d, drafts, verify_n, lens, longest, in_order=in_order)
@@ -339,7 +340,7 @@ class Engine:
         if flight is None:
             return None
         rows = flight.packed.tolist()
-        seconds = time.perf_counter() - flight.started
+        seconds = self.clock() - flight.started
         by_slot = dict(zip(flight.slots, rows))
         seqs = [s for s in flight.seqs if s.finish is None and self.active.get(s.slot) is s]
         packed = [by_slot[s.slot] for s in seqs]
