@@ -13,7 +13,8 @@ target verifies only the pending token and emits its own next token. A step for 
      target features extend the drafter's context.
 This module schedules, samples, accepts and emits. Each request's tokens, stops and Output are
 `sequence.RunningSeq`'s; the passes themselves (padded shapes, CUDA graphs, caches) run in
-`passes.DevicePasses`.
+`passes.DevicePasses`. On a GPU a greedy step that needs no host choice is overlapped with the host's
+work on the step before (`flight`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 
 from adaflash.engine.capture import capture_all
+from adaflash.engine.flight import Flight, Landed
 from adaflash.engine.graphs import GraphRunner
 from adaflash.engine.length_policy import CostRule
 from adaflash.engine.params import DEFAULT_LENGTH_POLICY, LENGTH_POLICIES, Output, Request
@@ -39,36 +40,6 @@ from adaflash.models.loading import Target
 
 BLOCK_METHODS = ("dflash", "adaflash", "osd")
 CHAIN_METHODS = ("eagle3", "mtp")
-
-
-@dataclass
-class _Flight:
-    """A greedy step launched on the device whose tokens the host has not read (`Engine.step`)."""
-
-    seqs: list[RunningSeq]
-    slots: list[int]  # the pass's rows, free slots that pad it included
-    packed: torch.Tensor  # per slot: accepted, verified, then the emitted tokens
-    kind: str
-    started: float  # on the engine's clock
-
-
-@dataclass
-class _Landed:
-    """A flight's rows read back, for the rows still decoding: what the next launch needs first."""
-
-    seqs: list[RunningSeq]
-    rows: list[list[int]]
-    seconds: float
-
-    @cached_property
-    def tokens(self) -> dict[int, list[int]]:
-        """Per slot, the tokens the step emitted."""
-        return {s.slot: r[2: r[0] + 3] for s, r in zip(self.seqs, self.rows)}
-
-    @cached_property
-    def after(self) -> dict[int, tuple[int, int]]:
-        """Per slot, the pending token and cache length once the step's tokens are taken."""
-        return {s.slot: (r[r[0] + 2], s.length + r[0] + 1) for s, r in zip(self.seqs, self.rows)}
 
 
 @dataclass
@@ -158,7 +129,7 @@ class Engine:
         # shapes (a GPU), where the host's work would leave the device idle. On a CPU every op runs
         # as it is called, so there is nothing to overlap.
         self.overlap = self.passes.padded if overlap is None else overlap
-        self._flight: _Flight | None = None
+        self._flight: Flight | None = None
         self._settled: list[StepEvent] = []  # events of a flight read outside `step`
         if drafter is not None:
             self.passes.install_drafter(drafter)
@@ -301,7 +272,7 @@ class Engine:
             events += self._decode(decoding, chooser)
         return events
 
-    def _decoding(self, landed: _Landed | None) -> list[RunningSeq]:
+    def _decoding(self, landed: Landed | None) -> list[RunningSeq]:
         """The rows to step now, by slot; a row the landed step ends (stop token, length) is not."""
         seqs = sorted((s for s in self.active.values() if s.verify_ct > 0 and s.finish is None), key=lambda s: s.slot)
         if landed is None:
@@ -315,7 +286,7 @@ class Engine:
             return False
         return self.drafter is None or (self._draft_steps() or 0) <= self.drafter.max_draft
 
-    def _launch(self, seqs: list[RunningSeq], landed: _Landed | None) -> _Flight:
+    def _launch(self, seqs: list[RunningSeq], landed: Landed | None) -> Flight:
         """Launch a greedy step from each row's pending token and length: the landed step's where it
         stepped the row (the host has not taken its tokens yet), else the row's own."""
         after = landed.after if landed is not None else {}
@@ -332,9 +303,9 @@ class Engine:
             packed = self.passes.draft_and_step(rows, pending_d, lens, longest, steps=self._draft_steps(),
                                                 in_order=in_order)
             kind = "whole"
-        return _Flight(seqs, slots, packed, kind, started)
+        return Flight(seqs, slots, packed, kind, started)
 
-    def _land(self) -> _Landed | None:
+    def _land(self) -> Landed | None:
         """Read the step in flight (the host's one sync for it) and account for it."""
         flight, self._flight = self._flight, None
         if flight is None:
@@ -346,9 +317,9 @@ class Engine:
         packed = [by_slot[s.slot] for s in seqs]
         if seqs:
             self._account(seqs, packed, flight.kind, seconds)
-        return _Landed(seqs, packed, seconds)
+        return Landed(seqs, packed, seconds)
 
-    def _take_landed(self, landed: _Landed) -> list[StepEvent]:
+    def _take_landed(self, landed: Landed) -> list[StepEvent]:
         return self._take(landed.seqs, landed.rows, draft_s=0.0, verify_s=landed.seconds)
 
     def _settle(self) -> None:

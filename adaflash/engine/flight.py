@@ -1,0 +1,45 @@
+"""A greedy step on the device and what the host reads back of it: the two halves of an overlapped step.
+
+`Engine.step` launches a step whose whole work runs on the device (no drafts or widths the host must see)
+and reads it in its next call; the step after it is launched from what was read, before the host takes
+the tokens, so the device runs while the host handles stops, events and its caller's work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from adaflash.engine.sequence import RunningSeq
+
+
+@dataclass
+class Flight:
+    """A greedy step launched on the device whose tokens the host has not read (`Engine.step`)."""
+
+    seqs: list[RunningSeq]
+    slots: list[int]  # the pass's rows, free slots that pad it included
+    packed: torch.Tensor  # per slot: accepted, verified, then the emitted tokens
+    kind: str
+    started: float  # on the engine's clock
+
+
+@dataclass
+class Landed:
+    """A flight's rows read back, for the rows still decoding: what the next launch needs first."""
+
+    seqs: list[RunningSeq]
+    rows: list[list[int]]
+    seconds: float
+
+    @cached_property
+    def tokens(self) -> dict[int, list[int]]:
+        """Per slot, the tokens the step emitted."""
+        return {s.slot: r[2: r[0] + 3] for s, r in zip(self.seqs, self.rows)}
+
+    @cached_property
+    def after(self) -> dict[int, tuple[int, int]]:
+        """Per slot, the pending token and cache length once the step's tokens are taken."""
+        return {s.slot: (r[r[0] + 2], s.length + r[0] + 1) for s, r in zip(self.seqs, self.rows)}
