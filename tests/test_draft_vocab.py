@@ -90,6 +90,6 @@ def test_train_cli_draft_vocab(tmp_path, learnable, regen):  # noqa: F811
     narrow, wide = load_drafter(out, learnable.model.cfg), load_drafter(wider, learnable.model.cfg)
     assert set(narrow.draft_vocab.tolist()) < set(wide.draft_vocab.tolist())
     assert wide.draft_vocab.tolist() == sorted(wide.draft_vocab.tolist())
-    # a depth asked of a drafter that already has one is refused, not dropped
+    # a depth asked of a chain drafter is refused, not dropped (DFlash drafters are deepened: test_drafter_deepen.py)
     result = CliRunner().invoke(cli, [*args[:-4], "--eval-prompts", "0", "--init", str(out), "--layers", "2"])
-    assert result.exit_code == 2 and "--layers sets a new drafter's depth" in result.output, result.output
+    assert result.exit_code == 2 and "--layers deepens DFlash drafters" in result.output, result.output

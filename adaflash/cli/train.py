@@ -71,7 +71,9 @@ def common_options(func):
 @click.option("--steps", type=click.IntRange(1), default=None, help="Stop after this many steps (overrides --epochs).")
 @click.option("--lr", type=float, default=3e-4, show_default=True)
 @click.option("--warmup-steps", type=click.IntRange(0), default=10, show_default=True)
-@click.option("--layers", type=click.IntRange(1, 8), default=1, show_default=True)
+@click.option("--layers", type=click.IntRange(1, 8), default=1, show_default=True,
+              help="A new drafter's depth; given with --init, a DFlash drafter is deepened to it (each new layer "
+                   "starts adding nothing, so it drafts as before until trained).")
 @click.option("--block-size", type=click.IntRange(2, 64), default=None,
               help="DFlash block (drafted tokens + 1). Default: 16, or the --init drafter's; given with --init, "
                    "the drafter is trained at this block (its weights do not depend on it).")
@@ -117,8 +119,7 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
 
     rank, world = rank_world()
     try:
-        if init and ctx.get_parameter_source("layers") is click.core.ParameterSource.COMMANDLINE:
-            raise ValueError("--layers sets a new drafter's depth; --init continues one with the layers it has")
+        deepen = layers if init and ctx.get_parameter_source("layers") is click.core.ParameterSource.COMMANDLINE else None
         refuse_foreign_folder(Path(out))  # before the training, not at its first checkpoint
         loss_cfg = LossConfig(loss, alpha, kl_temperature, clip, gamma)
         tgt = load_target(target, device=_device(device, rank, world), dtype="float32")
@@ -134,7 +135,7 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
         if draft_vocab is not None:
             vocab = frequent_tokens([s.ids[s.response_start:] for s in sequences], draft_vocab,
                                     tgt.model.cfg.vocab_size, always=tgt.eos_ids)
-        trainer = Trainer(cfg, tgt, build_drafter(cfg, tgt, vocab))
+        trainer = Trainer(cfg, tgt, build_drafter(cfg, tgt, vocab, deepen))
         prompts = _eval_prompts(eval_data, data, tgt, eval_prompts) if eval_prompts else []
     except (DrafterError, TrainDataError, ValueError, FileNotFoundError) as err:
         fail(str(err))

@@ -11,6 +11,9 @@ Two families, one engine interface:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -153,6 +156,19 @@ class DFlashDrafter(Drafter):
     @property
     def num_cache_layers(self) -> int:
         return len(self.layers)
+
+    def deepen(self, layers: int) -> None:
+        """Grow to `layers` layers, each new one a copy of the last with its attention and MLP outputs
+        zeroed: a residual that adds nothing, so the drafter drafts exactly as before and training
+        gives the new layers their work (their output projections get gradients from the first step)."""
+        if layers < len(self.layers):
+            raise ValueError(f"the drafter has {len(self.layers)} layers; it can be deepened, not cut to {layers}")
+        for _ in range(layers - len(self.layers)):
+            layer = copy.deepcopy(self.layers[-1])
+            nn.init.zeros_(layer.self_attn.o_proj.weight)
+            nn.init.zeros_(layer.mlp.down_proj.weight)
+            self.layers.append(layer)
+        self.cfg = dataclasses.replace(self.cfg, num_hidden_layers=len(self.layers))
 
     def context(self, feats: torch.Tensor) -> torch.Tensor:
         return self.hidden_norm(self.fc(feats))

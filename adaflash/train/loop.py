@@ -102,9 +102,16 @@ def setup_distributed(device: torch.device) -> None:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
 
-def build_drafter(cfg: TrainConfig, target: Target, draft_vocab: torch.Tensor | None = None) -> Drafter:
+def build_drafter(cfg: TrainConfig, target: Target, draft_vocab: torch.Tensor | None = None,
+                  deepen: int | None = None) -> Drafter:
+    """A new drafter, or `cfg.init` continued: at `cfg.block_size`, with `draft_vocab` and `deepen`
+    layers when given (no weight depends on the first two; new layers start as identities)."""
     if cfg.init:
         drafter = load_drafter(cfg.init, target.model.cfg)
+        if deepen is not None:
+            if not isinstance(drafter, DFlashDrafter):
+                raise ValueError(f"--layers deepens DFlash drafters; {cfg.init} is a {drafter.kind} drafter")
+            drafter.deepen(deepen)
         if cfg.length_head and isinstance(drafter, DFlashDrafter) and drafter.length_head is None:
             from adaflash.models.length_head import LengthHead
 
