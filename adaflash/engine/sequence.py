@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from adaflash.engine.detokenize import TextSoFar
 from adaflash.engine.params import Output, Request
 
 Decode = Callable[[list[int]], str]
@@ -35,6 +36,7 @@ class RunningSeq:
     finish: dict[str, Any] | None = None
     text: str = ""  # the answer cut before a matched stop string
     clock: Callable[[], float] = time.perf_counter  # the engine's (see Engine's `clock`)
+    _so_far: TextSoFar | None = field(default=None, init=False, repr=False)  # stop strings' text, decoded in windows
     _stop_ids: frozenset[int] | None = field(default=None, init=False, repr=False)  # the request's stop tokens with the target's eos, once known
 
     def stop_ids(self, eos_ids: Sequence[int]) -> frozenset[int]:
@@ -80,7 +82,9 @@ class RunningSeq:
         return taken
 
     def _stopped_by_string(self, decode: Decode) -> bool:
-        text = decode(self.output_ids)
+        if self._so_far is None:
+            self._so_far = TextSoFar(decode)
+        text = self._so_far.update(self.output_ids)
         for stop in self.request.params.stop:
             at = text.find(stop)
             if at >= 0:

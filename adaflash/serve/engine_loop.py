@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from adaflash.engine.detokenize import TextSoFar
 from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request
 from adaflash.serve.http_errors import error_body
@@ -47,6 +48,7 @@ class Handle:
     steps: int = 0
     first_at: float | None = None
     stops: list[str] = field(default_factory=list)  # stop strings: a stream holds back what may start one
+    so_far: TextSoFar | None = None  # a stream's text of `ids`, decoded in windows
     done: bool = False  # its output or failure was taken (else the handler aborts it when it ends)
 
 

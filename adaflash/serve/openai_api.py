@@ -22,7 +22,6 @@ from adaflash.serve.event_stream import EventStream
 from adaflash.serve.http_errors import error_response, json_body
 from adaflash.serve.openai_protocol import OpenAIInput, parse_chat, parse_completion
 from adaflash.serve.protocol import BadRequest, GenerateItem
-from adaflash.serve.stream_text import shown_text
 
 if TYPE_CHECKING:
     from adaflash.serve.server import EmbeddedServer
@@ -108,7 +107,7 @@ class OpenAIRoutes:
                     outputs.append(output)
                     text, finish = output.text, finish_reason(output)
                 else:
-                    text = shown_text(self.server.text.decode(handle.ids), handle.stops)
+                    text = self.server.shown(handle)
                 delta = text[len(shown):] if text.startswith(shown) else ""
                 shown += delta
                 if delta or finish:

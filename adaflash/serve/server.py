@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from adaflash.bench.metrics import cpu_model
+from adaflash.engine.detokenize import TextSoFar
 from adaflash.engine.engine import Engine, StepEvent
 from adaflash.engine.params import Output, Request, SamplingParams
 from adaflash.serve.engine_loop import EngineLoop, Failure, Handle
@@ -250,8 +251,15 @@ class EmbeddedServer:
         await asyncio.gather(*(pump(i, h) for i, h in enumerate(handles)))
         return await events.close()
 
+    def shown(self, handle: Handle) -> str:
+        """What a stream may show of a request's text so far (`stream_text.shown_text`), decoding only
+        the tokens new since its last event."""
+        if handle.so_far is None:
+            handle.so_far = TextSoFar(self.text.decode)
+        return shown_text(handle.so_far.update(handle.ids), handle.stops)
+
     def _partial(self, handle: Handle) -> dict[str, Any]:
-        text = shown_text(self.text.decode(handle.ids), handle.stops)
+        text = self.shown(handle)
         return {
             "text": text,
             "output_ids": list(handle.ids),
