@@ -132,11 +132,11 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
                            length_head=chosen["length_head"], lr=lr, warmup_steps=warmup_steps, min_buffer=min_buffer, train_batch=train_batch,
                            publish_every=publish_every, keep=keep, device=device(train_list), deadline=deadline,
                            lr_decay_seconds=lr_decay_minutes * 60)
+    if log is None:
+        _print_commands(infer, train, infer_list, train_list, train_procs)
+        return
     runner = Pipeline(log, run_id, run_dir, infer, train, infer_list, train_list, deadline=deadline,
                       train_procs=train_procs)
-    if log is None:
-        _print_commands(runner)
-        return
     log.update_run(run_id, run_dir=str(run_dir), config={"preset": method, **chosen, "swap_dir": swap,
                                                          "infer_gpus": infer_gpus, "train_gpus": train_gpus,
                                                          "train_procs": train_procs or len(train_list) or 1,
@@ -194,13 +194,16 @@ def _check_budget(lr_decay_minutes: float, max_minutes: float | None) -> None:
         fail(f"--lr-decay-minutes {lr_decay_minutes:g} is longer than --max-minutes {max_minutes:g}")
 
 
-def _print_commands(runner: Any) -> None:
+def _print_commands(infer: Any, train: Any, infer_gpus: list[str], train_gpus: list[str],
+                    train_procs: int | None) -> None:
     """--dry-run: each worker's environment and command line, as it would start."""
     import os
     import shlex
 
-    visible = runner.visible()
-    for role, command in runner.commands().items():
+    from adaflash.pipeline.launch import worker_commands, worker_visibility
+
+    visible = worker_visibility(infer_gpus, train_gpus)
+    for role, command in worker_commands(infer, train, train_gpus, train_procs).items():
         env = {"CUDA_VISIBLE_DEVICES": visible[role],
                **{k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}}
         click.echo(f"{role}: {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} {shlex.join(command)}")

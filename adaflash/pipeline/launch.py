@@ -92,8 +92,19 @@ def train_command(cfg: TrainingConfig, gpus: list[str], procs: int | None = None
     return [sys.executable, "-m", "adaflash.pipeline.worker", "train", payload]
 
 
+def worker_commands(infer: InferenceConfig, train: TrainingConfig, train_gpus: list[str],
+                    train_procs: int | None = None) -> dict[str, list[str]]:
+    """Each worker's command line (what `pipeline --dry-run` prints and `Pipeline.start` runs)."""
+    return {"inference": infer_command(infer), "training": train_command(train, train_gpus, train_procs)}
+
+
+def worker_visibility(infer_gpus: list[str], train_gpus: list[str]) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES of each worker ("" hides every GPU)."""
+    return {"inference": ",".join(infer_gpus), "training": ",".join(train_gpus)}
+
+
 class Pipeline:
-    def __init__(self, log: RunLog | None, run_id: str, run_dir: Path, infer: InferenceConfig, train: TrainingConfig,
+    def __init__(self, log: RunLog, run_id: str, run_dir: Path, infer: InferenceConfig, train: TrainingConfig,
                  infer_gpus: list[str], train_gpus: list[str], grace: float = 60.0,
                  deadline: float | None = None, train_procs: int | None = None) -> None:
         self.log, self.run_id, self.run_dir = log, run_id, run_dir
@@ -108,15 +119,9 @@ class Pipeline:
         self.job_ids: dict[str, int] = {}
 
     def commands(self) -> dict[str, list[str]]:
-        return {"inference": infer_command(self.infer), "training": train_command(self.train, self.train_gpus, self.train_procs)}
-
-    def visible(self) -> dict[str, str]:
-        """CUDA_VISIBLE_DEVICES of each worker ("" hides every GPU)."""
-        return {"inference": ",".join(self.infer_gpus), "training": ",".join(self.train_gpus)}
+        return worker_commands(self.infer, self.train, self.train_gpus, self.train_procs)
 
     def start(self) -> None:
-        if self.log is None:
-            raise RuntimeError("this pipeline was made for its command lines only (--dry-run, no run log)")
         buffer = SwapBuffer(self.infer.swap_dir)
         buffer.clear_stop()
         buffer.clear_done()  # a run resumed on an earlier swap dir: its producer is not done until it says so
