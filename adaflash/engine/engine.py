@@ -257,9 +257,9 @@ class Engine:
         A row whose stop string only the text shows steps once more for nothing; its result is dropped.
         """
         events, self._settled = self._settled, []
+        landed = self._land()  # first: a flight's time is its own, no prefill inside it
         if self._admitting():
             events += self._prefill()
-        landed = self._land()
         decoding = self._decoding(landed)
         chooser = self._length_chooser(len(decoding)) if decoding else None  # once a step: it plans
         if decoding and self._overlappable(decoding, chooser):
