@@ -171,3 +171,17 @@ def test_pass_times_do_not_overlap(tiny_target):
     wall = time.perf_counter() - started
     assert engine.step_counts["prefill"] > 2
     assert sum(engine.step_seconds.values()) <= wall
+
+
+def test_a_flight_records_no_autograd_graph(tiny_target):
+    """The drafter's weights require grad (the pipeline trains its own copies): a launched step must not
+    keep an autograd graph alive, as the plain step never did."""
+    engine = overlapped(tiny_target, "dflash")
+    assert any(p.requires_grad for p in engine.drafter.parameters())
+    for request in requests_for(tiny_target)[:2]:
+        engine.add(request)
+    engine.step()
+    engine.step()
+    assert engine._flight is not None
+    cache = engine.draft_cache
+    assert not cache.k.requires_grad and not cache.v.requires_grad, "the drafter's cache would hold every step's graph"

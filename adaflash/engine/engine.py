@@ -286,6 +286,7 @@ class Engine:
             return False
         return self.drafter is None or (self._draft_steps() or 0) <= self.drafter.max_draft
 
+    @torch.no_grad()
     def _launch(self, seqs: list[RunningSeq], landed: Landed | None) -> Flight:
         """Launch a greedy step from each row's pending token and length: the landed step's where it
         stepped the row (the host has not taken its tokens yet), else the row's own."""
