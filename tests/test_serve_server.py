@@ -178,6 +178,7 @@ async def test_info_and_health_endpoints(server):
         assert key in info
     assert info["method"] == "dflash" and info["speculative_algorithm"] == "DFLASH" and info["max_batch"] == 8
     assert info["admit_batch"] == 1  # a CPU prefills each request as soon as a slot is free
+    assert info["overlap"] is False  # a CPU runs every op as it is called: nothing to overlap
     assert info["avg_spec_accept_length"] >= 1.0
     assert model["is_generation"] is True and Path(model["model_path"]).is_dir()
 

@@ -110,6 +110,14 @@ def test_serve_dry_run_prints_the_command(workspace):
     assert refused.exit_code == 2 and "needs --draft" in refused.output
     grouped = CliRunner().invoke(cli, ["serve", "--method", "vanilla", "--dry-run", "--admit-batch", "4"])
     assert grouped.exit_code == 0 and json.loads(grouped.stdout)["admit_batch"] == 4
+    assert json.loads(grouped.stdout)["overlap"] is True
+    plain = CliRunner().invoke(cli, ["serve", "--method", "vanilla", "--dry-run", "--no-overlap"])
+    assert plain.exit_code == 0 and json.loads(plain.stdout)["overlap"] is False
+    # SGLang has its own overlap scheduler: --no-overlap turns it off the same way
+    for flag, passed in (("--no-overlap", True), ("--overlap", False)):
+        sglang = CliRunner().invoke(cli, ["serve", "--engine", "sglang", "--method", "vanilla", "--dry-run", flag])
+        assert sglang.exit_code == 0, sglang.output
+        assert ("--disable-overlap-schedule" in shlex.split(sglang.stdout.strip().splitlines()[-1])) is passed
     for args, message in ((["--admit-batch", "0"], "--admit-batch"),
                           (["--admit-batch", "2", "--engine", "sglang", "--draft", "d"], "embedded engine")):
         bad = CliRunner().invoke(cli, ["serve", "--method", "dflash", "--dry-run", *args])

@@ -357,7 +357,7 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.option("--admit-batch", type=click.IntRange(1), default=None,
               help="Prefill new prompts once this many slots are free (as `serve --admit-batch`; default: batch // 8 "
                    "on a GPU, 1 on a CPU). At most the smallest --batch-sizes.")
-@overlap_option
+@overlap_option()
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the target's chat template.")
 @click.option("--seed", type=int, default=None, help="Sample the prompts with this seed (default: the first N).")
 @click.option("--label", default=None, help="A name for this run (shown in comparisons).")

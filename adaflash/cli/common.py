@@ -7,7 +7,7 @@ import io
 import json
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -204,13 +204,13 @@ def run_guard(log: RunLog, run_id: str, expected: tuple[type[BaseException], ...
         raise
 
 
-def overlap_option(func):
+def overlap_option(also: str = "") -> Callable:
     """`--overlap/--no-overlap`: whether the engine launches a greedy step before it takes the last one's tokens."""
     return click.option(
         "--overlap/--no-overlap", default=True, show_default=True,
         help="Embedded engine: launch each greedy step before the host takes the last one's tokens (on a GPU, "
              "where the device would otherwise wait for that work; a CPU runs every op as it is called). "
-             "--no-overlap reads each step before launching the next.")(func)
+             "--no-overlap reads each step before launching the next." + also)
 
 
 def length_policy_option(func):

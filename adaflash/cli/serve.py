@@ -36,7 +36,7 @@ from adaflash.engine.params import METHODS
               help="Embedded: while requests decode, prefill waiting ones once this many slots are free "
                    "(default: max-batch/8 on a GPU, 1 on a CPU). 1 admits each request at once: lowest time to "
                    "first token, but on a GPU a full batch then spends much of its time in eager prefills.")
-@overlap_option
+@overlap_option(" With --engine sglang it passes SGLang's --disable-overlap-schedule.")
 @click.option("--max-new-tokens-limit", type=click.IntRange(1), default=None, help="Refuse requests asking for more.")
 @click.option("--context-length", type=click.IntRange(16), default=None,
               help="Embedded: tokens per sequence slot (prompt + answer); default min(model context, 4096).")
@@ -75,8 +75,9 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
     if engine_kind == "sglang":
         if admit_batch is not None:
             fail("--admit-batch applies to the embedded engine (SGLang schedules its own prefills)")
+        extra = [*sglang_args, *([] if overlap else ["--disable-overlap-schedule"])]
         _serve_sglang(ctx, method, target, draft, host, port, api_key, gpus, max_batch, length_rate, min_length, steps,
-                      block_size, list(sglang_args), dry_run)
+                      block_size, extra, dry_run)
         return
     if sglang_args:
         fail("--sglang-arg only applies to --engine sglang")
