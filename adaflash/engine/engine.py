@@ -267,7 +267,7 @@ class Engine:
             decoding = []
         if landed is not None:
             events += self._take_landed(landed)
-        decoding = [s for s in decoding if s.finish is None and self.active.get(s.slot) is s]
+        decoding = [s for s in decoding if self._live(s)]
         if decoding:
             events += self._decode(decoding, chooser)
         return events
@@ -314,11 +314,15 @@ class Engine:
         rows = flight.packed.tolist()
         seconds = self.clock() - flight.started
         by_slot = dict(zip(flight.slots, rows))
-        seqs = [s for s in flight.seqs if s.finish is None and self.active.get(s.slot) is s]
+        seqs = [s for s in flight.seqs if self._live(s)]
         packed = [by_slot[s.slot] for s in seqs]
         if seqs:
             self._account(seqs, packed, flight.kind, seconds)
         return Landed(seqs, packed, seconds)
+
+    def _live(self, seq: RunningSeq) -> bool:
+        """Still decoding in its slot: not ended by a stop string, not aborted (its slot maybe refilled)."""
+        return seq.finish is None and self.active.get(seq.slot) is seq
 
     def _take_landed(self, landed: Landed) -> list[StepEvent]:
         return self._take(landed.seqs, landed.rows, draft_s=0.0, verify_s=landed.seconds)
