@@ -132,9 +132,10 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
                            length_head=chosen["length_head"], lr=lr, warmup_steps=warmup_steps, min_buffer=min_buffer, train_batch=train_batch,
                            publish_every=publish_every, keep=keep, device=device(train_list), deadline=deadline,
                            lr_decay_seconds=lr_decay_minutes * 60)
-    if log is None:
+    if dry_run:
         _print_commands(infer, train, infer_list, train_list, train_procs)
         return
+    assert log is not None
     runner = Pipeline(log, run_id, run_dir, infer, train, infer_list, train_list, deadline=deadline,
                       train_procs=train_procs)
     log.update_run(run_id, run_dir=str(run_dir), config={"preset": method, **chosen, "swap_dir": swap,
@@ -200,11 +201,11 @@ def _print_commands(infer: Any, train: Any, infer_gpus: list[str], train_gpus: l
     import os
     import shlex
 
-    from adaflash.pipeline.launch import worker_commands, worker_visibility
+    from adaflash.pipeline.launch import worker_commands, worker_env
 
-    visible = worker_visibility(infer_gpus, train_gpus)
+    gpus = {"inference": infer_gpus, "training": train_gpus}
     for role, command in worker_commands(infer, train, train_gpus, train_procs).items():
-        env = {"CUDA_VISIBLE_DEVICES": visible[role],
+        env = {"CUDA_VISIBLE_DEVICES": worker_env(gpus[role])["CUDA_VISIBLE_DEVICES"],
                **{k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}}
         click.echo(f"{role}: {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} {shlex.join(command)}")
 

@@ -98,11 +98,6 @@ def worker_commands(infer: InferenceConfig, train: TrainingConfig, train_gpus: l
     return {"inference": infer_command(infer), "training": train_command(train, train_gpus, train_procs)}
 
 
-def worker_visibility(infer_gpus: list[str], train_gpus: list[str]) -> dict[str, str]:
-    """CUDA_VISIBLE_DEVICES of each worker ("" hides every GPU)."""
-    return {"inference": ",".join(infer_gpus), "training": ",".join(train_gpus)}
-
-
 class Pipeline:
     def __init__(self, log: RunLog, run_id: str, run_dir: Path, infer: InferenceConfig, train: TrainingConfig,
                  infer_gpus: list[str], train_gpus: list[str], grace: float = 60.0,
