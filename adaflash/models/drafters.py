@@ -202,8 +202,9 @@ class DFlashDrafter(Drafter):
         cache.reserve(kv_len)
         ctx = self.context(feats.to(self.fc.weight.dtype))
         where = cache.where(rows, positions)
-        for index, (k, v) in enumerate(self.context_kv(ctx, positions, bound=kv_len)):
-            cache.write(index, where, k, v)
+        rope = self.rotary(positions, ctx.dtype, kv_len)
+        for index, layer in enumerate(self.layers):
+            layer.self_attn.caching_kv(ctx, rope, cache, index, where)
 
     def block_hidden(self, cache: KVCache, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor,
                      target: TargetModel, ctx_len: int) -> torch.Tensor:

@@ -321,6 +321,22 @@ class Attention(nn.Module):
         assert q is not None
         return q
 
+    def caching_kv(self, x: torch.Tensor, rope: Rope, cache: KVCache, layer: int, where: torch.Tensor) -> None:
+        """The roped keys and values of `x` into `cache` (layer `layer`, flat indices `where`): no query.
+        Fused, the rope kernel stores them itself, as `project_q_caching_kv` does (the DFlash drafter's
+        context gains each step's accepted positions this way, two copy kernels a layer fewer)."""
+        if self.qkv is None:
+            cache.write(layer, where, *self.project_kv(x, rope))
+            return
+        self._split_roped(self._fused_kv_heads(x), 0, rope, store=(cache, layer, where))
+
+    def _fused_kv_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """Keys and values only: the last rows of the fused weight, a single GEMM."""
+        assert self.qkv is not None
+        start = self.num_heads * self.head_dim
+        weight, bias = self.qkv
+        return self._fused_heads(x, (weight[start:], bias[start:] if bias is not None else None), 0)
+
     def _fused_heads(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor | None],
                      queries: int) -> torch.Tensor:
         b, n, _ = x.shape
@@ -365,11 +381,8 @@ class Attention(nn.Module):
 
     def project_kv(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
         b, q, _ = x.shape
-        if self.qkv is not None:  # fused: k and v are the last rows of the one weight, a single GEMM
-            start = self.num_heads * self.head_dim
-            weight, bias = self.qkv
-            kv = self._fused_heads(x, (weight[start:], bias[start:] if bias is not None else None), 0)
-            _, k, v = self._split_roped(kv, 0, rope)
+        if self.qkv is not None:
+            _, k, v = self._split_roped(self._fused_kv_heads(x), 0, rope)
             assert k is not None and v is not None
             return k, v
         k = self.k_proj(x).view(b, q, self.num_kv, self.head_dim)
