@@ -7,6 +7,7 @@ import torch
 
 from adaflash.engine.engine import Engine
 from adaflash.engine.length_policy import CostRule
+from adaflash.engine.params import Request, SamplingParams
 from tests.test_engine_lossless import make_requests, oracle_engine, vanilla
 
 
@@ -176,3 +177,49 @@ def test_a_flat_cost_verifies_whole_blocks_through_the_engine(tiny_target, padde
     assert {width for (_, width), seen in engine.cost_rule.samples.items() if len(seen) > 3} == {block}
     for out in outputs:  # every drafted step proposed the whole block
         assert out.meta_info["spec_num_proposed_drafts"] == sum(out.meta_info["spec_accept_histogram"]) * (block - 1) > 0
+
+
+def test_smaller_batches_take_whole_blocks_once_a_larger_one_settled_on_them():
+    """A run's tail shrinks through every smaller batch bucket: once batch 32 settled on whole blocks,
+    smaller buckets verify them too, without timing tries or head-read steps of their own; a bucket with
+    its own verdict keeps it, a larger one learns its own, and the inheritance ends when the larger
+    bucket stops settling on whole blocks."""
+    rule = trained(CostRule(block=4, min_length=2, tries=1, refresh=0, mode_tries=2), 32, lambda w: 1.0)
+    assert rule.whole_blocks(32)
+    rule.record(32, 4, 1.0, tokens=40)
+    for batch in (16, 9, 5, 3, 2, 1):
+        assert rule.whole_blocks(batch) and rule.planned == "whole"
+        rule.record(batch, 4, 1.0, tokens=batch)
+    assert rule.cost(16) is None and rule.cost(1) is None  # not one timing try below 32
+    assert not rule.whole_blocks(64) and rule.planned == "probe"  # a larger batch times its widths
+
+    own = trained(CostRule(block=4, min_length=2, tries=1, refresh=0), 4, lambda w: 0.5 + 0.5 * w)
+    trained(own, 32, lambda w: 1.0)
+    assert own.whole_blocks(32) and not own.whole_blocks(4)  # batch 4 measured steep widths itself
+
+    flips = trained(CostRule(block=4, min_length=2, tries=1, refresh=0, recheck=1, window=1), 32, lambda w: 1.0)
+    assert flips.whole_blocks(32) and flips.whole_blocks(8)
+    flips.record(32, 4, 5.0)  # the whole block turns dear at batch 32: its verdict is read again
+    assert not flips.whole_blocks(32)
+    assert not flips.whole_blocks(8) and flips.planned == "probe"  # batch 8 now learns its own
+
+
+def test_the_tail_of_a_run_takes_whole_blocks_without_timing_tries(tiny_target):
+    """Through the engine: once batch 4 settled on whole blocks, the rows left as others finish (batch
+    buckets 2 and 1) verify whole blocks too, losslessly, with no timing try or head-read step."""
+    lengths = [12, 24, 36, 48]
+    def requests():
+        return [Request(r.prompt_ids, SamplingParams(max_new_tokens=n, ignore_eos=True), rid=r.rid)
+                for r, n in zip(make_requests(tiny_target, 4), lengths)]
+    reference = vanilla(tiny_target, requests())
+    drafter = oracle_engine(tiny_target, requests(), reference, "adaflash").drafter
+    engine = Engine(tiny_target, "adaflash", drafter, max_batch=4, max_len=512, length_policy="cost")
+    drafter.engine = engine
+    engine.cost_rule = trained(CostRule(drafter.block_size, engine.min_length, max_batch=4, refresh=0), 4,
+                               lambda w: 1.0)
+    outputs = engine.generate(requests())
+    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
+    assert [len(o.output_ids) for o in outputs] == lengths
+    assert set(engine.step_counts) - {"prefill"} == {"whole"}
+    assert engine.cost_rule.cost(2) is None and engine.cost_rule.cost(1) is None
+    assert {bucket for bucket, _ in engine.cost_rule.yields} == {1, 2, 4}  # every bucket stepped

@@ -24,7 +24,8 @@ the head says, so the rule answers "verify everything" without reading the predi
 the host the sync a chosen width needs before it can size the verify pass, and on a GPU lets the
 drafting run inside the step's one graph. Then the rule costs the host a few dict reads a step: it
 reads its table every `recheck` steps, and re-times widths ever less often (a re-timing on an H200
-took 9.6 ms against 2.2 ms for a step, its graphs captured on the clock).
+took 9.6 ms against 2.2 ms for a step, its graphs captured on the clock). A batch smaller than one
+whose whole blocks won takes them without timing tries of its own (`_inherits_whole`).
 
 Those savings are not in the per-width step times (every width is timed with the head read), so
 where the timings alone favour shorter widths the rule also weighs the two modes as they really
@@ -179,10 +180,24 @@ class CostRule:
         checked = self._whole_checked.get(bucket_)
         if checked is not None and self.steps - checked < self.recheck:
             mode = "probe" if self._retime_due(bucket_) else "whole"
+        elif self._inherits_whole(bucket_):
+            mode = "whole"
         else:
             mode = self._decide(batch, bucket_)
         self._planned = (bucket_, mode)
         return mode == "whole"
+
+    def _inherits_whole(self, bucket_: int) -> bool:
+        """Whole blocks, unmeasured: a larger batch bucket has settled on them and this one has no verdict
+        of its own. A smaller batch verifies fewer tokens per width, so a longer verify costs it relatively
+        less and the head's cut saves less: what won at the larger batch wins here too. Why: a run's
+        tail shrinks through every smaller bucket, each of which would spend its first steps on timing
+        tries and head-read steps, none of them overlapped (at batch 32 on an H200, 50 of AdaFlash's 690 steps
+        in `s21-p8-b32` were such steps; by the rule's schedule, after a warm-up that settled batch 32,
+        nearly all of them fell in the tail's buckets)."""
+        if bucket_ in self._best or bucket_ in self._whole_since or self.cost(bucket_) is not None:
+            return False
+        return any(larger > bucket_ for larger in self._whole_since)
 
     def _decide(self, batch: int, bucket_: int) -> str:
         self._whole_checked.pop(bucket_, None)
