@@ -425,3 +425,27 @@ def test_tau_times_throughput_against_the_dflash_row_of_the_same_batch():
     rows = [row("vanilla", 1.0, 600.0), row("dflash", 2.0, 1100.0), row("adaflash", 2.2, 1210.0),
             row("osd", 2.1, 1155.0, batch=32), row("hf-prompt-lookup", 1.3, 30.0, backend="transformers")]
     assert against_dflash(rows) == ["adaflash@b1: 1.210x (τ 2.20 against 2.00, throughput 1.100x)"]
+
+
+def test_profile_writes_each_cells_kernels_after_its_measured_run(workspace, tiny_llama, drafts, prompt_file, tmp_path):
+    """--profile DIR: every (method, batch) cell's engine, after its measured run, records --profile-steps steps
+    with torch.profiler: a table of its ops by their own time and a Chrome trace, named by run, method and
+    batch; the measured rows are the same as without it. Too few tokens left to profile is a named error."""
+    out = tmp_path / "prof"
+    args = ("--target", str(tiny_llama), "--methods", "vanilla,dflash", "--draft-dir", str(drafts), "--prompts",
+            str(prompt_file), "--num-prompts", "2", "--batch-sizes", "2", "--device", "cpu", "--warmup", "none",
+            "--format", "json")
+    result = _invoke(*args, "--max-new-tokens", "12", "--profile", str(out), "--profile-steps", "3")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    run_id, records = payload["run_id"], payload["records"]
+    assert [r["method"] for r in records] == ["vanilla", "dflash"] and records[1]["identical"]
+    for method in ("vanilla", "dflash"):
+        table = (out / f"{run_id}-{method}-b2.top.txt").read_text()
+        assert table.startswith(f"{run_id}-{method}-b2: 3 engine steps after 3 warm-up steps")
+        assert "aten::" in table and "Self CPU" in table
+        trace = json.loads((out / f"{run_id}-{method}-b2.trace.json").read_text())
+        assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
+        assert f"{method} @ batch 2: profiled 3 steps -> {out / f'{run_id}-{method}-b2.top.txt'}" in result.stderr
+    short = _invoke(*args, "--max-new-tokens", "2", "--profile", str(out), "--profile-steps", "4")
+    assert short.exit_code == 2 and f"--profile {out}: " in short.output and "nothing left to profile" in short.output

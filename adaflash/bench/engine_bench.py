@@ -35,6 +35,7 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from adaflash.bench.engine_spec import EngineBenchError, EngineBenchSpec
@@ -250,6 +251,7 @@ class EngineBench:
                 else:
                     engine = self._ready_engine(method, batch)
                     outputs, duration, gaps, passes = self._timed(engine, list(range(len(self.prompts))))
+                    self._profile(engine, method, batch)
                     del engine
                     _free(self.target.device)
                 ids = [list(o.output_ids) for o in outputs]
@@ -294,6 +296,8 @@ class EngineBench:
                 answered = now
                 self.log.log_metrics(self.run_id, {"prompts_done": answered}, step=answered)
         passes = {method: _passes(engine, before[method]) for method, engine in engines.items()}
+        for method, engine in engines.items():
+            self._profile(engine, method, batch)
         del engines
         _free(self.target.device)
         return {method: ([done[method][r.rid] for r in requests[method]], clocks[method].total, gaps[method].itl,
@@ -314,6 +318,21 @@ class EngineBench:
                 break
         _sync(self.target.device)
         clock.stop()
+
+    def _profile(self, engine: Any, method: str, batch: int) -> None:
+        """With `--profile DIR`: the engine's steps, kernel by kernel, after its measured run (off the clock)."""
+        if not self.spec.profile:
+            return
+        from adaflash.bench.profiling import profile_engine
+
+        name = f"{self.run_id}-{method}-b{batch}"
+        try:
+            done = profile_engine(engine, self._requests(list(range(len(self.prompts)))), Path(self.spec.profile),
+                                  name, steps=self.spec.profile_steps, warm_steps=self.spec.profile_steps,
+                                  on_cuda=str(self.target.device).startswith("cuda"))
+        except (OSError, ValueError) as err:
+            raise EngineBenchError(f"--profile {self.spec.profile}: {err}") from None
+        self.say(f"{method} @ batch {batch}: profiled {done.steps} steps -> {done.table} (trace {done.trace.name})")
 
     def _record(self, method: str, batch: int, metrics: dict[str, Any], outputs: list[list[int]],
                 reference: list[list[int]] | None, reference_name: str | None, backend: str) -> dict[str, Any]:

@@ -1,0 +1,60 @@
+"""`bench engine --profile DIR`: which kernels (or, on a CPU, which ops) a method's steps are made of.
+
+Why: the bench's pass timings say how long a step takes; a speculative step's extra time over
+Vanilla's is tens of small kernels, and only a profile names them. It runs after the measured run,
+on the same warmed engine (its CUDA graphs captured), so nothing measured changes: the prompts are
+queued again, the batch fills for `warm_steps`, then `steps` engine steps are recorded with
+torch.profiler, and the rest is aborted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TOP_ROWS = 25  # kernels (ops) in the summary table, by their own device (CPU) time
+
+
+@dataclass
+class Profiled:
+    """What a profile wrote, and over how many engine steps (the table's totals are over all of them)."""
+
+    trace: Path  # Chrome trace: chrome://tracing or https://ui.perfetto.dev
+    table: Path  # the top kernels (ops) by self time, as torch.profiler tabulates them
+    steps: int
+
+
+def profile_engine(engine: Any, requests: list[Any], out: Path, name: str, *, steps: int, warm_steps: int,
+                   on_cuda: bool) -> Profiled:
+    """Queue `requests`, step `warm_steps` times, record the next `steps` steps, abort the rest."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for request in requests:
+        engine.add(request)
+    for _ in range(warm_steps):
+        if not engine.has_work():
+            break
+        engine.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    recorded = 0
+    with profile(activities=activities) as prof:
+        while recorded < steps and engine.has_work():
+            engine.step()
+            recorded += 1
+        if on_cuda:
+            torch.cuda.synchronize()
+    for request in requests:
+        engine.abort(request.rid)
+    if recorded == 0:
+        raise ValueError(f"{name}: nothing left to profile after {warm_steps} warm-up steps; "
+                         "give more prompts or --max-new-tokens")
+    out.mkdir(parents=True, exist_ok=True)
+    trace, table = out / f"{name}.trace.json", out / f"{name}.top.txt"
+    prof.export_chrome_trace(str(trace))
+    sort = "self_device_time_total" if on_cuda else "self_cpu_time_total"
+    summary = prof.key_averages().table(sort_by=sort, row_limit=TOP_ROWS)
+    table.write_text(f"{name}: {recorded} engine steps after {warm_steps} warm-up steps; totals are over all "
+                     f"{recorded}, sorted by {sort}\n{summary}\n")
+    return Profiled(trace, table, recorded)
