@@ -86,9 +86,11 @@ class _RecordingRunner(GraphRunner):
         super().__init__(False)
         self.enabled = True
         self.keys: set = set()
+        self.lanes: dict = {}  # key -> the lane (memory pool) it was run in
 
-    def run(self, key, fn, inputs):
+    def run(self, key, fn, inputs, lane="decode"):
         self.keys.add(key)
+        self.lanes[key] = lane
         return fn(*inputs)
 
 
@@ -103,7 +105,7 @@ class _ReplayingRunner(GraphRunner):
         self.enabled = True
         self.kept: dict = {}
 
-    def run(self, key, fn, inputs):
+    def run(self, key, fn, inputs, lane="decode"):
         if key not in self.kept:
             self.kept[key] = (fn, [x.clone() for x in inputs])
         kept, static = self.kept[key]
@@ -241,6 +243,10 @@ def test_admissions_replay_one_padded_prefill_and_stay_lossless(tiny_target, met
     padded = bucket(width, 256, floor=PREFILL_MIN_WIDTH)
     assert [key for key in engine.graphs.keys if key[0] == "prefill"] == [("prefill", 4, padded)]
     assert ("extend", 4, padded, max(128, padded), False) in engine.graphs.keys  # the admitted rows, gathered
+    # an admission's graphs have a memory pool of their own: they may run beside decoding (`async_prefill`)
+    admit = {key for key, lane in engine.graphs.lanes.items() if lane == "admit"}
+    assert admit == {("prefill", 4, padded), ("extend", 4, padded, max(128, padded), False)}
+    assert set(engine.graphs.lanes.values()) == {"admit", "decode"}
     monkeypatch.setattr(passes, "PREFILL_TOKENS", 8)  # every admission is now too wide for a graph
     engine.graphs.keys.clear()
     outputs = engine.generate(make_requests(tiny_target, n=3, max_new_tokens=12, ignore_eos=True))

@@ -54,7 +54,7 @@ def _capture_admissions(passes: DevicePasses, rows: torch.Tensor, top: int) -> N
         width = dims[1]
         passes.prefill(_zeros(passes, b, width), rows, _zeros(passes, b) + 1)
         if passes.drafter is not None:
-            passes.extend_drafter(rows, _zeros(passes, b), _zeros(passes, b) + 1, 0, width)
+            passes.extend_drafter(rows, _zeros(passes, b), _zeros(passes, b) + 1, 0, width, lane="admit")
         width *= 2  # past max_len (the widest bucket) it is past `top` too
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from adaflash.engine.admission import Admission, Admitting
 from adaflash.engine.capture import capture_all
 from adaflash.engine.flight import Flight, Landed
 from adaflash.engine.graphs import GraphRunner
@@ -51,7 +52,7 @@ class StepEvent:
     output: Output | None = None
 
 
-class Engine:
+class Engine(Admitting):
     """Schedules requests into slots, samples and accepts tokens, and emits them.
 
     The device work (padded passes, CUDA graphs, caches) lives in `self.passes`.
@@ -77,6 +78,7 @@ class Engine:
         admit_batch: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         overlap: bool | None = None,
+        async_prefill: bool = False,
     ) -> None:
         if method != "vanilla" and drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (--draft DIR)")
@@ -131,6 +133,10 @@ class Engine:
         self.overlap = self.passes.padded if overlap is None else overlap
         self._flight: Flight | None = None
         self._settled: list[StepEvent] = []  # events of a flight read outside `step`
+        # Prefill new prompts beside decoding (`admission`): on padded shapes only, on a side stream on a GPU.
+        self.async_prefill = async_prefill and self.passes.padded
+        self._side = torch.cuda.Stream(self.device) if self.async_prefill and self.device.type == "cuda" else None
+        self._admission: Admission | None = None
         if drafter is not None:
             self.passes.install_drafter(drafter)
 
@@ -226,10 +232,14 @@ class Engine:
             if seq.request.rid == rid:
                 del self.active[slot]
                 return True
+        admission = self._admission
+        if admission is not None and rid in {s.request.rid for s in admission.seqs} - admission.aborted:
+            admission.aborted.add(rid)
+            return True
         return False
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.active or self._settled)
+        return bool(self.waiting or self.active or self._settled or self._admission)
 
     def generate(self, requests: Iterable[Request],
                  on_event: Callable[[StepEvent], None] | None = None) -> list[Output]:
@@ -258,9 +268,16 @@ class Engine:
         """
         events, self._settled = self._settled, []
         landed = self._land()  # first: a flight's time is its own, no prefill inside it
+        events += self._join(wait=False)
         if self._admitting():
-            events += self._prefill()
+            if self._beside():
+                self._admission = self._begin_admission()
+            else:
+                events += self._prefill()
         decoding = self._decoding(landed)
+        if not decoding and self._admission is not None:  # nothing else to step: wait for it
+            events += self._join(wait=True)
+            decoding = self._decoding(landed)
         chooser = self._length_chooser(len(decoding)) if decoding else None  # once a step: it plans
         if decoding and self._overlappable(decoding, chooser):
             self._flight = self._launch(decoding, landed)
@@ -333,49 +350,7 @@ class Engine:
         landed = self._land()
         if landed is not None:
             self._settled += self._take_landed(landed)
-
-    def _admitting(self) -> bool:
-        """Prefill now: an idle engine at once, a busy one once `admit_batch` slots are free.
-
-        Waiting for free slots, not for queued prompts: a producer that tops the queue up to the
-        free slots (the pipeline's inference worker) would otherwise be admitted one by one.
-        """
-        if not self.waiting:
-            return False
-        return not self.active or self.max_batch - len(self.active) >= self.admit_batch
-
-    def _free_slots(self) -> list[int]:
-        return [i for i in range(self.max_batch) if i not in self.active]
-
-    @torch.no_grad()
-    def _prefill(self) -> list[StepEvent]:
-        admitted: list[RunningSeq] = []
-        for slot in self._free_slots():
-            if not self.waiting:
-                break
-            request, arrived = self.waiting.popleft()
-            admitted.append(RunningSeq(request, slot, arrived, clock=self.clock))
-        started = time.perf_counter()
-        lens = [len(s.request.prompt_ids) for s in admitted]
-        ids = torch.zeros(len(admitted), max(lens), dtype=torch.long, device=self.device)
-        for i, seq in enumerate(admitted):
-            ids[i, : lens[i]] = torch.tensor(seq.request.prompt_ids, device=self.device)
-            seq.length = lens[i]
-        rows = torch.tensor([s.slot for s in admitted], device=self.device)
-        length = torch.tensor(lens, device=self.device)
-        logits = self.passes.prefill(ids, rows, length)
-        first = sample_for(logits, [s.request.params for s in admitted], self.generator)
-        self.passes.admit(rows, length, first, ids.shape[1])
-        firsts = first.tolist()
-        elapsed = time.perf_counter() - started
-        self._count("prefill", elapsed)
-        events = []
-        for i, seq in enumerate(admitted):
-            self.active[seq.slot] = seq
-            seq.verify_ct += 1
-            seq.verify_time += elapsed
-            events.append(self._emit(seq, [firsts[i]], accepted=0, proposed=0))
-        return events
+        self._settled += self._join(wait=True)
 
     @torch.no_grad()
     def _decode(self, seqs: list[RunningSeq], chooser: LengthChooser | None) -> list[StepEvent]:
@@ -432,7 +407,8 @@ class Engine:
         """The slots a step runs over (`DevicePasses.rows_for`), whether they are 0..b-1 in order, and
         per row its slot, pending token and length on the device, in one host-to-device copy (free
         slots that pad the batch get zeros)."""
-        slots, in_order = self.passes.rows_for([s.slot for s in seqs], fill=fill)
+        # While an admission is out its slots are reserved: no free slot pads a pass (the scratch slot does).
+        slots, in_order = self.passes.rows_for([s.slot for s in seqs], fill=fill and self._admission is None)
         live = {s.slot: (p, n) for s, p, n in zip(seqs, pending, lengths)}
         columns = torch.tensor([slots, [live[r][0] if r in live else 0 for r in slots],
                                 [live[r][1] if r in live else 0 for r in slots]], device=self.device)

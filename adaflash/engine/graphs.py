@@ -40,26 +40,33 @@ def _clone(out: Any) -> Any:
 
 
 class GraphRunner:
-    """Replays `fn(*inputs)` from a graph captured for `key`; plain calls when disabled."""
+    """Replays `fn(*inputs)` from a graph captured for `key`; plain calls when disabled.
+
+    Graphs of one lane share a memory pool, so two of them must never run at once. Admissions have a
+    lane of their own ("admit"): their prefills may run on a side stream beside decoding
+    (`engine.admission`), where a shared pool would let the two graphs' intermediates overlap.
+    """
+
+    LANES = ("decode", "admit")
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.graphs: dict[Hashable, _Graph] = {}
-        self.pool = torch.cuda.graph_pool_handle() if enabled else None
+        self.pools = {lane: torch.cuda.graph_pool_handle() for lane in self.LANES} if enabled else {}
 
-    def run(self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Any:
+    def run(self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[torch.Tensor], lane: str = "decode") -> Any:
         if not self.enabled:
             return fn(*inputs)
-        entry = self.graphs.get(key)
+        entry = self.graphs.get((lane, key))
         if entry is None:
-            entry = self.graphs[key] = self._capture(fn, inputs)
+            entry = self.graphs[(lane, key)] = self._capture(fn, inputs, self.pools[lane])
         for static, value in zip(entry.inputs, inputs):
             static.copy_(value)
         entry.graph.replay()
         # Graphs share one memory pool, so an output lives only until the next replay: copy it.
         return _clone(entry.outputs)
 
-    def _capture(self, fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> _Graph:
+    def _capture(self, fn: Callable[..., Any], inputs: Sequence[torch.Tensor], pool: Any) -> _Graph:
         static = [x.clone() for x in inputs]
         # Warm up on a side stream (allocator and kernel selection), as torch.cuda.graphs requires.
         # The passes only write cache positions the real call writes too, so warm-ups are harmless.
@@ -70,7 +77,7 @@ class GraphRunner:
                 fn(*static)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=pool):
             outputs = fn(*static)
         return _Graph(graph, static, outputs)
 
@@ -81,7 +88,7 @@ class GraphRunner:
         """
         self.graphs.clear()
         if self.enabled:
-            self.pool = torch.cuda.graph_pool_handle()
+            self.pools = {lane: torch.cuda.graph_pool_handle() for lane in self.LANES}
 
     def __len__(self) -> int:
         return len(self.graphs)

@@ -153,7 +153,7 @@ class DevicePasses:
         if dims is None:
             return run(ids, rows, length)
         logits = self.graphs.run(("prefill", b_pad, w_pad), run, [
-            self._pad(ids, b_pad, w_pad), self._pad_rows(rows, b_pad), self._pad(length, b_pad, fill=1)])
+            self._pad(ids, b_pad, w_pad), self._pad_rows(rows, b_pad), self._pad(length, b_pad, fill=1)], lane="admit")
         return logits[:b]
 
     def prefill_dims(self, b: int, width: int) -> tuple[int, int] | None:
@@ -173,7 +173,7 @@ class DevicePasses:
         if self.drafter is not None:
             dims = self.prefill_dims(rows.shape[0], width)
             span = width if dims is None else dims[1]  # a replayed extend covers the prefill's padded width
-            self.extend_drafter(rows, torch.zeros_like(length), length, 0, span, graph=dims is not None)
+            self.extend_drafter(rows, torch.zeros_like(length), length, 0, span, graph=dims is not None, lane="admit")
 
     def commit(self, rows: torch.Tensor, lens: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor,
                feats: torch.Tensor | None, longest: int) -> None:
@@ -231,10 +231,11 @@ class DevicePasses:
             for cache in caches:
                 cache.in_order = False
 
-    def _run(self, key: tuple, fn: Callable[..., Any], inputs: list[torch.Tensor], in_order: bool) -> Any:
+    def _run(self, key: tuple, fn: Callable[..., Any], inputs: list[torch.Tensor], in_order: bool,
+             lane: str = "decode") -> Any:
         """Replay (or capture, or on CPU call) `fn` for `key`, its reads in order when `in_order`."""
         with self._in_order(in_order):
-            return self.graphs.run((*key, in_order), fn, inputs)
+            return self.graphs.run((*key, in_order), fn, inputs, lane)
 
     # -- padding to captured shapes ----------------------------------------------------------------
     @property
@@ -282,12 +283,13 @@ class DevicePasses:
 
     # -- the passes --------------------------------------------------------------------------------
     def extend_drafter(self, rows: torch.Tensor, start: torch.Tensor, count: torch.Tensor, base: int,
-                       width: int, *, graph: bool = True, in_order: bool = False) -> None:
+                       width: int, *, graph: bool = True, in_order: bool = False, lane: str = "decode") -> None:
         """Give the drafter the target features of positions [start, start + count) per row.
 
         `base` >= every start and `width` >= every count are host-side bounds. `graph=False` runs
         eagerly (prefill and hot swap, whose widths are prompt lengths, each a shape of its own).
-        `in_order`: the rows are slots 0..b-1 (`rows_for`), here and in the passes below.
+        `in_order`: the rows are slots 0..b-1 (`rows_for`), here and in the passes below. `lane`: the
+        graphs' memory pool (`GraphRunner`); an admission's extend is in the admissions' lane.
         """
         assert self.drafter is not None and self.feats is not None
         b = rows.shape[0]
@@ -301,7 +303,7 @@ class DevicePasses:
             drafter.extend(cache, rows_p, positions, feats, next_tokens, count_p, model, kv)
 
         if graph:
-            self._run(("extend", b_pad, w_pad, kv), extend, inputs, in_order)
+            self._run(("extend", b_pad, w_pad, kv), extend, inputs, in_order, lane)
         else:
             extend(*inputs)
         self.draft_cache.lens[rows] = start + count
