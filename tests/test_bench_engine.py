@@ -436,10 +436,22 @@ def test_tau_times_throughput_against_the_dflash_row_of_the_same_batch():
     assert against_dflash(rows) == ["adaflash@b1: 1.210x (τ 2.20 against 2.00, throughput 1.100x)"]
 
 
-def test_profile_writes_each_cells_kernels_after_its_measured_run(workspace, tiny_llama, drafts, prompt_file, tmp_path):
+def test_profile_writes_each_cells_kernels_after_its_measured_run(workspace, tiny_llama, drafts, prompt_file, tmp_path,
+                                                                  monkeypatch):
     """--profile DIR: every (method, batch) cell's engine, after its measured run, records --profile-steps steps
     with torch.profiler: a table of its ops by their own time and a Chrome trace, named by run, method and
     batch; the measured rows are the same as without it. Too few tokens left to profile is a named error."""
+    import time
+
+    from adaflash.bench import profiling
+
+    clocks, real = [], profiling.profile_engine
+
+    def spy(engine, *args, **kw):  # interleaved turns ran on turn clocks, which stand still after the run
+        clocks.append(engine.clock is time.perf_counter)
+        return real(engine, *args, **kw)
+
+    monkeypatch.setattr(profiling, "profile_engine", spy)
     out = tmp_path / "prof"
     args = ("--target", str(tiny_llama), "--methods", "vanilla,dflash", "--draft-dir", str(drafts), "--prompts",
             str(prompt_file), "--num-prompts", "2", "--batch-sizes", "2", "--device", "cpu", "--warmup", "none",
@@ -456,5 +468,6 @@ def test_profile_writes_each_cells_kernels_after_its_measured_run(workspace, tin
         trace = json.loads((out / f"{run_id}-{method}-b2.trace.json").read_text())
         assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
         assert f"{method} @ batch 2: profiled 3 steps -> {out / f'{run_id}-{method}-b2.top.txt'}" in result.stderr
+    assert clocks == [True, True]
     short = _invoke(*args, "--max-new-tokens", "2", "--profile", str(out), "--profile-steps", "4")
     assert short.exit_code == 2 and f"--profile {out}: " in short.output and "nothing left to profile" in short.output

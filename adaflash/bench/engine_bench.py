@@ -326,6 +326,7 @@ class EngineBench:
         from adaflash.bench.profiling import profile_engine
 
         name = f"{self.run_id}-{method}-b{batch}"
+        engine.clock = time.perf_counter  # a turn clock stands still once its run is over: steps would take 0 s
         try:
             done = profile_engine(engine, self._requests(list(range(len(self.prompts)))), Path(self.spec.profile),
                                   name, steps=self.spec.profile_steps, warm_steps=self.spec.profile_steps,
