@@ -14,7 +14,7 @@ target verifies only the pending token and emits its own next token. A step for 
 This module schedules, samples, accepts and emits. Each request's tokens, stops and Output are
 `sequence.RunningSeq`'s; the passes themselves (padded shapes, CUDA graphs, caches) run in
 `passes.DevicePasses`. On a GPU a greedy step that needs no host choice is overlapped with the host's
-work on the step before (`flight`).
+work on the step before (`flight`), and admissions may prefill beside decoding (`admission`).
 """
 
 from __future__ import annotations
@@ -265,6 +265,8 @@ class Engine(Admitting):
         in the next call, and the step after it is launched the moment its tokens are read, before the
         host takes them (stops, events, the caller's work), so the device never waits for that work.
         A row whose stop string only the text shows steps once more for nothing; its result is dropped.
+        With `async_prefill` an admission prefills beside decoding and its rows join at a later call
+        (`admission`), at once when nothing else is left to step.
         """
         events, self._settled = self._settled, []
         landed = self._land()  # first: a flight's time is its own, no prefill inside it
