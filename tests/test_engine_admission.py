@@ -25,6 +25,20 @@ def beside(target, method: str, *, async_prefill: bool = True) -> Engine:
                   use_length_head=False if method == "adaflash" else None)
 
 
+def stepwise(engine: Engine, requests: list[Request], after_step, done: dict | None = None) -> dict:
+    """Step `engine` through `requests`, calling `after_step()` after each step; finished outputs by rid
+    (into `done`, when given, so `after_step` can see them)."""
+    done = {} if done is None else done
+    for request in requests:
+        engine.add(request)
+    while engine.has_work():
+        for event in engine.step():
+            if event.output is not None:
+                done[event.rid] = event.output
+        after_step()
+    return done
+
+
 @pytest.mark.parametrize("method", ["vanilla", "dflash", "adaflash"])
 def test_admissions_beside_decoding_are_lossless_and_join_a_step_later(tiny_target, method, monkeypatch):
     reference = plain(tiny_target, requests_for(tiny_target))
@@ -70,16 +84,15 @@ def test_a_prefill_beside_decoding_is_read_at_the_next_step(tiny_target):
 def test_an_abort_while_its_admission_is_out_frees_its_slot(tiny_target):
     reference = plain(tiny_target, requests_for(tiny_target))
     engine = beside(tiny_target, "dflash")
-    for request in requests_for(tiny_target):
-        engine.add(request)
-    done, dropped = {}, None
-    while engine.has_work():
-        for event in engine.step():
-            if event.output is not None:
-                done[event.rid] = event.output
+    dropped = None
+
+    def drop_one():
+        nonlocal dropped
         if dropped is None and engine._admission is not None:
             dropped = engine._admission.seqs[0].request.rid
             assert engine.abort(dropped) and not engine.abort(dropped)
+
+    done = stepwise(engine, requests_for(tiny_target), drop_one)
     assert dropped is not None and dropped not in done
     assert {rid: o.output_ids for rid, o in done.items()} == {
         rid: o.output_ids for rid, o in reference.items() if rid != dropped}
@@ -89,18 +102,18 @@ def test_a_swap_joins_the_admission_out_first(tiny_target):
     """The new drafter's context is rebuilt for every row, so the rows of an admission out join before it."""
     reference = plain(tiny_target, requests_for(tiny_target))
     engine = beside(tiny_target, "dflash")
-    for request in requests_for(tiny_target):
-        engine.add(request)
-    done, swapped = {}, False
-    while engine.has_work():
-        for event in engine.step():
-            if event.output is not None:
-                done[event.rid] = event.output
+    done: dict = {}
+    swapped = False
+
+    def swap_once():
+        nonlocal swapped
         if not swapped and engine._admission is not None:
             out = {s.request.rid for s in engine._admission.seqs}
             engine.swap_drafter(drafter_for("dflash", tiny_target), version=2)
             swapped = True
             assert engine._admission is None and out <= {s.request.rid for s in engine.active.values()} | set(done)
+
+    stepwise(engine, requests_for(tiny_target), swap_once, done)
     assert swapped and engine.drafter_version == 2
     assert {rid: o.output_ids for rid, o in done.items()} == {rid: o.output_ids for rid, o in reference.items()}
 
