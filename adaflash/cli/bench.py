@@ -375,7 +375,8 @@ def _supervised_launcher(log, workspace: str, spec):
 def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None, drafts: tuple[str, ...], dataset: str,
            num_prompts: int, batch_sizes: str, max_new_tokens: int, device: str, dtype: str, compare_hf: bool,
            prompt_lookup_tokens: int, warmup: str, length_rate: float, length_policy: str, min_length: int, order: str,
-           admit_batch: int | None, overlap: bool, async_prefill: bool, profile: str | None, profile_steps: int, chat: bool, seed: int | None, label: str | None, fmt: str) -> None:
+           admit_batch: int | None, overlap: bool, async_prefill: bool, profile: str | None, profile_steps: int,
+           chat: bool, seed: int | None, label: str | None, fmt: str) -> None:
     """Measure every method through the embedded engine side by side, greedy, on the same prompts.
 
     Per batch size: output tok/s, τ and whether greedy output is identical to our Vanilla's; with

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import torch
@@ -134,7 +135,7 @@ class Admitting:
         if not self.async_prefill or not self.active:
             return False
         free = self.max_batch - len(self.active)
-        return all(request.params.temperature == 0 for request, _ in list(self.waiting)[:free])
+        return all(request.params.temperature == 0 for request, _ in islice(self.waiting, free))
 
     @torch.no_grad()
     def _begin_admission(self) -> Admission:

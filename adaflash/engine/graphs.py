@@ -63,7 +63,7 @@ class GraphRunner:
         for static, value in zip(entry.inputs, inputs):
             static.copy_(value)
         entry.graph.replay()
-        # Graphs share one memory pool, so an output lives only until the next replay: copy it.
+        # Graphs of a lane share a memory pool, so an output lives only until the lane's next replay: copy it.
         return _clone(entry.outputs)
 
     def _capture(self, fn: Callable[..., Any], inputs: Sequence[torch.Tensor], pool: Any) -> _Graph:
