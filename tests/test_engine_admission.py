@@ -15,7 +15,7 @@ from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request, SamplingParams
 from adaflash.engine.passes import DevicePasses
 from adaflash.models.loading import load_target
-from tests.test_engine_lossless import drafter_for
+from tests.test_engine_lossless import drafter_for, stepwise
 from tests.test_engine_overlap import plain, requests_for
 
 
@@ -23,20 +23,6 @@ def beside(target, method: str, *, async_prefill: bool = True) -> Engine:
     drafter = drafter_for(method, target) if method != "vanilla" else None
     return Engine(target, method, drafter, max_batch=4, max_len=512, pad_shapes=True, async_prefill=async_prefill,
                   use_length_head=False if method == "adaflash" else None)
-
-
-def stepwise(engine: Engine, requests: list[Request], after_step, done: dict | None = None) -> dict:
-    """Step `engine` through `requests`, calling `after_step()` after each step; finished outputs by rid
-    (into `done`, when given, so `after_step` can see them)."""
-    done = {} if done is None else done
-    for request in requests:
-        engine.add(request)
-    while engine.has_work():
-        for event in engine.step():
-            if event.output is not None:
-                done[event.rid] = event.output
-        after_step()
-    return done
 
 
 @pytest.mark.parametrize("method", ["vanilla", "dflash", "adaflash"])

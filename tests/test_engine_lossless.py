@@ -63,19 +63,31 @@ class OracleDrafter(Drafter):
         return torch.tensor(out, device=lens.device), lengths if predict_length else None
 
 
-def generate_with_swap(engine, requests, drafter, version, at_step=3):
-    """Run requests step by step, hot-swapping to `drafter` after `at_step` steps; outputs by rid."""
+def stepwise(engine: Engine, requests: list[Request], after_step, done: dict | None = None) -> dict:
+    """Step `engine` through `requests`, calling `after_step()` after each step; finished outputs by rid
+    (into `done`, when given, so `after_step` can see them)."""
+    done = {} if done is None else done
     for request in requests:
         engine.add(request)
-    done, steps = {}, 0
     while engine.has_work():
         for event in engine.step():
-            if event.output:
+            if event.output is not None:
                 done[event.rid] = event.output
+        after_step()
+    return done
+
+
+def generate_with_swap(engine, requests, drafter, version, at_step=3):
+    """Run requests step by step, hot-swapping to `drafter` after `at_step` steps; outputs by rid."""
+    steps = 0
+
+    def after_step():
+        nonlocal steps
         steps += 1
         if steps == at_step:
             engine.swap_drafter(drafter, version=version)
-    return done
+
+    return stepwise(engine, requests, after_step)
 
 
 def vanilla(target, requests):
