@@ -360,7 +360,7 @@ def _supervised_launcher(log, workspace: str, spec):
 @overlap_option()
 @click.option("--async-prefill", is_flag=True,
               help="Prefill admitted prompts on a side CUDA stream while the batch keeps decoding (greedy prompts, "
-                   "padded shapes; not yet measured on a GPU).")
+                   "padded shapes; slower on GSM8K at batch 32 on an H200, for long prompts to try).")
 @click.option("--profile", type=click.Path(file_okay=False), default=None,
               help="After each measured cell, profile its engine's steps (torch.profiler, off the clock) into this "
                    "folder: RUN-METHOD-bBATCH.top.txt (kernels by their own time) and .trace.json (Chrome trace).")
