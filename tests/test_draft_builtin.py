@@ -16,11 +16,13 @@ from adaflash.models.drafters import DFlashDrafter
 from adaflash.models.registry import resolve_drafter
 
 
-def test_the_builtin_drafter_loads_by_name_with_its_length_head():
-    drafter = load_drafter("smollm2-135m-dflash")
+@pytest.mark.parametrize(("name", "layers", "block"), [("smollm2-135m-dflash", 1, 4), ("smollm2-135m-adaflash", 2, 8)])
+def test_the_builtin_drafters_load_by_name_with_their_length_heads(name, layers, block):
+    drafter = load_drafter(name)
     assert isinstance(drafter, DFlashDrafter)
-    assert drafter.block_size == 4 and drafter.length_head is not None
-    assert resolve_drafter("smollm2-135m-dflash") == BUILTIN_DRAFTERS["smollm2-135m-dflash"].folder
+    assert drafter.block_size == block and drafter.length_head is not None and len(drafter.layers) == layers
+    assert resolve_drafter(name) == BUILTIN_DRAFTERS[name].folder
+    assert (BUILTIN_DRAFTERS[name].folder / "README.md").is_file()  # where its weights came from
 
 
 def test_a_name_that_is_not_builtin_stays_a_path(tmp_path):
@@ -31,8 +33,10 @@ def test_draft_builtins_lists_it_as_installed():
     result = CliRunner().invoke(cli, ["draft", "builtins", "--format", "json"])
     assert result.exit_code == 0, result.output
     rows = {r["name"]: r for r in json.loads(result.output)}
-    assert rows["smollm2-135m-dflash"]["installed"] is True
-    assert rows["smollm2-135m-dflash"]["target"] == "smollm2-135m"
+    for name in ("smollm2-135m-dflash", "smollm2-135m-adaflash"):
+        assert rows[name]["installed"] is True and rows[name]["target"] == "smollm2-135m"
+    assert rows["smollm2-135m-dflash"]["default_for"] == "dflash"
+    assert rows["smollm2-135m-adaflash"]["default_for"] == "adaflash"
 
 
 def test_train_init_names_the_option_when_the_drafter_does_not_exist(tmp_path):
@@ -98,12 +102,13 @@ def test_draft_export_copies_checked_drafters_byte_for_byte_or_cast(tmp_path):
     assert result.exit_code == 2 and "would replace the drafter it reads" in result.output
 
 
-def test_dflash_and_adaflash_default_to_the_built_in_drafter_of_a_built_in_target(tmp_path):
+def test_dflash_and_adaflash_default_to_their_built_in_drafters_of_a_built_in_target(tmp_path):
+    """DFlash runs the offline drafter, AdaFlash the on-policy one; a pipeline starts from the offline one."""
     from adaflash.engine.build import drafter_for
 
     (tmp_path / "q.jsonl").write_text('{"prompt": "hi"}\n')
     assert drafter_for("dflash", None, "smollm2-135m") == "smollm2-135m-dflash"
-    assert drafter_for("adaflash", None, "smollm2-135m") == "smollm2-135m-dflash"
+    assert drafter_for("adaflash", None, "smollm2-135m") == "smollm2-135m-adaflash"
     assert drafter_for("adaflash", "mine/", "smollm2-135m") == "mine/"  # --draft wins
     assert drafter_for("vanilla", "mine/", "smollm2-135m") is None
     for method, target in (("osd", "smollm2-135m"), ("eagle3", "smollm2-135m"), ("dflash", "/models/other")):
@@ -111,14 +116,14 @@ def test_dflash_and_adaflash_default_to_the_built_in_drafter_of_a_built_in_targe
             drafter_for(method, None, target)
     result = CliRunner().invoke(cli, ["serve", "--method", "adaflash", "--dry-run", "--gpus", "cpu"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["draft"] == "smollm2-135m-dflash"
-    assert "runs the built-in drafter smollm2-135m-dflash" in result.stderr
+    assert json.loads(result.stdout)["draft"] == "smollm2-135m-adaflash"
+    assert "runs the built-in drafter smollm2-135m-adaflash" in result.stderr
 
     from adaflash.bench.engine_spec import EngineBenchError, resolve_drafts
 
     folder = str(resolve_drafter("smollm2-135m-dflash"))
     assert resolve_drafts(["vanilla", "dflash", "adaflash"], None, {}, "smollm2-135m") == {
-        "dflash": folder, "adaflash": folder}
+        "dflash": folder, "adaflash": str(resolve_drafter("smollm2-135m-adaflash"))}
     with pytest.raises(EngineBenchError, match="no drafter for osd"):
         resolve_drafts(["dflash", "osd"], None, {}, "smollm2-135m")
     result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "pipeline", "--data",

@@ -124,6 +124,28 @@ def test_untrained_drafters_are_lossless_on_smollm2(smollm2_target, method):
     assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
 
 
+def test_the_shipped_drafters_are_lossless_and_trained_on_smollm2(smollm2_target):
+    """Each method's built-in drafter on its target: the target's own tokens, and drafts it accepts (an
+    untrained drafter's τ is about 1). The on-policy AdaFlash drafter (2 layers, block 8) drafts further."""
+    from adaflash.engine.build import build_engine
+    from adaflash.models.builtin_drafters import builtin_drafter_of
+    from tests.test_invariant_kernels import GSM8K_LIKE
+
+    def requests():  # the drafters' own domain: an untrained drafter's τ is about 1 here too
+        return [Request(smollm2_target.encode(smollm2_target.render(p)),
+                        SamplingParams(max_new_tokens=64, ignore_eos=True), rid=str(i))
+                for i, p in enumerate(GSM8K_LIKE[:2])]
+
+    reference = [o.output_ids for o in vanilla(smollm2_target, requests())]
+    tau = {}
+    for method in ("dflash", "adaflash"):
+        draft = builtin_drafter_of("smollm2-135m", method)  # the fixture's target is a folder, not the name
+        outputs = build_engine(smollm2_target, method, draft, max_batch=2, max_len=512).generate(requests())
+        assert [o.output_ids for o in outputs] == reference, method
+        tau[method] = sum(o.meta_info["spec_accept_length"] for o in outputs) / len(outputs)
+    assert tau["dflash"] > 1.4 and tau["adaflash"] > tau["dflash"], tau
+
+
 @pytest.mark.parametrize("method", ["dflash", "adaflash"])
 def test_accepted_drafts_keep_output_identical(tiny_target, method):
     reference = vanilla(tiny_target, make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))

@@ -147,10 +147,11 @@ def test_bf16_speculative_decoding_gives_vanilla_tokens_on_smollm2(smollm2_folde
                 for i, p in enumerate(GSM8K_LIKE)]
 
     reference = [o.output_ids for o in build_engine(target, max_batch=1, max_len=1024).generate(requests())]
-    for method in ("dflash", "adaflash"):
-        engine = build_engine(target, method, "smollm2-135m-dflash", max_batch=4, max_len=1024)
+    for method, draft in (("dflash", "smollm2-135m-dflash"), ("adaflash", "smollm2-135m-dflash"),
+                          ("adaflash", "smollm2-135m-adaflash")):
+        engine = build_engine(target, method, draft, max_batch=4, max_len=1024)
         outputs = engine.generate(requests())
-        assert [o.output_ids for o in outputs] == reference, method
+        assert [o.output_ids for o in outputs] == reference, (method, draft)
         assert sum(o.meta_info["spec_accept_length"] for o in outputs) / len(outputs) > 1.5
 
 

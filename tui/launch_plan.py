@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adaflash.data.prompts import PromptFileError, prompt_source
-from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS, builtin_drafter_of
+from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS, OFFLINE_INIT, builtin_drafter_of
 from jobs.assign import format_gpus
 
 MODES = (("recipe", "Recipe"), ("pipeline", "Pipeline"), ("server", "Baseline server"),
@@ -153,7 +153,7 @@ def method_recipe(choice: LaunchChoice, workspace: Path | None = None) -> tuple[
     if choice.mode == "pipeline":
         name = f"tui-pipeline-{choice.preset}"
         description = f"{dict(PRESETS).get(choice.preset, choice.preset)} pipeline from adaflash-tui"
-        if not draft and not builtin_drafter_of(target, "adaflash"):
+        if not draft and not builtin_drafter_of(target, OFFLINE_INIT):
             errors.append("drafter: required (the initial drafter folder, e.g. an offline DFlash)")
         if not dataset:
             errors.append("dataset: required (prompts as a .jsonl file or a prepared dataset's name)")

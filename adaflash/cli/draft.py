@@ -118,6 +118,7 @@ def builtins(fmt: str) -> None:
     """The drafters shipped inside adaflash: pass a name wherever a drafter folder goes."""
     from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS
 
-    rows = [{"name": d.name, "target": d.target, "installed": (d.folder / "config.json").is_file(),
-             "folder": str(d.folder), "description": d.description} for d in BUILTIN_DRAFTERS.values()]
-    emit_rows(rows, ["name", "target", "installed", "folder", "description"], fmt)
+    rows = [{"name": d.name, "target": d.target, "default_for": ",".join(d.default_for),
+             "installed": (d.folder / "config.json").is_file(), "folder": str(d.folder), "description": d.description}
+            for d in BUILTIN_DRAFTERS.values()]
+    emit_rows(rows, ["name", "target", "default_for", "installed", "folder", "description"], fmt)

@@ -153,9 +153,9 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
 def _initial_drafter(target: str, draft: str | None) -> str:
     """--draft as a folder, else the built-in drafter of a built-in target (said on stderr)."""
     if not draft:
-        from adaflash.models.builtin_drafters import builtin_drafter_of
+        from adaflash.models.builtin_drafters import OFFLINE_INIT, builtin_drafter_of
 
-        draft = builtin_drafter_of(target, "adaflash")
+        draft = builtin_drafter_of(target, OFFLINE_INIT)
         if draft is None:
             fail(f"--draft DIR is required: no built-in drafter ships for {target}")
         note_builtin_drafter("starting from", draft, "--draft")
