@@ -60,12 +60,19 @@ def make_app(workspace: Path, **kwargs) -> AdaflashApp:
 async def click_cell(pilot: Pilot, table: DataTable, row: int, column: int) -> None:
     """Click a DataTable cell where it is on screen now: after any scroll the last click started (a
     click moves the cursor, and the table scrolls it into view with an animation) and net of the
-    table's scroll offsets. (A click computed without them once toggled the next column, in a CI run
-    with the machine loaded.)"""
-    await pilot.wait_for_scheduled_animations()
-    x = sum(c.get_render_width(table) for c in table.ordered_columns[:column]) + 2 - int(table.scroll_x)
-    y = row + (1 if table.show_header else 0) - int(table.scroll_y)
-    await pilot.click(table, offset=(x, y))
+    table's scroll offsets, and once the pointer hovers that very cell. (Clicks computed without these
+    toggled the next column twice, in CI runs with the machine loaded.)"""
+    for _ in range(50):
+        await pilot.wait_for_scheduled_animations()
+        x = sum(c.get_render_width(table) for c in table.ordered_columns[:column]) + 2 - int(table.scroll_x)
+        y = row + (1 if table.show_header else 0) - int(table.scroll_y)
+        await pilot.hover(table, offset=(x, y))
+        await pilot.pause()
+        if table.hover_coordinate == (row, column):  # the pointer is on the cell as rendered now
+            await pilot.click(table, offset=(x, y))
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"the pointer never rested on cell ({row}, {column}) of #{table.id}")
 
 
 def stop_leftovers(workspace: Path) -> None:
