@@ -172,7 +172,7 @@ def vary(ctx: click.Context, dataset_file: str, variants: int, num_samples: int 
 @click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
 @click.option("--draft", default=None, metavar="DIR|NAME",
               help="Drafter folder or built-in drafter's name (methods other than vanilla; dflash and adaflash "
-                   "default to the target's built-in drafter).")
+                   "default to the target's built-in drafter for each: `adaflash draft builtins`).")
 @click.option("--dataset", "dataset_file", required=True, callback=prompt_file("train"),
               help='JSONL of normalized rows or {"prompt": ...} rows, or a prepared dataset\'s name (its train split).')
 @click.option("--num-samples", type=click.IntRange(1), default=None, help="Answer the first N prompts [default: all].")

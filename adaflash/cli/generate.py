@@ -21,7 +21,7 @@ from adaflash.engine.params import METHODS
 @click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
 @click.option("--draft", default=None, metavar="DIR|NAME",
               help="Drafter folder or built-in drafter's name (methods other than vanilla; dflash and adaflash "
-                   "default to the target's built-in drafter).")
+                   "default to the target's built-in drafter for each: `adaflash draft builtins`).")
 @click.option("--max-new-tokens", type=click.IntRange(1, 32768), default=128, show_default=True)
 @click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True)

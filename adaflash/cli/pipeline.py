@@ -35,7 +35,7 @@ PRESETS = {
 @click.group(invoke_without_command=True)
 @click.option("--target", default="smollm2-135m", show_default=True)
 @click.option("--draft", help="Initial drafter (offline-trained DFlash): a folder or a built-in drafter's name "
-                             "[default: the built-in drafter of a built-in target].")
+                             "[default: the built-in offline DFlash drafter of a built-in target].")
 @click.option("--data", callback=prompt_file("train"),
               help="Prompts: normalized rows or {\"prompt\"} rows, or a prepared dataset's name (its train split).")
 @click.option("--infer-gpus", default="cpu", show_default=True, help="'cpu' or GPU indices for the inference worker.")

@@ -22,7 +22,7 @@ from adaflash.engine.params import METHODS
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
 @click.option("--draft", default=None, metavar="DIR|NAME",
               help="Drafter folder or built-in drafter's name (every method but vanilla; optional for mtp on SGLang; "
-                   "dflash and adaflash default to the target's built-in drafter).")
+                   "dflash and adaflash default to the target's built-in drafter for each: `adaflash draft builtins`).")
 @click.option("--engine", "engine_kind", type=click.Choice(["embedded", "sglang"]), default="embedded", show_default=True,
               help="embedded: our PyTorch engine (CPU or GPU); sglang: launch `python -m sglang.launch_server`.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")

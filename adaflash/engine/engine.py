@@ -14,7 +14,8 @@ target verifies only the pending token and emits its own next token. A step for 
 This module schedules, samples, accepts and emits. Each request's tokens, stops and Output are
 `sequence.RunningSeq`'s; the passes themselves (padded shapes, CUDA graphs, caches) run in
 `passes.DevicePasses`. On a GPU a greedy step that needs no host choice is overlapped with the host's
-work on the step before (`flight`), and admissions may prefill beside decoding (`admission`).
+work on the step before (`flight`), and admissions may prefill beside decoding (`admission`). How many
+drafts a step verifies is `verify_lengths`'s.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from adaflash.engine.admission import Admission, Admitting
 from adaflash.engine.capture import capture_all
 from adaflash.engine.flight import Flight, Landed
 from adaflash.engine.graphs import GraphRunner
-from adaflash.engine.length_policy import CostRule
-from adaflash.engine.params import DEFAULT_LENGTH_POLICY, LENGTH_POLICIES, Output, Request
+from adaflash.engine.params import DEFAULT_LENGTH_POLICY, Output, Request
 from adaflash.engine.passes import DevicePasses, LengthChooser
 from adaflash.engine.sampling import accept, sample_for
 from adaflash.engine.sequence import RunningSeq
+from adaflash.engine.verify_lengths import VerifyLengths
 from adaflash.models.cache import KVCache
 from adaflash.models.drafters import Drafter
 from adaflash.models.loading import Target
@@ -52,7 +53,7 @@ class StepEvent:
     output: Output | None = None
 
 
-class Engine(Admitting):
+class Engine(Admitting, VerifyLengths):
     """Schedules requests into slots, samples and accepts tokens, and emits them.
 
     The device work (padded passes, CUDA graphs, caches) lives in `self.passes`.
@@ -94,15 +95,8 @@ class Engine(Admitting):
         self.device = self.model.device
         self.max_batch = max_batch
         self.max_len = int(max_len or min(target.max_context, 4096))
-        self.length_rate = length_rate
-        self.min_length = min_length
-        if length_policy not in LENGTH_POLICIES:
-            raise ValueError(f"length policy must be one of {', '.join(LENGTH_POLICIES)}, got {length_policy!r}")
-        self.length_policy = length_policy
-        self.cost_rule: CostRule | None = None  # made for the drafter's block on first use
-        self.num_steps = num_steps
-        self.use_length_head = (method == "adaflash") if use_length_head is None else use_length_head
-        self.verify_length = verify_length  # a fixed block length to verify (baseline for the head)
+        self._init_verify_lengths(method, length_rate=length_rate, min_length=min_length, length_policy=length_policy,
+                                  num_steps=num_steps, use_length_head=use_length_head, verify_length=verify_length)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.passes = DevicePasses(self.model, max_batch=max_batch, max_len=self.max_len,
                                    cuda_graphs=cuda_graphs, pad_shapes=pad_shapes)
@@ -457,42 +451,6 @@ class Engine(Admitting):
         self.passes.commit(rows, lens, accepted, emitted, feats, longest)
         # The one host sync of a step: how many tokens each row accepted.
         return accepted, torch.cat([accepted[:, None], verify_n[:, None], emitted], dim=1).tolist()
-
-    # -- drafting policy ----------------------------------------------------------------------
-    def _draft_steps(self) -> int | None:
-        """Drafts per pass: a fixed verify length pins it, else num_steps (None: the drafter's own)."""
-        if self.verify_length is not None and self.drafter is not None:
-            return min(max(self.verify_length - 1, 1), self.drafter.max_draft)
-        return self.num_steps
-
-    def _reads_head(self) -> bool:
-        """The length head decides verify lengths unless it is off or a fixed length is asked for."""
-        return self.use_length_head and self.verify_length is None
-
-    def _length_chooser(self, batch: int) -> LengthChooser | None:
-        """How this step's verify lengths are chosen; None: every row verifies the whole block. That is
-        the case where the cost rule finds whole blocks pay at least as well as the head's choice, and
-        then the drafter need not run its head at all."""
-        if not self._reads_head():
-            return None
-        if self.length_policy == "cost" and self._cost_rule().whole_blocks(batch):
-            return None
-        return self._choose_lengths
-
-    def _cost_rule(self) -> CostRule:
-        block = self.drafter.block_size if self.drafter is not None else 1
-        if self.cost_rule is None or self.cost_rule.block != block:
-            self.cost_rule = CostRule(block, self.min_length, max_batch=self.max_batch)
-        return self.cost_rule
-
-    def _choose_lengths(self, length_pred: torch.Tensor, k: int) -> torch.Tensor | None:
-        """The length head's ratio → drafted tokens to verify per row (at least min_length - 1), by the
-        design's rate rule or by measured step cost (`length_policy`, see engine/length_policy.py)."""
-        if self.length_policy == "cost":
-            return self._cost_rule().choose(length_pred, k)
-        block = self.drafter.block_size if self.drafter is not None else k + 1
-        want = torch.round(length_pred.float() * block * self.length_rate).long()
-        return (want.clamp(min=self.min_length, max=block) - 1).clamp(max=k)
 
     # -- emission --------------------------------------------------------------------------------
     def _emit(self, seq: RunningSeq, new_ids: list[int], *, accepted: int, proposed: int) -> StepEvent:

@@ -1,0 +1,70 @@
+"""How many drafts a step verifies: a fixed length, the drafter's whole block, or the AdaFlash length
+head's choice by the rate or the cost rule (`length_policy`). A part of `Engine` (its state is the
+engine's), apart because choosing a width is one idea and scheduling the step another."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from adaflash.engine.length_policy import CostRule
+from adaflash.engine.params import LENGTH_POLICIES
+from adaflash.engine.passes import LengthChooser
+
+if TYPE_CHECKING:
+    from adaflash.models.drafters import Drafter
+
+
+class VerifyLengths:
+    """The engine's verify-width choice; `Engine.__init__` calls `_init_verify_lengths`."""
+
+    drafter: Drafter | None
+    max_batch: int
+
+    def _init_verify_lengths(self, method: str, *, length_rate: float, min_length: int, length_policy: str,
+                             num_steps: int | None, use_length_head: bool | None, verify_length: int | None) -> None:
+        if length_policy not in LENGTH_POLICIES:
+            raise ValueError(f"length policy must be one of {', '.join(LENGTH_POLICIES)}, got {length_policy!r}")
+        self.length_rate = length_rate
+        self.min_length = min_length
+        self.length_policy = length_policy
+        self.cost_rule: CostRule | None = None  # made for the drafter's block on first use
+        self.num_steps = num_steps
+        self.use_length_head = (method == "adaflash") if use_length_head is None else use_length_head
+        self.verify_length = verify_length  # a fixed block length to verify (baseline for the head)
+
+    def _draft_steps(self) -> int | None:
+        """Drafts per pass: a fixed verify length pins it, else num_steps (None: the drafter's own)."""
+        if self.verify_length is not None and self.drafter is not None:
+            return min(max(self.verify_length - 1, 1), self.drafter.max_draft)
+        return self.num_steps
+
+    def _reads_head(self) -> bool:
+        """The length head decides verify lengths unless it is off or a fixed length is asked for."""
+        return self.use_length_head and self.verify_length is None
+
+    def _length_chooser(self, batch: int) -> LengthChooser | None:
+        """How this step's verify lengths are chosen; None: every row verifies the whole block. That is
+        the case where the cost rule finds whole blocks pay at least as well as the head's choice, and
+        then the drafter need not run its head at all."""
+        if not self._reads_head():
+            return None
+        if self.length_policy == "cost" and self._cost_rule().whole_blocks(batch):
+            return None
+        return self._choose_lengths
+
+    def _cost_rule(self) -> CostRule:
+        block = self.drafter.block_size if self.drafter is not None else 1
+        if self.cost_rule is None or self.cost_rule.block != block:
+            self.cost_rule = CostRule(block, self.min_length, max_batch=self.max_batch)
+        return self.cost_rule
+
+    def _choose_lengths(self, length_pred: torch.Tensor, k: int) -> torch.Tensor | None:
+        """The length head's ratio → drafted tokens to verify per row (at least min_length - 1), by the
+        design's rate rule or by measured step cost (`length_policy`, see engine/length_policy.py)."""
+        if self.length_policy == "cost":
+            return self._cost_rule().choose(length_pred, k)
+        block = self.drafter.block_size if self.drafter is not None else k + 1
+        want = torch.round(length_pred.float() * block * self.length_rate).long()
+        return (want.clamp(min=self.min_length, max=block) - 1).clamp(max=k)
