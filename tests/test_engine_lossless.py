@@ -16,10 +16,11 @@ PROMPTS = ["What is 2+3?", "Write a haiku about the sea.", "List three prime num
 METHOD_DRAFTER = {"dflash": "dflash", "osd": "dflash", "adaflash": "dflash", "eagle3": "eagle3", "mtp": "mtp"}
 
 
-def make_requests(target, n=len(PROMPTS), **params):
+def make_requests(target, n=None, *, prompts=PROMPTS, **params):
+    """The first `n` of `prompts` (all by default), chat-rendered, rids r0, r1, ..."""
     params.setdefault("max_new_tokens", 20)
     return [Request(target.encode(target.render(p)), SamplingParams(**params), rid=f"r{i}")
-            for i, p in enumerate(PROMPTS[:n])]
+            for i, p in enumerate(prompts[:n])]
 
 
 def drafter_for(method, target, **kw):
@@ -132,9 +133,7 @@ def test_the_shipped_drafters_are_lossless_and_trained_on_smollm2(smollm2_target
     from tests.test_invariant_kernels import GSM8K_LIKE
 
     def requests():  # the drafters' own domain: an untrained drafter's τ is about 1 here too
-        return [Request(smollm2_target.encode(smollm2_target.render(p)),
-                        SamplingParams(max_new_tokens=64, ignore_eos=True), rid=str(i))
-                for i, p in enumerate(GSM8K_LIKE[:2])]
+        return make_requests(smollm2_target, 2, prompts=GSM8K_LIKE, max_new_tokens=64, ignore_eos=True)
 
     reference = [o.output_ids for o in vanilla(smollm2_target, requests())]
     tau = {}

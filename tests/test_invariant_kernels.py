@@ -137,14 +137,13 @@ def test_bf16_speculative_decoding_gives_vanilla_tokens_on_smollm2(smollm2_folde
     """The goal the kernels exist for: in bf16 on a GPU, with CUDA graphs and the built-in drafter
     (drafts accepted and rejected), DFlash and AdaFlash at batch 4 emit Vanilla-at-batch-1's tokens."""
     from adaflash.engine.build import build_engine
-    from adaflash.engine.params import Request, SamplingParams
     from adaflash.models.loading import load_target
+    from tests.test_engine_lossless import make_requests
 
     target = load_target(str(smollm2_folder), device="cuda", dtype="bfloat16")
 
     def requests():
-        return [Request(target.encode(target.render(p)), SamplingParams(max_new_tokens=160, ignore_eos=True), rid=str(i))
-                for i, p in enumerate(GSM8K_LIKE)]
+        return make_requests(target, prompts=GSM8K_LIKE, max_new_tokens=160, ignore_eos=True)
 
     reference = [o.output_ids for o in build_engine(target, max_batch=1, max_len=1024).generate(requests())]
     for method, draft in (("dflash", "smollm2-135m-dflash"), ("adaflash", "smollm2-135m-dflash"),

@@ -52,7 +52,7 @@ class GraphRunner:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.graphs: dict[Hashable, _Graph] = {}
-        self.pools = {lane: torch.cuda.graph_pool_handle() for lane in self.LANES} if enabled else {}
+        self.pools = self._fresh_pools() if enabled else {}
 
     def run(self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[torch.Tensor], lane: str = "decode") -> Any:
         if not self.enabled:
@@ -88,7 +88,10 @@ class GraphRunner:
         """
         self.graphs.clear()
         if self.enabled:
-            self.pools = {lane: torch.cuda.graph_pool_handle() for lane in self.LANES}
+            self.pools = self._fresh_pools()
+
+    def _fresh_pools(self) -> dict[str, Any]:
+        return {lane: torch.cuda.graph_pool_handle() for lane in self.LANES}
 
     def __len__(self) -> int:
         return len(self.graphs)
