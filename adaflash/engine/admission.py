@@ -30,6 +30,11 @@ import torch
 from adaflash.engine.sampling import sample_for
 from adaflash.engine.sequence import RunningSeq
 
+# Padded prompt tokens one prefill pass takes at most (always at least one prompt). Why: a pass over
+# every free slot at once (256 long prompts on a GPU) holds activations of [rows x width] and an
+# attention score matrix of rows x width^2, gigabytes past what the cache was sized for.
+PREFILL_TOKENS = 65536
+
 if TYPE_CHECKING:
     from adaflash.engine.engine import StepEvent
     from adaflash.engine.passes import DevicePasses
@@ -89,11 +94,17 @@ class Admitting:
         return [i for i in range(self.max_batch) if i not in self.active]
 
     def _admitted(self) -> list[RunningSeq]:
-        """Waiting prompts taken into the free slots, in slot order."""
+        """Waiting prompts taken into the free slots, in slot order, while the padded prefill stays
+        within `PREFILL_TOKENS` (the rest wait for the next admission)."""
         admitted: list[RunningSeq] = []
+        widest = 0
         for slot in self._free_slots():
             if not self.waiting:
                 break
+            width = max(widest, len(self.waiting[0][0].prompt_ids))
+            if admitted and width * (len(admitted) + 1) > PREFILL_TOKENS:
+                break
+            widest = width
             request, arrived = self.waiting.popleft()
             admitted.append(RunningSeq(request, slot, arrived, clock=self.clock))
         return admitted

@@ -151,7 +151,7 @@ if triton is not None:
         """One row's block of columns: silu in float32 as torch computes it, x / (1 + exp(-x)) with
         an IEEE division and libdevice's exp, rounded to the input dtype; then the product with up in
         float32, rounded once more (torch's two kernels round at the same two places)."""
-        row = tl.program_id(0)
+        row = tl.program_id(0).to(tl.int64)  # row * row_stride passes 2**31 in a wide prefill
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         keep = cols < width
         base = x_ptr + row * row_stride
@@ -169,7 +169,7 @@ if triton is not None:
         dtype as torch's kernels round (x·cos, roll(x)·sin, their sum), though the compiled kernel was
         seen to differ from them by up to 2 units in bf16's last place. With STORE, key and value heads
         go to the cache rows where[token] and only the query heads to out."""
-        token = tl.program_id(0)
+        token = tl.program_id(0).to(tl.int64)  # offsets in int64: token * total * D can pass 2**31
         head = tl.arange(0, HEADS)[:, None]
         col = tl.arange(0, D)[None, :]
         turned = (col + D // 2) % D  # roll(x, D/2)[col]
