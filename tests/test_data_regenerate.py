@@ -105,3 +105,60 @@ def test_regenerate_bad_inputs(tmp_path, tiny_llama):
                    "--out", str(out))
     assert result.exit_code == 2 and "needs --draft" in result.output
     assert not out.exists()
+
+
+def test_shards_split_the_prompts_and_compact_gzip_rows_hold_what_training_reads(tmp_path, tiny_llama,
+                                                                                  prompts_file):
+    from adaflash.data.io import read_jsonl
+
+    ws = tmp_path / "ws"
+    outs = []
+    for index in range(2):
+        out = tmp_path / f"shard{index}.jsonl.gz"
+        result = regen(ws, "--target", str(tiny_llama), "--dataset", str(prompts_file), "--max-new-tokens", "4",
+                       "--shard", f"{index}/2", "--compact", "--out", str(out), "--json")
+        assert result.exit_code == 0, result.output
+        outs.append([row for _, row in read_jsonl(out)])
+    assert [r["id"] for r in outs[0]] == ["conv", "third"] and [r["id"] for r in outs[1]] == ["plain"]
+    row = outs[0][0]
+    assert set(row) == {"id", "prompt_text", "output_ids", "finish_reason", "meta"}
+    assert len(row["output_ids"]) == row["meta"]["completion_tokens"] > 0
+    bad = regen(ws, "--target", str(tiny_llama), "--dataset", str(prompts_file), "--shard", "2/2",
+                "--out", str(tmp_path / "x.jsonl"))
+    assert bad.exit_code != 0 and "--shard wants I/N" in bad.output
+
+
+def test_a_spent_time_budget_keeps_the_answered_rows_and_resume_answers_only_the_rest(tmp_path, tiny_llama,
+                                                                                     prompts_file, monkeypatch):
+    """The budget runs out after the first answer: OUT holds it, OUT.partial keeps it, and --resume
+    answers the other two without answering the first again."""
+    from adaflash.data import regenerate as regen_module
+
+    ws, out = tmp_path / "ws", tmp_path / "out.jsonl"
+    clock = iter([0.0, 0.0] + [1e9] * 1000)  # start, first check, then the budget is spent
+    real_step = regen_module.Engine.step
+    answered: list[str] = []
+
+    def step(engine):
+        events = real_step(engine)
+        answered.extend(e.rid for e in events if e.output is not None)
+        return events
+
+    monkeypatch.setattr(regen_module.Engine, "step", step)
+    monkeypatch.setattr(regen_module.time, "monotonic", lambda: next(clock))
+    first = regen(ws, "--target", str(tiny_llama), "--dataset", str(prompts_file), "--max-new-tokens", "3",
+                  "--batch-size", "1", "--max-minutes", "1", "--out", str(out), "--json")
+    assert first.exit_code == 0, first.output
+    summary = json.loads(first.stdout)
+    assert summary["unfinished"] == 3 - summary["rows"] and summary["unfinished"] > 0
+    kept = [r["id"] for r in read_rows(out)]
+    assert kept == answered and Path(str(out) + ".partial").is_file()
+    monkeypatch.undo()
+    answered.clear()
+    monkeypatch.setattr(regen_module.Engine, "step", step)
+    second = regen(ws, "--target", str(tiny_llama), "--dataset", str(prompts_file), "--max-new-tokens", "3",
+                   "--batch-size", "1", "--resume", "--out", str(out), "--json")
+    assert second.exit_code == 0, second.output
+    assert [r["id"] for r in read_rows(out)] == ["conv", "plain", "third"]
+    assert not set(answered) & set(kept)  # nothing answered twice
+    assert not Path(str(out) + ".partial").exists()

@@ -321,3 +321,14 @@ def test_length_head_follows_the_drafter_schedule_at_its_own_peak(tmp_path, lear
     assert trainer.head_opt.param_groups[0]["lr"] == pytest.approx(HEAD_LR * 1e-4)
     moved = max(float((p - q).abs().max()) for p, q in zip(trainer.drafter.length_head.parameters(), before))
     assert 0 < moved <= 1.1 * (HEAD_LR / 4 + HEAD_LR * 1e-4)  # Adam moves each weight by at most ~lr per step
+
+
+def test_a_regenerated_row_trains_on_its_output_ids_not_a_re_encoding(tiny_target):
+    """The target's own tokens are what the drafter must predict; text re-encoded may tokenize otherwise."""
+    from adaflash.train.data import row_to_sequence
+
+    prompt = tiny_target.render("Say hi.")
+    ids = [15, 16, 17, 18]
+    seq = row_to_sequence({"prompt_text": prompt, "response": "ignored text", "output_ids": ids}, tiny_target, 512, "x")
+    assert seq is not None and seq.ids == tiny_target.encode(prompt) + ids
+    assert seq.response_start == len(tiny_target.encode(prompt))

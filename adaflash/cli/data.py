@@ -74,7 +74,16 @@ def prepare(ctx: click.Context, dataset: str, source: str | None, out_dir: str |
 
     DATASET is gsm8k, humaneval, mt-bench, sharegpt, a local .jsonl/.json/.parquet file (or a
     folder with train.* and test.* files), or a hub id (owner/name, through `datasets`).
+
+    `suite` builds the multi-domain suite from the offline sources: suite_test.jsonl holds held-out
+    prompts per domain (math, code, chat, chat-turn2, open-chat) and suite_train.jsonl a general
+    training corpus whose prompts never equal a test prompt.
     """
+    if dataset.lower() == "suite":
+        if source or name or column_map or hub_config or test_fraction is not None or limit is not None:
+            fail("suite takes only --out (its sources and splits are fixed: see `adaflash data prepare --help`)")
+        _prepare_suite(ctx, Path(out_dir).expanduser() if out_dir else Path(workspace_of(ctx)) / "data", as_json)
+        return
     try:
         mapping = parse_column_map(column_map)
     except ValueError as err:
@@ -100,6 +109,32 @@ def prepare(ctx: click.Context, dataset: str, source: str | None, out_dir: str |
         click.echo(json.dumps(summary, indent=2, default=str))
         return
     _print_summary(summary)
+
+
+def _prepare_suite(ctx: click.Context, out: Path, as_json: bool) -> None:
+    from adaflash.data.suite import build_suite
+
+    log = runlog_of(ctx)
+    run_id = log.create_run("data", name="prepare suite", dataset="suite", run_dir=str(out),
+                            config={"command": "prepare", "dataset": "suite"})
+    with run_guard(log, run_id, (DatasetError, OSError)):
+        summary = build_suite(out)
+    summary["run_id"] = run_id
+    log.log_metrics(run_id, {f"test_{d}": n for d, n in summary["test"].items()}
+                    | {f"train_{d}": n for d, n in summary["train"].items()})
+    log.finish_run(run_id, note=f"{sum(summary['test'].values())} test prompts in {len(summary['test'])} domains, "
+                                f"{sum(summary['train'].values())} training prompts")
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"suite: {sum(summary['test'].values())} held-out prompts, {sum(summary['train'].values())} "
+               f"training prompts (none equal to a held-out one; {summary['dropped_overlap']} dropped)")
+    for domain in summary["test"]:
+        click.echo(f"  {domain:11} test {summary['test'][domain]:>6}  train {summary['train'].get(domain, 0):>6}  "
+                   f"{summary['sources'][domain]}")
+    for split, path in summary["files"].items():
+        click.echo(f"  {split:5} {path}")
+    click.secho(f"  run {run_id}", fg="bright_black")
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -190,20 +225,35 @@ def vary(ctx: click.Context, dataset_file: str, variants: int, num_samples: int 
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--dtype", default="auto", show_default=True, help="float32, bfloat16, float16 or auto.")
 @click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), callback=writable_file,
-              help="Output JSONL (written atomically).")
+              help="Output JSONL, gzip-compressed when it ends in .gz (written atomically).")
+@click.option("--shard", default=None, metavar="I/N",
+              help="Answer only every N-th prompt from the I-th (0-based): N processes or GPUs split one dataset.")
+@click.option("--max-minutes", type=click.FloatRange(0, min_open=True), default=None,
+              help="Time budget: stop then, write the rows answered so far, and leave the rest to --resume.")
+@click.option("--resume", is_flag=True,
+              help="Keep the rows a killed or timed-out run left in OUT.partial and answer only the others.")
+@click.option("--compact", is_flag=True,
+              help="Rows hold the prompt string and the answer's token ids only (what training reads): a third "
+                   "of the size.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
 def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, dataset_file: str,
                num_samples: int | None, skip: int, max_new_tokens: int, temperature: float, top_p: float,
                batch_size: int, chat: bool, seed: int, max_len: int | None, device: str, dtype: str, out_file: str,
-               as_json: bool) -> None:
-    """Answer the prompts of a dataset with the target; rows keep the exact prompt string it saw."""
+               shard: str | None, max_minutes: float | None, resume: bool, compact: bool, as_json: bool) -> None:
+    """Answer the prompts of a dataset with the target; rows keep the exact prompt string it saw.
+
+    Finished rows are also appended to OUT.partial as they come, so a run that is killed or runs out
+    of --max-minutes continues with --resume; OUT itself is written once, atomically.
+    """
+    import time
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from adaflash.data.io import write_jsonl_atomic
     from adaflash.data.prompts import PromptFileError, read_prompt_file
-    from adaflash.data.regenerate import fit_max_len
+    from adaflash.data.regenerate import PartialRows, fit_max_len, shard_of
     from adaflash.data.regenerate import regenerate as run_regenerate
     from adaflash.engine.build import build_engine
     from adaflash.engine.params import SamplingParams
@@ -214,12 +264,17 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
     try:
         draft = chosen_drafter(method, draft, target)
         prompts = read_prompt_file(dataset_file, num_samples, skip)
+        if shard:
+            prompts = shard_of(prompts, shard)
     except (PromptFileError, ValueError) as err:
         fail(str(err))
+    progress_file = PartialRows(out_file, resume=resume)
+    answered = progress_file.rows
+    todo = [p for p in prompts if p.id not in answered]
     try:
         loaded = load_target(target, device=device, dtype=dtype)
         cache_len = (min(max_len, loaded.max_context) if max_len else
-                     fit_max_len(loaded, prompts, chat=chat, max_new_tokens=max_new_tokens))
+                     fit_max_len(loaded, todo or prompts, chat=chat, max_new_tokens=max_new_tokens))
         engine = build_engine(loaded, method, draft, max_batch=batch_size, max_len=cache_len, seed=seed)
     except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))
@@ -228,6 +283,8 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
     run_id = log.create_run("data", name="regenerate", method=method, target=target, draft=draft,
                             dataset=str(dataset_file), run_dir=str(Path(out_file).expanduser().resolve().parent),
                             config={"command": "regenerate", "out": str(out_file), "num_samples": len(prompts), "skip": skip,
+                                    "shard": shard, "resume": resume, "resumed_rows": len(answered),
+                                    "max_minutes": max_minutes, "compact": compact,
                                     "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
                                     "chat": chat, "seed": seed, "batch_size": batch_size, "max_len": engine.max_len,
                                     "device": str(engine.device)})
@@ -236,30 +293,49 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
         with Progress(TextColumn("[bold]regenerate"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[tokens]} tok"), TimeElapsedColumn(), console=console,
                       disable=as_json) as progress:
-            task = progress.add_task("regenerate", total=len(prompts), tokens=0)
+            task = progress.add_task("regenerate", total=len(prompts), tokens=0, completed=len(answered))
             tokens = [0]
 
             def on_done(row: dict[str, Any]) -> None:
+                progress_file.add(row)
                 tokens[0] += row["meta"]["completion_tokens"] or 0
                 progress.update(task, advance=1, tokens=tokens[0])
 
-            result = run_regenerate(engine, prompts, params, chat=chat, on_done=on_done)
-        path = write_jsonl_atomic(out_file, result.rows)
+            deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
+            try:
+                result = run_regenerate(engine, todo, params, chat=chat, on_done=on_done, compact=compact,
+                                        deadline=deadline)
+            finally:
+                progress_file.close(done=False)
+        rows = [progress_file.rows[p.id] for p in prompts if p.id in progress_file.rows]
+        path = write_jsonl_atomic(out_file, rows)
+        if not result.unfinished:
+            progress_file.close(done=True)
     summary = {
-        "run_id": run_id, "out": str(path), "rows": len(result.rows), "skipped": len(result.skipped),
+        "run_id": run_id, "out": str(path), "rows": len(rows), "new_rows": len(result.rows),
+        "resumed_rows": len(answered), "unfinished": result.unfinished, "skipped": len(result.skipped),
         "skipped_reasons": result.skipped, "completion_tokens": result.completion_tokens,
         "accept_length": result.accept_length, "output_throughput": result.output_throughput,
         "duration": result.duration,
     }
+    answers_per_hour = 3600 * len(result.rows) / result.duration if result.duration > 0 else 0.0
+    summary["answers_per_hour"] = answers_per_hour
     log.log_metrics(run_id, {"accept_length": result.accept_length, "output_throughput": result.output_throughput,
-                             "completion_tokens": result.completion_tokens, "rows": len(result.rows),
+                             "completion_tokens": result.completion_tokens, "rows": len(rows),
+                             "new_rows": len(result.rows), "unfinished": result.unfinished,
+                             "answers_per_hour": answers_per_hour,
                              "skipped": len(result.skipped), "duration": result.duration})
-    log.finish_run(run_id, note=f"{len(result.rows)} rows -> {path}")
+    left = f"; {result.unfinished} unfinished: --resume answers them" if result.unfinished else ""
+    log.finish_run(run_id, note=f"{len(rows)} rows -> {path}{left}")
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    click.echo(f"{len(result.rows)} rows -> {path} ({result.completion_tokens} tokens, "
-               f"{result.output_throughput:.1f} tok/s, τ={result.accept_length:.2f})")
+    click.echo(f"{len(rows)} rows -> {path} ({len(result.rows)} new, {result.completion_tokens} tokens, "
+               f"{result.output_throughput:.1f} tok/s, {answers_per_hour:,.0f} answers an hour, "
+               f"τ={result.accept_length:.2f})")
+    if result.unfinished:
+        click.secho(f"  time budget spent: {result.unfinished} prompts unfinished; run again with --resume "
+                    f"(kept in {progress_file.path})", fg="yellow")
     for rid, why in list(result.skipped.items())[:5]:
         click.secho(f"  skipped {rid}: {why}", fg="yellow")
     if len(result.skipped) > 5:

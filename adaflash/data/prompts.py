@@ -18,6 +18,7 @@ class PromptRow:
     id: str
     prompt: str | Conversation
     reference: Any = None
+    domain: str | None = None  # the suite's domain (math, code, chat, ...), carried into every result
 
 
 def conversation_prompt(conversations: Conversation) -> Conversation:
@@ -33,7 +34,7 @@ def row_to_prompt(row: Any, where: str) -> PromptRow:
         raise PromptFileError(f"{where}: expected a JSON object, got {type(row).__name__}")
     rid = str(row.get("id", where))
     if isinstance(row.get("prompt"), str):
-        return PromptRow(rid, row["prompt"], row.get("reference"))
+        return PromptRow(rid, row["prompt"], row.get("reference"), _domain(row))
     conv = row.get("conversations")
     if isinstance(conv, list) and conv:
         for turn in conv:
@@ -42,8 +43,13 @@ def row_to_prompt(row: Any, where: str) -> PromptRow:
         turns = conversation_prompt(conv)
         if not turns:
             raise PromptFileError(f"{where}: conversations hold no turn before the answer")
-        return PromptRow(rid, turns, row.get("reference"))
+        return PromptRow(rid, turns, row.get("reference"), _domain(row))
     raise PromptFileError(f"{where}: expected a string 'prompt' or a non-empty 'conversations' list")
+
+
+def _domain(row: dict[str, Any]) -> str | None:
+    domain = row.get("domain")
+    return domain if isinstance(domain, str) and domain else None
 
 
 def prompt_source(spec: str | Path, workspace: str | Path, split: str) -> Path:

@@ -8,9 +8,12 @@ sees precisely what inference will see.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from adaflash.data.prompts import PromptRow
@@ -26,6 +29,7 @@ class RegenerateResult:
     completion_tokens: int = 0
     verify_ct: int = 0
     duration: float = 0.0
+    unfinished: int = 0  # prompts left when the time budget ran out (`--resume` answers them)
 
     @property
     def accept_length(self) -> float:
@@ -57,12 +61,17 @@ def _prompt_turns(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
     return [dict(turn) for turn in prompt]
 
 
-def output_row(row: PromptRow, out: Output) -> dict[str, Any]:
-    """One training row: prompt turns + the target's answer, with the exact prompt string."""
+def output_row(row: PromptRow, out: Output, *, compact: bool = False) -> dict[str, Any]:
+    """One training row: prompt turns + the target's answer, with the exact prompt string.
+
+    `compact` keeps what training reads (the prompt string and the answer's token ids) and drops
+    the answer's text and the turns, which repeat them: a third of the size.
+    """
     meta = out.meta_info
     finish = meta.get("finish_reason")
-    return {
+    full = {
         "id": row.id,
+        "domain": row.domain,
         "prompt_text": out.prompt_text,
         "conversations": _prompt_turns(row.prompt) + [{"role": "assistant", "content": out.text}],
         "response": out.text,
@@ -74,6 +83,62 @@ def output_row(row: PromptRow, out: Output) -> dict[str, Any]:
             "e2e_latency", "method", "drafter_version",
         )},
     }
+    if row.domain is None:
+        del full["domain"]
+    if compact:
+        for key in ("conversations", "response", "reference"):
+            del full[key]
+        full["meta"] = {k: full["meta"][k] for k in ("prompt_tokens", "completion_tokens")}
+    return full
+
+
+class PartialRows:
+    """Finished rows appended to `<out>.partial` as they come, so a killed or timed-out run resumes.
+
+    Why a side file: the output itself is written atomically once, at the end; the partial file is
+    the only thing a crash can leave, and a torn last line there is simply answered again.
+    """
+
+    def __init__(self, out: str | Path, *, resume: bool) -> None:
+        self.path = Path(str(out) + ".partial")
+        self.rows: dict[str, dict[str, Any]] = {}
+        if resume and self.path.is_file():
+            with self.path.open(encoding="utf-8") as handle:
+                for line in handle:
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # the line a killed run was writing
+                    if isinstance(row, dict) and isinstance(row.get("id"), str):
+                        self.rows[row["id"]] = row
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = self.path.open("w", encoding="utf-8")
+        for row in self.rows.values():  # rewritten whole: drops a torn line for good
+            self._handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows[row["id"]] = row
+        self._handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def close(self, *, done: bool) -> None:
+        """`done`: the output holds every row now, so the partial file goes."""
+        self._handle.close()
+        if done:
+            os.unlink(self.path)
+
+
+def shard_of(prompts: list[PromptRow], spec: str) -> list[PromptRow]:
+    """Every N-th prompt from the I-th, for `spec` "I/N": independent processes (or GPUs) split one dataset."""
+    index, sep, count = spec.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i, n = -1, 0
+    if not sep or n < 1 or not 0 <= i < n:
+        raise ValueError(f"--shard wants I/N with 0 <= I < N, got {spec!r}")
+    return prompts[i::n]
 
 
 def regenerate(
@@ -83,11 +148,14 @@ def regenerate(
     *,
     chat: bool = True,
     on_done: Callable[[dict[str, Any]], None] | None = None,
+    compact: bool = False,
+    deadline: float | None = None,
 ) -> RegenerateResult:
     """Answer every prompt (batched by the engine); rows come back in input order.
 
     A prompt the engine refuses (too long for the context with max_new_tokens, empty after
-    rendering) is skipped with its reason instead of failing the whole run.
+    rendering) is skipped with its reason instead of failing the whole run. At `deadline`
+    (time.monotonic()) the prompts still queued or decoding are dropped and counted as unfinished.
     """
     target = engine.target
     result = RegenerateResult(rows=[])
@@ -97,27 +165,43 @@ def regenerate(
         if row.id in by_rid:
             result.skipped[row.id] = "duplicate id"
             continue
-        text = target.render(row.prompt, chat=chat)
-        request = Request(target.encode(text), replace(params), prompt_text=text, rid=row.id)
-        try:
-            engine.add(request)
-        except ValueError as err:
-            result.skipped[row.id] = str(err)
-            continue
         by_rid[row.id] = row
         order.append(row.id)
+    queued = iter(order)
+    # Prompts are rendered and queued a few batches ahead of the engine, not all at once: a large
+    # corpus starts at once, and a deadline leaves only a short queue to drop.
+    ahead = 2 * engine.max_batch
+
+    def feed() -> None:
+        while len(engine.waiting) < ahead:
+            rid = next(queued, None)
+            if rid is None:
+                return
+            text = target.render(by_rid[rid].prompt, chat=chat)
+            try:
+                engine.add(Request(target.encode(text), replace(params), prompt_text=text, rid=rid))
+            except ValueError as err:
+                result.skipped[rid] = str(err)
+
     done: dict[str, dict[str, Any]] = {}
     started = time.perf_counter()
+    feed()
     while engine.has_work():
+        if deadline is not None and time.monotonic() >= deadline:
+            for rid in [r.rid for r, _ in engine.waiting] + [s.request.rid for s in engine.active.values()]:
+                engine.abort(rid)
+            result.unfinished = sum(1 for rid in order if rid not in done and rid not in result.skipped)
+            break
         for event in engine.step():
             if event.output is None:
                 continue
-            out_row = output_row(by_rid[event.rid], event.output)
+            out_row = output_row(by_rid[event.rid], event.output, compact=compact)
             done[event.rid] = out_row
             result.completion_tokens += int(event.output.meta_info["completion_tokens"])
             result.verify_ct += int(event.output.meta_info["spec_verify_ct"])
             if on_done is not None:
                 on_done(out_row)
+        feed()
     result.duration = time.perf_counter() - started
-    result.rows = [done[rid] for rid in order]
+    result.rows = [done[rid] for rid in order if rid in done]
     return result

@@ -22,7 +22,14 @@ class TrainDataError(ValueError):
 
 
 def row_to_sequence(row: dict, target: Target, max_len: int, where: str) -> Sequence | None:
-    """A regenerated row (prompt_text + response) or a normalized row (conversations, last = answer)."""
+    """A regenerated row (prompt_text + output_ids, or + response) or a normalized row (conversations,
+    last = answer). The answer's own token ids win over its text: re-encoding text need not give
+    back the tokens the target produced."""
+    ids = row.get("output_ids")
+    if isinstance(row.get("prompt_text"), str) and isinstance(ids, list) and all(isinstance(i, int) for i in ids):
+        prompt_ids = target.encode(row["prompt_text"])
+        full = (prompt_ids + ids)[:max_len]
+        return Sequence(full, len(prompt_ids)) if len(full) - len(prompt_ids) >= 2 else None
     if isinstance(row.get("prompt_text"), str) and isinstance(row.get("response"), str):
         prompt, response = row["prompt_text"], row["response"]
     elif isinstance(row.get("conversations"), list) and row["conversations"]:

