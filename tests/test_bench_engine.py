@@ -471,3 +471,40 @@ def test_profile_writes_each_cells_kernels_after_its_measured_run(workspace, tin
     assert clocks == [True, True]
     short = _invoke(*args, "--max-new-tokens", "2", "--profile", str(out), "--profile-steps", "4")
     assert short.exit_code == 2 and f"--profile {out}: " in short.output and "nothing left to profile" in short.output
+
+
+def test_a_suite_is_measured_per_domain_with_an_overall_row_of_means(workspace, tiny_llama, drafts, tmp_path):
+    """Rows with a `domain` are measured domain by domain (N prompts each); the overall row's speed-up,
+    τ and tok/s are the means of the domains' own, and `runs compare` shows every row."""
+    from statistics import fmean
+
+    from adaflash.cli.main import cli
+
+    rows = [{"id": f"{d}{i}", "domain": d, "prompt": f"{d} question {i}?"} for d in ("math", "code") for i in range(3)]
+    suite = tmp_path / "mini_test.jsonl"
+    suite.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = _invoke("--target", str(tiny_llama), "--methods", "vanilla,dflash", "--draft-dir", str(drafts),
+                     "--prompts", str(suite), "--num-prompts", "2", "--batch-sizes", "2", "--max-new-tokens", "5",
+                     "--device", "cpu", "--format", "json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    records = out["records"]
+    by = {(r["method"], r["dataset"]): r for r in records}
+    assert set(by) == {(m, d) for m in ("vanilla", "dflash") for d in ("mini/math", "mini/code", "mini")}
+    for domain in ("math", "code"):
+        cell = by[("dflash", f"mini/{domain}")]
+        assert cell["domain"] == domain and cell["num_prompts"] == 2 and cell["identical"] is True
+    overall = by[("dflash", "mini")]
+    ratios = [by[("dflash", f"mini/{d}")]["output_throughput"] / by[("vanilla", f"mini/{d}")]["output_throughput"]
+              for d in ("math", "code")]
+    assert overall["speedup"] == pytest.approx(fmean(ratios))
+    assert overall["accept_length"] == pytest.approx(fmean(by[("dflash", f"mini/{d}")]["accept_length"]
+                                                           for d in ("math", "code")))
+    assert overall["domains"] == ["math", "code"] and overall["identical"] is True
+    compared = CliRunner().invoke(cli, ["runs", "compare", out["run_id"], "--format", "json"])
+    assert compared.exit_code == 0, compared.output
+    table = json.loads(compared.stdout)["rows"]
+    speedups = {(r["method"], r["dataset"]): r["speedup"] for r in table}
+    assert speedups[("dflash", "mini")] == pytest.approx(fmean(ratios))
+    assert speedups[("dflash", "mini/code")] == pytest.approx(ratios[1])
+    assert speedups[("vanilla", "mini")] == pytest.approx(1.0)

@@ -22,7 +22,8 @@ FAIRNESS_RULES = (
     "Fair comparison: within a group every row uses the same target, prompts (dataset, num_prompts), "
     "sampling (temperature, top_p), max new tokens, hardware and concurrency; speed-up = output tok/s "
     "divided by the Vanilla row of the same bench matrix (or of the standalone results) with the same "
-    "target, dataset and concurrency. No Vanilla row, no speed-up."
+    "target, dataset and concurrency. No Vanilla row, no speed-up. A suite's rows are per domain "
+    "(suite/code, ...); its overall row gives the mean over domains of each domain's speed-up, τ and tok/s."
 )
 FAIRNESS_FIELDS = ("num_prompts", "temperature", "top_p", "max_new_tokens", "hardware")
 COLUMNS = ["method", "target", "dataset", "concurrency", "label", "output_throughput", "speedup", "accept_length",
@@ -74,7 +75,9 @@ def comparison_rows(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]
             "group": key[0], "run_id": record.get("run_id"), "result_id": record.get("result_id"),
             "method": record.get("method"), "target": record.get("target"), "dataset": record.get("dataset"),
             "concurrency": record.get("concurrency"), "label": record.get("label"), "output_throughput": out,
-            "speedup": out / base_out if out is not None and base_out else None,
+            # a suite's overall row carries its own: the mean over domains of each domain's speed-up
+            "speedup": _num(record.get("speedup")) if record.get("aggregate") else (
+                out / base_out if out is not None and base_out else None),
             "accept_length": _num(record.get("accept_length")), "accept_rate": _num(record.get("accept_rate")),
             "accuracy": _num(record.get("accuracy")), "n": record.get("completed"), "fair": True,
         }

@@ -42,7 +42,7 @@ from adaflash.bench.engine_spec import EngineBenchError, EngineBenchSpec
 from adaflash.bench.engine_table import HF_GENERATE, HF_PROMPT_LOOKUP
 from adaflash.bench.hf_generate import hf_generate
 from adaflash.bench.metrics import TokenGaps, accuracy, compute_metrics, engine_results
-from adaflash.bench.prompts import BenchPrompt
+from adaflash.bench.prompts import BenchPrompt, domains_of
 from adaflash.engine.params import DRAFT_MARGIN
 
 WARMUP_TOKENS = 8  # at most; never more than half of max_new_tokens (prefill + a few decode/verify steps)
@@ -154,6 +154,8 @@ class EngineBench:
         self.records: list[dict[str, Any]] = []
         self.run_id: str | None = None
         self._hf_model: Any = None
+        self.domains = domains_of(prompts)
+        self.dataset = spec.dataset  # per domain while a suite's domain is measured: "suite/code"
 
     def say(self, message: str) -> None:
         if self.events.message:
@@ -214,10 +216,11 @@ class EngineBench:
         expected = len(spec.methods) * len(spec.batch_sizes)
         if spec.compare_hf:
             expected += len(spec.batch_sizes) + (1 if 1 in spec.batch_sizes else 0)
+        expected *= max(1, len(self.domains))
         import torch
 
         try:
-            self._run_cells()
+            self._run_domains()
         except torch.OutOfMemoryError as err:
             self.log.finish_run(self.run_id, "failed", note=f"out of memory after {len(self.records)} results")
             raise EngineBenchError(f"out of memory after {len(self.records)} result(s) ({str(err).splitlines()[0]}); "
@@ -233,6 +236,26 @@ class EngineBench:
         note = f"{len(self.records)}/{expected} results" + (f"; greedy mismatches: {', '.join(lossy)}" if lossy else "")
         self.log.finish_run(self.run_id, "finished", note=note)
         return self.run_id
+
+    def _run_domains(self) -> None:
+        """Every cell once, or once per domain of a suite (then an overall row per method and batch)."""
+        if not self.domains:
+            self._run_cells()
+            return
+        everything, all_ids = self.prompts, self.ids
+        for domain in self.domains:
+            keep = [i for i, p in enumerate(everything) if p.domain == domain]
+            self.prompts, self.ids = [everything[i] for i in keep], [all_ids[i] for i in keep]
+            self.dataset = f"{self.spec.dataset}/{domain}"
+            self.say(f"domain {domain}: {len(keep)} prompts")
+            self._run_cells()
+        self.prompts, self.ids, self.dataset = everything, all_ids, self.spec.dataset
+        for record in overall_records(self.records, self.spec.dataset, self.domains):
+            self.log.add_bench_result(self.run_id, record)
+            self.records.append(record)
+            self.say(f"{record['method']} @ batch {record['concurrency']} over the suite: speed-up "
+                     f"{record['speedup']:.2f}x, τ {record['accept_length'] or 0:.2f} (means over {len(self.domains)} "
+                     "domains)")
 
     def _run_cells(self) -> None:
         spec = self.spec
@@ -342,7 +365,7 @@ class EngineBench:
         count, bad = _mismatches(outputs, reference, ids)
         record = {
             **metrics, "method": method, "target": spec.target, "draft": spec.drafts.get(method),
-            "dataset": spec.dataset, "label": spec.label, "concurrency": batch, "max_concurrency": batch,
+            "dataset": self.dataset, "domain": self.prompts[0].domain, "label": spec.label, "concurrency": batch, "max_concurrency": batch,
             "batch_size": batch, "num_prompts": len(self.prompts), "max_new_tokens": spec.max_new_tokens,
             "temperature": 0.0, "top_p": 1.0, "hardware": self.hardware, "backend": backend,
             "dtype": str(self.target.model.dtype).removeprefix("torch."), "matrix_run": self.run_id,
@@ -350,7 +373,7 @@ class EngineBench:
             "identical_reference": reference_name if reference is not None else None, "warmup": self.warmup,
             "order": self.order if backend == "embedded" else "sequential",
             "kernels": self.kernels if backend == "embedded" else None,
-            "accuracy": accuracy(spec.dataset, [(self.target.decode(out), p.reference)
+            "accuracy": accuracy(self.dataset, [(self.target.decode(out), p.reference)
                                                 for out, p in zip(outputs, self.prompts)]),
         }
         self.log.add_bench_result(self.run_id, record)
@@ -446,6 +469,45 @@ class EngineBench:
             metrics["prompt_lookup_num_tokens"] = lookup
         self._record(method, batch, metrics, outputs, reference, f"vanilla@b{batch}" if reference else None,
                      "transformers")
+
+
+def overall_records(records: list[dict[str, Any]], suite: str, domains: list[str]) -> list[dict[str, Any]]:
+    """One row per method and batch over a suite's domains: each figure the mean over domains of the
+    per-domain figure (speed-up against that domain's Vanilla row), so no domain weighs more for having
+    longer answers or more prompts. Only methods measured in every domain get one."""
+    from statistics import fmean
+
+    out = []
+    keys = dict.fromkeys((r["method"], r["concurrency"]) for r in records if r.get("domain"))
+    vanilla = {(r["domain"], r["concurrency"]): r for r in records if r.get("domain") and r["method"] == "vanilla"}
+    for method, batch in keys:
+        rows = {r["domain"]: r for r in records if r.get("domain") and (r["method"], r["concurrency"]) == (method, batch)}
+        if set(rows) != set(domains):
+            continue
+        speedups = [rows[d]["output_throughput"] / vanilla[(d, batch)]["output_throughput"]
+                    for d in domains if (d, batch) in vanilla and vanilla[(d, batch)].get("output_throughput")]
+        taus = [rows[d]["accept_length"] for d in domains if rows[d].get("accept_length") is not None]
+        first = rows[domains[0]]
+        record = {k: first.get(k) for k in ("method", "target", "draft", "label", "concurrency", "max_concurrency",
+                                             "batch_size", "max_new_tokens", "temperature", "top_p", "hardware",
+                                             "backend", "dtype", "matrix_run", "warmup", "order", "kernels")}
+        mismatches = [rows[d].get("mismatches") for d in domains]
+        record.update({
+            "dataset": suite, "domain": None, "domains": list(domains), "aggregate": "mean over domains",
+            "num_prompts": sum(rows[d].get("num_prompts") or 0 for d in domains),
+            "completed": sum(rows[d].get("completed") or 0 for d in domains),
+            "output_throughput": fmean(rows[d]["output_throughput"] for d in domains),
+            "speedup": fmean(speedups) if len(speedups) == len(domains) else None,
+            "accept_length": fmean(taus) if len(taus) == len(domains) else None,
+            "mismatches": None if any(m is None for m in mismatches) else sum(mismatches),
+            "identical": None if any(m is None for m in mismatches) else not any(mismatches),
+            "per_domain": {d: {"output_throughput": rows[d]["output_throughput"],
+                               "accept_length": rows[d].get("accept_length"),
+                               "speedup": (rows[d]["output_throughput"] / vanilla[(d, batch)]["output_throughput"]
+                                           if (d, batch) in vanilla else None)} for d in domains},
+        })
+        out.append(record)
+    return out
 
 
 def run_engine_bench(spec: EngineBenchSpec, prompts: list[BenchPrompt], log: Any,

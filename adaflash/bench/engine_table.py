@@ -14,28 +14,38 @@ HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 
 
 def table_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows for the printed table: speed-up vs our Vanilla row of the same batch size, τ, lossless check."""
-    base = {r["concurrency"]: r["output_throughput"] for r in records if r["method"] == "vanilla"}
+    """Rows for the printed table: speed-up vs our Vanilla row of the same dataset (a suite's domain) and
+    batch size, τ, lossless check. A suite's overall row shows its own speed-up: the mean over domains."""
+    base = {_cell(r): r["output_throughput"] for r in records if r["method"] == "vanilla"}
     order = {m: i for i, m in enumerate((*METHODS, HF_GENERATE, HF_PROMPT_LOOKUP))}
     rows = []
-    for r in sorted(records, key=lambda r: (r["concurrency"], order.get(r["method"], len(order)))):
-        vanilla = base.get(r["concurrency"])
+    for r in sorted(records, key=lambda r: (r["concurrency"], str(r.get("dataset")),
+                                            order.get(r["method"], len(order)))):
+        vanilla = base.get(_cell(r))
         mismatches = r.get("mismatches")
+        speedup = r.get("speedup") if r.get("aggregate") else (r["output_throughput"] / vanilla if vanilla else None)
         rows.append({
-            "method": r["method"], "batch": r["concurrency"], "backend": r["backend"],
+            "method": r["method"], "dataset": r.get("dataset"), "batch": r["concurrency"], "backend": r["backend"],
             "out tok/s": f"{r['output_throughput']:.1f}",
-            "speed-up": f"{r['output_throughput'] / vanilla:.2f}x" if vanilla else None,
+            "speed-up": f"{speedup:.2f}x" if speedup else None,
             "τ": None if r.get("accept_length") is None else f"{r['accept_length']:.2f}",
             "accept rate": None if r.get("accept_rate") is None else f"{100 * r['accept_rate']:.1f}%",
             "identical": (("ref" if r["method"] == "vanilla" else None) if mismatches is None
                           else "yes" if mismatches == 0 else f"no ({mismatches}/{r['completed']})"),
-            "tokens": r["total_output_tokens"], "wall s": f"{r['duration']:.2f}", "n": r["completed"],
+            "tokens": r.get("total_output_tokens"),
+            "wall s": f"{r['duration']:.2f}" if r.get("duration") is not None else None, "n": r["completed"],
         })
     return rows
 
 
+def _cell(record: dict[str, Any]) -> tuple[Any, Any]:
+    """What a row is compared within: its dataset (a suite's domain) and batch size."""
+    return record.get("dataset"), record["concurrency"]
+
+
 # `backend` stays in the rows (json/csv) but not in the table: the hf-* names already say it.
-TABLE_COLUMNS = ["method", "batch", "out tok/s", "speed-up", "τ", "accept rate", "identical", "tokens", "wall s", "n"]
+TABLE_COLUMNS = ["method", "dataset", "batch", "out tok/s", "speed-up", "τ", "accept rate", "identical", "tokens",
+                 "wall s", "n"]
 
 
 def mismatch_notes(records: list[dict[str, Any]]) -> list[str]:
@@ -73,10 +83,10 @@ def speedup_breakdown(records: list[dict[str, Any]]) -> list[str]:
     larger share of the faster run (`with prefills`), and host time between passes (`measured`).
     Rates are tokens per second of each part, so rows whose outputs differ compare fairly too.
     """
-    vanilla = {r["concurrency"]: r for r in records if r["method"] == "vanilla" and r.get("passes")}
+    vanilla = {_cell(r): r for r in records if r["method"] == "vanilla" and r.get("passes")}
     lines = []
     for r in records:
-        base = vanilla.get(r["concurrency"])
+        base = vanilla.get(_cell(r))
         if r["method"] == "vanilla" or base is None or not r.get("passes") or r.get("backend") != "embedded":
             continue
         mine, ref = _pass_totals(r), _pass_totals(base)
@@ -88,7 +98,7 @@ def speedup_breakdown(records: list[dict[str, Any]]) -> list[str]:
         with_prefills = (tokens / (mine["step_s"] + mine["prefill_s"])) / (ref_tokens / (ref["step_s"] + ref["prefill_s"]))
         measured = r["output_throughput"] / base["output_throughput"]
         host, ref_host = r["duration"] - mine["all_s"], base["duration"] - ref["all_s"]
-        lines.append(f"{r['method']}@b{r['concurrency']}: a step costs {step_cost:.3f} of Vanilla's; steps alone "
+        lines.append(f"{_name(r)}: a step costs {step_cost:.3f} of Vanilla's; steps alone "
                      f"{steps_only:.2f}x, with prefills {with_prefills:.2f}x, measured {measured:.2f}x "
                      f"(host time outside the passes {host:.2f} s against Vanilla's {ref_host:.2f} s)")
     return lines
@@ -100,17 +110,22 @@ def against_dflash(records: list[dict[str, Any]]) -> list[str]:
     Why: the pipeline comparison's measure (AdaFlash or OSD drafters against the offline DFlash drafter
     they started from, goal 1.15×) weighs τ, which saves verify work, and tokens per second together.
     """
-    dflash = {r["concurrency"]: r for r in records if r["method"] == "dflash" and r.get("accept_length")}
+    dflash = {_cell(r): r for r in records if r["method"] == "dflash" and r.get("accept_length")}
     lines = []
     for r in records:
-        base = dflash.get(r["concurrency"])
+        base = dflash.get(_cell(r))
         if base is None or r["method"] in ("vanilla", "dflash") or not r.get("accept_length") \
                 or r.get("backend") != "embedded" or not base.get("output_throughput"):
             continue
         tau, speed = r["accept_length"] / base["accept_length"], r["output_throughput"] / base["output_throughput"]
-        lines.append(f"{r['method']}@b{r['concurrency']}: {tau * speed:.3f}x (τ {r['accept_length']:.2f} against "
+        lines.append(f"{_name(r)}: {tau * speed:.3f}x (τ {r['accept_length']:.2f} against "
                      f"{base['accept_length']:.2f}, throughput {speed:.3f}x)")
     return lines
+
+
+def _name(record: dict[str, Any]) -> str:
+    where = f" on {record['dataset']}" if record.get("domain") or record.get("aggregate") else ""
+    return f"{record['method']}@b{record['concurrency']}{where}"
 
 
 def _pass_totals(record: dict[str, Any]) -> dict[str, float]:

@@ -25,19 +25,39 @@ class BenchPrompt:
     id: str
     text: str
     reference: Any = None
+    domain: str | None = None
 
 
 def load_rows(dataset: str, workspace: str | Path, num_prompts: int | None = None,
               seed: int | None = None) -> tuple[str, list[PromptRow]]:
-    """(dataset name, rows): the first N rows, or N sampled with `seed` when a seed is given."""
+    """(dataset name, rows): the first N rows, or N sampled with `seed` when a seed is given.
+
+    A file whose rows carry a `domain` (the suite) gives N rows of each domain, so every domain is
+    measured on as many prompts however the file is ordered.
+    """
     try:
         path = prompt_source(dataset, workspace, "test")
-        rows = read_prompt_file(path, None if seed is not None else num_prompts)
+        rows = read_prompt_file(path)
     except PromptFileError as err:
         raise BenchDataError(str(err)) from None
-    if seed is not None and num_prompts is not None and num_prompts < len(rows):
-        rows = random.Random(seed).sample(rows, num_prompts)
-    return path.stem.removesuffix("_test"), rows  # a file holding fewer than num_prompts gives them all; the caller says so
+    name = path.name.removesuffix(".gz").removesuffix(".jsonl").removesuffix("_test")
+    groups: dict[str | None, list[PromptRow]] = {}
+    for row in rows:
+        groups.setdefault(row.domain, []).append(row)
+    picked: list[PromptRow] = []
+    for group in groups.values():
+        if num_prompts is None or num_prompts >= len(group):
+            picked += group
+        elif seed is not None:
+            picked += random.Random(seed).sample(group, num_prompts)
+        else:
+            picked += group[:num_prompts]
+    return name, picked  # a file holding fewer than num_prompts gives them all; the caller says so
+
+
+def domains_of(prompts: list[Any]) -> list[str]:
+    """The domains of a suite's prompts in first-seen order; [] for prompts without domains."""
+    return list(dict.fromkeys(p.domain for p in prompts if p.domain)) if any(p.domain for p in prompts) else []
 
 
 class PromptRenderer:
@@ -55,7 +75,7 @@ class PromptRenderer:
         self.chat = chat
 
     def render(self, row: PromptRow) -> BenchPrompt:
-        return BenchPrompt(row.id, self._target.render(row.prompt, chat=self.chat), row.reference)
+        return BenchPrompt(row.id, self._target.render(row.prompt, chat=self.chat), row.reference, row.domain)
 
     def count(self, text: str) -> int:
         return len(self._target.encode(text))
@@ -66,5 +86,5 @@ def raw_prompts(rows: list[PromptRow]) -> list[BenchPrompt]:
     out = []
     for row in rows:
         text = row.prompt if isinstance(row.prompt, str) else "\n".join(m["content"] for m in row.prompt)
-        out.append(BenchPrompt(row.id, text, row.reference))
+        out.append(BenchPrompt(row.id, text, row.reference, row.domain))
     return out

@@ -53,9 +53,13 @@ def _prompts(ctx: click.Context, dataset: str, num_prompts: int, seed: int | Non
         name, rows = load_rows(dataset, workspace_of(ctx), num_prompts, seed)
     except BenchDataError as err:
         fail(str(err))
-    if len(rows) < num_prompts:
-        click.secho(f"note: {name} holds {len(rows)} prompts, fewer than --num-prompts {num_prompts}; using them all",
-                    fg="yellow", err=True)
+    from collections import Counter
+
+    for domain, count in Counter(row.domain for row in rows).items():
+        if count < num_prompts:
+            where = f"{name}/{domain}" if domain else name
+            click.secho(f"note: {where} holds {count} prompts, fewer than --num-prompts {num_prompts}; using them all",
+                        fg="yellow", err=True)
     if not chat:
         return name, raw_prompts(rows)
     if not target:
@@ -332,8 +336,10 @@ def _supervised_launcher(log, workspace: str, spec):
                    "DIR/eagle3, DIR/mtp.")
 @click.option("--draft", "drafts", multiple=True, help="METHOD=DIR: the drafter of a method (repeatable; beats --draft-dir).")
 @click.option("--prompts", "dataset", default="gsm8k", show_default=True,
-              help="gsm8k, humaneval, mt-bench, sharegpt (prepared in the workspace) or FILE.jsonl.")
-@click.option("--num-prompts", type=click.IntRange(1), default=32, show_default=True)
+              help="suite (per domain: `data prepare suite`), gsm8k, humaneval, mt-bench, sharegpt (prepared in the "
+                   "workspace) or FILE.jsonl (rows with a `domain` are measured per domain).")
+@click.option("--num-prompts", type=click.IntRange(1), default=32, show_default=True,
+              help="Prompts measured (per domain for the suite).")
 @click.option("--batch-sizes", default="1", show_default=True, help="Comma-separated engine batch sizes, e.g. 1,8,32.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
