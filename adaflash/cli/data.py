@@ -229,7 +229,8 @@ def vary(ctx: click.Context, dataset_file: str, variants: int, num_samples: int 
 @click.option("--shard", default=None, metavar="I/N",
               help="Answer only every N-th prompt from the I-th (0-based): N processes or GPUs split one dataset.")
 @click.option("--max-minutes", type=click.FloatRange(0, min_open=True), default=None,
-              help="Time budget: stop then, write the rows answered so far, and leave the rest to --resume.")
+              help="Time budget: then start no new prompt, let those in flight finish, write the rows, and leave "
+                   "the rest to --resume.")
 @click.option("--resume", is_flag=True,
               help="Keep the rows a killed or timed-out run left in OUT.partial and answer only the others.")
 @click.option("--compact", is_flag=True,

@@ -20,20 +20,28 @@ def _progress(description: str, enabled: bool = True):
 def _eval_prompts(eval_data: str | None, data: str, target, count: int) -> list[str]:
     """Exact prompt strings for evaluation τ: --eval-data rows (held out), else the first training rows.
 
-    Regenerated rows carry the exact `prompt_text` the engine saw; other rows are rendered.
+    Regenerated rows carry the exact `prompt_text` the engine saw; other rows are rendered. Rows with a
+    `domain` (the suite) are taken in turn from each domain, so τ speaks for all of them.
     """
+    from itertools import chain, zip_longest
+
     from adaflash.data.io import read_jsonl
     from adaflash.data.prompts import row_to_prompt
 
-    prompts: list[str] = []
+    groups: dict[str | None, list[str]] = {}
     for where, row in read_jsonl(eval_data or data):
-        if len(prompts) >= count:
-            break
+        domain = row.get("domain") if isinstance(row.get("domain"), str) else None
+        group = groups.setdefault(domain, [])
+        if len(group) >= count:
+            continue
         if isinstance(row.get("prompt_text"), str):
-            prompts.append(row["prompt_text"])
+            group.append(row["prompt_text"])
         else:
-            prompts.append(target.render(row_to_prompt(row, where).prompt))
-    return prompts
+            group.append(target.render(row_to_prompt(row, where).prompt))
+        if domain is None and len(groups) == 1 and len(group) >= count:
+            break
+    turns = chain.from_iterable(zip_longest(*groups.values()))
+    return [p for p in turns if p is not None][:count]
 
 
 @click.group()

@@ -155,7 +155,7 @@ def regenerate(
 
     A prompt the engine refuses (too long for the context with max_new_tokens, empty after
     rendering) is skipped with its reason instead of failing the whole run. At `deadline`
-    (time.monotonic()) the prompts still queued or decoding are dropped and counted as unfinished.
+    (time.monotonic()) no new prompt starts; those decoding finish, the rest count as unfinished.
     """
     target = engine.target
     result = RegenerateResult(rows=[])
@@ -186,12 +186,14 @@ def regenerate(
     done: dict[str, dict[str, Any]] = {}
     started = time.perf_counter()
     feed()
+    draining = False
     while engine.has_work():
-        if deadline is not None and time.monotonic() >= deadline:
-            for rid in [r.rid for r, _ in engine.waiting] + [s.request.rid for s in engine.active.values()]:
-                engine.abort(rid)
-            result.unfinished = sum(1 for rid in order if rid not in done and rid not in result.skipped)
-            break
+        if deadline is not None and not draining and time.monotonic() >= deadline:
+            # Past the budget: take no new prompt, let the rows in flight finish (at most
+            # max_new_tokens steps), so no answer already half made is thrown away.
+            draining = True
+            for request, _arrived in list(engine.waiting):
+                engine.abort(request.rid)
         for event in engine.step():
             if event.output is None:
                 continue
@@ -201,7 +203,9 @@ def regenerate(
             result.verify_ct += int(event.output.meta_info["spec_verify_ct"])
             if on_done is not None:
                 on_done(out_row)
-        feed()
+        if not draining:
+            feed()
+    result.unfinished = sum(1 for rid in order if rid not in done and rid not in result.skipped)
     result.duration = time.perf_counter() - started
     result.rows = [done[rid] for rid in order if rid in done]
     return result

@@ -7,7 +7,8 @@
   first answer the package ships), open-chat (a held-out slice of ShareGPT).
 - `suite_train.jsonl`: what drafters learn from: GSM8K train, the rest of ShareGPT (first turns, and
   second turns after ShareGPT's own first answer), and code prompts in HumanEval's form written from
-  the signatures and docstrings of the running Python's standard library.
+  the signatures and docstrings of the running Python's standard library; shuffled, so any prefix
+  holds every domain.
 
 Why split by text, not by id: ShareGPT repeats prompts under different ids, so a prompt's split is a
 hash of its normalized text, and a training row whose prompt text equals any test prompt's is dropped.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import random
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -212,6 +214,7 @@ def build_suite(out_dir: str | Path, *, stdlib: bool = True, python_version: str
     if stdlib:
         train_rows += stdlib_code_rows()
     held_out = {prompt_key(text) for row in test_rows for text in _user_texts(row)}
+    random.Random(0).shuffle(train_rows)  # any prefix (`--num-samples`, a spent time budget) mixes every domain
     kept_train = []
     for row in train_rows:
         if any(prompt_key(text) in held_out for text in _user_texts(row)):
