@@ -253,9 +253,10 @@ class EngineBench:
         for record in overall_records(self.records, self.spec.dataset, self.domains):
             self.log.add_bench_result(self.run_id, record)
             self.records.append(record)
-            self.say(f"{record['method']} @ batch {record['concurrency']} over the suite: speed-up "
-                     f"{record['speedup']:.2f}x, τ {record['accept_length'] or 0:.2f} (means over {len(self.domains)} "
-                     "domains)")
+            speedup = f"speed-up {record['speedup']:.2f}x, " if record.get("speedup") else ""
+            tau = f"τ {record['accept_length']:.2f} " if record.get("accept_length") else ""
+            self.say(f"{record['method']} @ batch {record['concurrency']} over the suite: {speedup}{tau}"
+                     f"(means over {len(self.domains)} domains)")
 
     def _run_cells(self) -> None:
         spec = self.spec
