@@ -473,12 +473,24 @@ def test_profile_writes_each_cells_kernels_after_its_measured_run(workspace, tin
     assert short.exit_code == 2 and f"--profile {out}: " in short.output and "nothing left to profile" in short.output
 
 
-def test_a_suite_is_measured_per_domain_with_an_overall_row_of_means(workspace, tiny_llama, drafts, tmp_path):
-    """Rows with a `domain` are measured domain by domain (N prompts each); the overall row's speed-up,
-    τ and tok/s are the means of the domains' own, and `runs compare` shows every row."""
+def test_a_suite_is_measured_per_domain_with_an_overall_row_of_means(workspace, tiny_llama, drafts, tmp_path,
+                                                                    monkeypatch):
+    """Rows with a `domain` are measured domain by domain (N prompts each) on engines built once for
+    every domain; the overall row's speed-up, τ and tok/s are the means of the domains' own, and
+    `runs compare` shows every row."""
     from statistics import fmean
 
     from adaflash.cli.main import cli
+    from adaflash.engine import build
+
+    built = []
+    real_build = build.build_engine
+
+    def counting(target, method, *args, **kw):
+        built.append((method, kw.get("max_batch")))
+        return real_build(target, method, *args, **kw)
+
+    monkeypatch.setattr(build, "build_engine", counting)
 
     rows = [{"id": f"{d}{i}", "domain": d, "prompt": f"{d} question {i}?"} for d in ("math", "code") for i in range(3)]
     suite = tmp_path / "mini_test.jsonl"
@@ -501,6 +513,7 @@ def test_a_suite_is_measured_per_domain_with_an_overall_row_of_means(workspace, 
     assert overall["accept_length"] == pytest.approx(fmean(by[("dflash", f"mini/{d}")]["accept_length"]
                                                            for d in ("math", "code")))
     assert overall["domains"] == ["math", "code"] and overall["identical"] is True
+    assert sorted(b for b in built if b[1] == 2) == [("dflash", 2), ("vanilla", 2)]  # not once per domain
     compared = CliRunner().invoke(cli, ["runs", "compare", out["run_id"], "--format", "json"])
     assert compared.exit_code == 0, compared.output
     table = json.loads(compared.stdout)["rows"]

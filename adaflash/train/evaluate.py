@@ -19,8 +19,11 @@ def eval_tau(target: Target, drafter: Drafter | None, prompts: list[str], *, met
     method = method or ("vanilla" if drafter is None else ("eagle3" if drafter.method == "eagle3" else
                                                             "mtp" if drafter.method == "mtp" else "dflash"))
     frozen = copy.deepcopy(drafter).eval() if drafter is not None else None
-    engine = Engine(target, method, frozen, max_batch=batch, max_len=engine_kw.pop("max_len", 2048), **engine_kw)
-    requests = [Request(target.encode(p), SamplingParams(max_new_tokens=max_new_tokens)) for p in prompts]
+    ids = [target.encode(p) for p in prompts]
+    fits = max((len(i) for i in ids), default=0) + max_new_tokens + 64  # a suite has prompts past 2,048 tokens
+    engine = Engine(target, method, frozen, max_batch=batch, max_len=engine_kw.pop("max_len", max(2048, fits)),
+                    **engine_kw)
+    requests = [Request(i, SamplingParams(max_new_tokens=max_new_tokens)) for i in ids]
     started = time.perf_counter()
     with torch.no_grad():
         outputs = engine.generate(requests)
