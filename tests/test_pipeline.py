@@ -250,6 +250,28 @@ def test_pipeline_bad_inputs(tmp_path, tiny_target):
     assert RunLog.open(tmp_path / "ws").list_runs() == []
 
 
+def test_pipeline_refuses_a_drafter_that_does_not_fit_the_target_before_anything_starts(tmp_path, tiny_llama,
+                                                                                        tiny_target):
+    """A drafter of another hidden size (or vocabulary) recorded a run and started two workers that crashed;
+    `generate` and `serve` refuse it up front, and so does the pipeline now."""
+    from dataclasses import replace
+
+    cfg = tiny_target.model.cfg
+    wide = save_drafter(new_drafter("dflash", replace(cfg, hidden_size=cfg.hidden_size * 2), block_size=8),
+                        tmp_path / "wide")
+    words = save_drafter(new_drafter("dflash", replace(cfg, vocab_size=cfg.vocab_size + 8), block_size=8),
+                         tmp_path / "words")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    for draft, field in ((wide, "hidden_size"), (words, "vocab_size")):
+        result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "pipeline", "--target", str(tiny_llama),
+                                          "--draft", str(draft), "--data", str(tmp_path / "p.jsonl")])
+        assert result.exit_code == 2, result.output
+        assert f"--draft does not fit --target {tiny_llama}" in result.output and f"{field}=" in result.output
+        assert "Traceback" not in result.output
+    assert RunLog.open(tmp_path / "ws").list_runs() == []
+    assert not (tmp_path / "ws" / "runs").exists() or not any((tmp_path / "ws" / "runs").iterdir())
+
+
 def test_training_worker_restart_resumes_after_last_published_sample(tmp_path, tiny_llama, tiny_target):
     from adaflash.pipeline.training import TrainingConfig, run_training
 
