@@ -1,8 +1,9 @@
 """Supervision of job processes: start, readiness, restart policy, stop, all recorded in the run log.
 
-Each job runs in its own session/process group (`start_new_session=True`), with stdout+stderr
-appended to `<run_dir>/<job>.log`, so one signal to the group reaches its children too and a
-Ctrl-C in the terminal reaches only the supervisor, which then stops the jobs in order.
+Each job is started with `adaflash.procs.spawn`: its own session/process group, SIGTERM when the
+supervisor dies (Linux), stdout+stderr appended to `<run_dir>/<job>.log`; so one signal to the
+group reaches its children too, a Ctrl-C in the terminal reaches only the supervisor, which then
+stops the jobs in order, and a supervisor killed outright leaves no job behind.
 
 The supervisor is driven by `poll()` (one non-blocking tick: exits, readiness, due restarts);
 the caller owns the loop (jobs.runner, the TUI, `adaflash bench matrix`). It never prints:
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs import procs
+from adaflash import procs
 from jobs.recipe_spec import JobSpec
 
 ACTIVE = ("starting", "running", "ready")
@@ -220,10 +221,7 @@ class Supervisor:
             state.log_offset = log.tell()
             state.log_buffer = ""
             try:
-                proc = subprocess.Popen(
-                    state.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=self.env_for(spec), cwd=spec.cwd or None, start_new_session=True, close_fds=True,
-                )
+                group = procs.spawn(state.argv, log=log, env=self.env_for(spec), cwd=spec.cwd)
             except OSError as err:
                 state.status, state.exit_code, state.ended_at = "failed", None, time.time()
                 state.message = f"could not start {state.argv[0]!r}: {err.strerror or err}"
@@ -231,13 +229,9 @@ class Supervisor:
                 self._record(state, f"job {name} failed: {state.message}", "error", status="failed",
                              message=state.message, ended_at=state.ended_at)
                 return state
-        state.proc = proc
-        state.pid = proc.pid
-        state.pgid = proc.pid  # start_new_session: the child leads its own group
-        state.pid_start_time = procs.start_time(proc.pid)
-        if state.pid_start_time is None:  # exited already; keep an identity anyway
-            state.pid_start_time = time.time()
-        state.started_at = time.time()
+        proc = state.proc = group.proc
+        state.pid, state.pgid, state.pid_start_time = group.pid, group.pgid, group.pid_start_time
+        state.started_at = group.started_at
         state.ended_at = None
         state.exit_code = None
         state.message = None
