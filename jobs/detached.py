@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from adaflash import procs
 from adaflash.runlog import RunLog
 from adaflash.workspace import workspace_dir
 from jobs.assign import GpuLeases
@@ -74,15 +75,13 @@ def start_detached(
 def _spawn_supervisor(
     prepared: PreparedRun, leases: GpuLeases | None, python: str | None
 ) -> subprocess.Popen[bytes]:
-    """The background supervisor: its own session (it outlives us), output appended to supervisor.log."""
+    """The background supervisor: its own session, meant to outlive us (no parent-death signal), output
+    appended to supervisor.log."""
     env = dict(os.environ)
     if leases is not None:
         env["ADAFLASH_LEASES"] = str(leases.path)
-    with open(prepared.run_dir / SUPERVISOR_LOG, "ab") as log:
-        return subprocess.Popen(
-            supervisor_command(prepared.workspace, prepared.run_id, python), stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, env=env,
-        )
+    return procs.spawn(supervisor_command(prepared.workspace, prepared.run_id, python),
+                       log=prepared.run_dir / SUPERVISOR_LOG, env=env, die_with_parent=False).proc
 
 
 def _await_takeover(

@@ -6,6 +6,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from adaflash import procs
 from adaflash.cli.main import cli
 from adaflash.models.drafter_io import DrafterError, load_drafter, new_drafter, save_drafter
 from adaflash.pipeline.buffer import SwapBuffer
@@ -420,7 +421,6 @@ def test_lr_decay_needs_a_time_budget_that_holds_it(tmp_path):
 
 def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp_path):
     """The run read `failed` with the note "stopped on request: both workers finished their step"."""
-    import subprocess
     import sys
     from types import SimpleNamespace
 
@@ -433,7 +433,7 @@ def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp
     pipe = Pipeline(log, run_id, tmp_path, SimpleNamespace(swap_dir=str(swap)), SimpleNamespace(), [], [], grace=30)
     wait_stop = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)\nsys.exit(int(sys.argv[2]))"
     for role, code in (("inference", 3), ("training", 0)):
-        pipe.procs[role] = subprocess.Popen([sys.executable, "-c", wait_stop, str(swap / "STOP"), str(code)])
+        pipe.procs[role] = procs.spawn([sys.executable, "-c", wait_stop, str(swap / "STOP"), str(code)])
         pipe.job_ids[role] = log.add_job(run_id, role, ["worker"], role=role, gpus="cpu", log_path=str(tmp_path / "x"))
     pipe.request_stop()
     assert pipe.wait(poll=0.05) == "failed"
@@ -444,7 +444,6 @@ def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp
 def test_a_stop_the_workers_honour_between_two_polls_still_ends_the_run_stopped_on_request(tmp_path):
     """Both workers can see the STOP file and exit before the launcher's loop looks at it: the run then ended
     finished without its note (a flaky `pipeline stop` test under load)."""
-    import subprocess
     import sys
     import time
     from types import SimpleNamespace
@@ -458,7 +457,7 @@ def test_a_stop_the_workers_honour_between_two_polls_still_ends_the_run_stopped_
     pipe = Pipeline(log, run_id, tmp_path, SimpleNamespace(swap_dir=str(swap)), SimpleNamespace(), [], [], grace=30)
     pipe.request_stop()
     for role in ("inference", "training"):
-        pipe.procs[role] = subprocess.Popen([sys.executable, "-c", "pass"])
+        pipe.procs[role] = procs.spawn([sys.executable, "-c", "pass"])
         pipe.job_ids[role] = log.add_job(run_id, role, ["worker"], role=role, gpus="cpu", log_path=str(tmp_path / "x"))
     for proc in pipe.procs.values():
         proc.wait()
@@ -487,9 +486,8 @@ def test_a_worker_gets_sigterm_when_its_launcher_is_killed(tmp_path):
              "open(sys.argv[1] + '.up', 'w').write('up')\n"
              "time.sleep(60)\n")
     launcher = ("import subprocess, sys, time\n"
-                "from adaflash.pipeline.launch import _parent_death_signal\n"
-                "subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], start_new_session=True,\n"
-                "                 preexec_fn=_parent_death_signal())\n"
+                "from adaflash.procs import spawn\n"
+                "spawn([sys.executable, '-c', sys.argv[1], sys.argv[2]], log=None)\n"
                 "time.sleep(60)\n")
     mark = tmp_path / "mark"
     proc = subprocess.Popen([sys.executable, "-c", launcher, child, str(mark)])
