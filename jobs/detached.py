@@ -22,7 +22,14 @@ from jobs.assign import GpuLeases
 from jobs.control import write_supervisor_file
 from jobs.plan import PreparedRun, prepare
 from jobs.recipe_spec import Recipe
-from jobs.runner import Runner, RunResult, check_recipe_gpus, install_signal_handlers, run_config
+from jobs.runner import (
+    Runner,
+    RunResult,
+    check_recipe_gpus,
+    check_recipe_ports,
+    install_signal_handlers,
+    run_config,
+)
 from jobs.supervisor import tail_text
 
 SUPERVISOR_LOG = "supervisor.log"  # in the run folder: what the background supervisor printed
@@ -47,10 +54,12 @@ def start_detached(
 ) -> str:
     """Validate, lease and record the run, then supervise it in a background process.
 
-    Returns the run id once the background supervisor has taken over. Raises AssignmentError,
-    LeaseError, or RuntimeError (with the supervisor log's tail) if it could not start.
+    Returns the run id once the background supervisor has taken over. Raises AssignmentError (a
+    PortBusyError when a service's port is taken), LeaseError, or RuntimeError (with the supervisor
+    log's tail) if it could not start.
     """
     check_recipe_gpus(prepared.recipe, inventory)
+    check_recipe_ports(prepared.recipe)
     gpus = sorted(prepared.recipe.gpus_in_use())
     leases = leases or (GpuLeases() if gpus else None)
     if gpus and leases is not None:

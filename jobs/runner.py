@@ -59,6 +59,16 @@ def check_recipe_gpus(recipe: Recipe, inventory: Any = None) -> None:
         raise AssignmentError(errors)
 
 
+def check_recipe_ports(recipe: Recipe) -> None:
+    """Refuse a launch whose services' local ports are taken (PortBusyError names the job, port and holder)."""
+    from jobs.ports import PortBusyError, recipe_port_errors
+
+    errors = recipe_port_errors((name, spec.ready.http) for name, spec in recipe.jobs.items()
+                                if spec.kind == "service" and spec.ready is not None and spec.ready.http)
+    if errors:
+        raise PortBusyError(errors)
+
+
 @dataclass
 class RunResult:
     """How a run ended, as `adaflash run` reports it (and its exit code: see EXIT_CODES)."""
@@ -140,6 +150,7 @@ class Runner:
             return
         if not self.existing_run:
             self.check_gpus()
+            check_recipe_ports(self.recipe)
         gpus = sorted(self.recipe.gpus_in_use())
         if gpus:
             self.leases = self.leases or GpuLeases()

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from adaflash import procs
+from jobs import ports
 from jobs.recipe_spec import JobSpec
 
 ACTIVE = ("starting", "running", "ready")
@@ -215,11 +216,18 @@ class Supervisor:
         state.restart_at = None
         header = (f"\n=== adaflash: start {state.restarts + 1} of job {name} at "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {subprocess.list2cmdline(state.argv)}\n")
+        busy = self._busy_port(spec)
         with open(state.log_path, "ab") as log:
             log.write(header.encode())
             log.flush()
             state.log_offset = log.tell()
             state.log_buffer = ""
+            if busy:
+                state.status, state.exit_code, state.ended_at, state.message = "failed", None, time.time(), busy
+                log.write(f"=== adaflash: not started: {busy}\n".encode())
+                self._record(state, f"job {name} failed: {busy}", "error", status="failed", message=busy,
+                             ended_at=state.ended_at)
+                return state
             try:
                 group = procs.spawn(state.argv, log=log, env=self.env_for(spec), cwd=spec.cwd)
             except OSError as err:
@@ -248,6 +256,14 @@ class Supervisor:
             ended_at=None, exit_code=None, restarts=state.restarts, message=None, command=state.argv,
         )
         return state
+
+    @staticmethod
+    def _busy_port(spec: JobSpec) -> str | None:
+        """Why a service cannot start: the local port its readiness URL names is taken (else None)."""
+        endpoint = ports.url_endpoint(spec.ready.http) if spec.ready is not None and spec.ready.http else None
+        if spec.kind != "service" or endpoint is None or ports.port_free(*endpoint):
+            return None
+        return ports.busy_message(*endpoint, f"job {spec.name}")
 
     # -- the tick ---------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -278,7 +294,12 @@ class Supervisor:
         state.next_check = now + ready.interval
         ok = http_ok(ready.http, timeout=min(2.0, max(0.2, ready.interval * 2))) if ready.http else \
             self._log_matches(state, ready.log or "")
-        if ok:
+        foreign = ports.foreign_answer(ready.http, ports.job_processes(state.pid, state.pgid, state.pid_start_time)) \
+            if ok and ready.http else None
+        if foreign:
+            self._stop_process(state, state.spec.stop_grace)
+            self._failed(state, state.proc.returncode if state.proc else None, foreign)
+        elif ok:
             state.status = "ready"
             self._record(state, f"job {state.name} is ready ({ready.describe()})", status="ready")
         elif state.ready_deadline is not None and now > state.ready_deadline:
