@@ -149,7 +149,7 @@ time.sleep(120)
 
 
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="the parent-death signal is Linux's")
-def test_sglang_outlives_no_killed_serve_command(tmp_path):
+def test_a_killed_serve_command_leaves_no_sglang_behind(tmp_path):
     """`serve --engine sglang` killed with SIGKILL left SGLang running, orphaned, holding its GPUs and port."""
     import os
     import signal
