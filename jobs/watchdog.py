@@ -51,7 +51,8 @@ def take_over(runlog: RunLog, run_id: str, supervisor: int) -> list[str]:
     jobs = [j for j in runlog.jobs(run_id) if j["status"] in LIVE_JOB_STATUSES]
     if run["status"] not in LIVE_RUN_STATUSES and not jobs:
         return []
-    why = f"its supervisor (pid {supervisor}) died without recording an end"
+    gone = procs.start_time(supervisor) is None  # else it let go of the run (an error before any job started)
+    why = f"its supervisor (pid {supervisor}) {'died' if gone else 'stopped supervising'} without recording an end"
     if run["status"] in LIVE_RUN_STATUSES:
         runlog.finish_run(run_id, "failed", note=f"{why}; the run's watchdog is stopping its jobs")
     graces = {name: float(spec.get("stop_grace", 10.0))
