@@ -18,5 +18,7 @@ Modules (import what you need; nothing here prints, progress is read back from t
 - jobs.cache:      JobCache: a finished task with declared outputs is reused by a later run with the same key.
 - jobs.progress:   run_progress: step k of n, each step's own progress and timing, for `adaflash run`.
 - jobs.slurm:      render_script / SlurmRun: the same recipe as an sbatch script, tracked via squeue/sacct.
-- jobs.procs:      pid + create-time identity and verified process-group stops.
+- jobs.ports:      port_free, a launch refused when a service's port is taken, readiness answered by the job.
+- jobs.watchdog:   the watchdog of a run: stops its jobs and records the end when its supervisor dies.
+Processes are started, identified and stopped through `adaflash.procs` (shared with the core).
 """

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs import procs
+from adaflash import procs
 
 CPU = "cpu"
 DEFAULT_EXCLUSIVE = frozenset({"server"})

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adaflash import procs
 from adaflash.runlog import LIVE_RUN_STATUSES, RunLog
-from jobs import procs
 from jobs.supervisor import ACTIVE
 
 SUPERVISOR_FILE = "supervisor.json"

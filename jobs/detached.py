@@ -15,13 +15,21 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from adaflash import procs
 from adaflash.runlog import RunLog
 from adaflash.workspace import workspace_dir
 from jobs.assign import GpuLeases
 from jobs.control import write_supervisor_file
 from jobs.plan import PreparedRun, prepare
 from jobs.recipe_spec import Recipe
-from jobs.runner import Runner, RunResult, check_recipe_gpus, install_signal_handlers, run_config
+from jobs.runner import (
+    Runner,
+    RunResult,
+    check_recipe_gpus,
+    check_recipe_ports,
+    install_signal_handlers,
+    run_config,
+)
 from jobs.supervisor import tail_text
 
 SUPERVISOR_LOG = "supervisor.log"  # in the run folder: what the background supervisor printed
@@ -46,10 +54,12 @@ def start_detached(
 ) -> str:
     """Validate, lease and record the run, then supervise it in a background process.
 
-    Returns the run id once the background supervisor has taken over. Raises AssignmentError,
-    LeaseError, or RuntimeError (with the supervisor log's tail) if it could not start.
+    Returns the run id once the background supervisor has taken over. Raises AssignmentError (a
+    PortBusyError when a service's port is taken), LeaseError, or RuntimeError (with the supervisor
+    log's tail) if it could not start.
     """
     check_recipe_gpus(prepared.recipe, inventory)
+    check_recipe_ports(prepared.recipe)
     gpus = sorted(prepared.recipe.gpus_in_use())
     leases = leases or (GpuLeases() if gpus else None)
     if gpus and leases is not None:
@@ -74,15 +84,13 @@ def start_detached(
 def _spawn_supervisor(
     prepared: PreparedRun, leases: GpuLeases | None, python: str | None
 ) -> subprocess.Popen[bytes]:
-    """The background supervisor: its own session (it outlives us), output appended to supervisor.log."""
+    """The background supervisor: its own session, meant to outlive us (no parent-death signal), output
+    appended to supervisor.log."""
     env = dict(os.environ)
     if leases is not None:
         env["ADAFLASH_LEASES"] = str(leases.path)
-    with open(prepared.run_dir / SUPERVISOR_LOG, "ab") as log:
-        return subprocess.Popen(
-            supervisor_command(prepared.workspace, prepared.run_id, python), stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True, env=env,
-        )
+    return procs.spawn(supervisor_command(prepared.workspace, prepared.run_id, python),
+                       log=prepared.run_dir / SUPERVISOR_LOG, env=env, die_with_parent=False).proc
 
 
 def _await_takeover(

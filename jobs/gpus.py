@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from jobs import procs
+from adaflash import procs
 
 ACTIVE_JOB_STATUSES = ("starting", "running", "ready", "restarting")
 

@@ -12,6 +12,8 @@ Run life: the run row is created with kind "recipe", the resolved recipe as conf
 status running (pending while a detached supervisor starts); it ends finished, failed (a job
 failed for good: every other job is then stopped) or stopped (a stop request). The process
 supervising a run records itself (jobs.control) so that a stop from elsewhere reaches only it.
+A supervisor that dies without recording the end (SIGKILL) leaves that to the run's watchdog
+(jobs.watchdog): its jobs are stopped and the run recorded as failed.
 """
 
 from __future__ import annotations
@@ -25,14 +27,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adaflash import procs
 from adaflash.runlog import RunLog
-from jobs import procs
 from jobs.assign import AssignmentError, GpuLeases
 from jobs.control import take_control_requests, write_supervisor_file
 from jobs.plan import PreparedRun
 from jobs.progress import format_seconds
 from jobs.recipe_spec import Recipe
 from jobs.supervisor import ACTIVE, DONE, JobState, Supervisor, exit_description
+from jobs.watchdog import start_watchdog
 
 EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 130}
 
@@ -54,6 +57,16 @@ def check_recipe_gpus(recipe: Recipe, inventory: Any = None) -> None:
     errors = recipe.gpu_errors(known)
     if errors:
         raise AssignmentError(errors)
+
+
+def check_recipe_ports(recipe: Recipe) -> None:
+    """Refuse a launch whose services' local ports are taken (PortBusyError names the job, port and holder)."""
+    from jobs.ports import PortBusyError, recipe_port_errors
+
+    errors = recipe_port_errors((name, spec.ready.http) for name, spec in recipe.jobs.items()
+                                if spec.kind == "service" and spec.ready is not None and spec.ready.http)
+    if errors:
+        raise PortBusyError(errors)
 
 
 @dataclass
@@ -121,6 +134,8 @@ class Runner:
         if unknown:
             raise ValueError(f"--rerun: no job {', '.join(sorted(unknown))} in recipe {self.recipe.name} "
                              f"(jobs: {', '.join(self._order)})")
+        self._watchdog: procs.ProcessGroup | None = None
+        self._watchdog_pipe: int | None = None  # held open while this process supervises the run
         self._keys: dict[str, str] = {}  # started cacheable job -> its key, recorded once it finishes
         self._digests: dict[str, str] = {}  # finished or reused cacheable job -> digest of its outputs
 
@@ -135,6 +150,7 @@ class Runner:
             return
         if not self.existing_run:
             self.check_gpus()
+            check_recipe_ports(self.recipe)
         gpus = sorted(self.recipe.gpus_in_use())
         if gpus:
             self.leases = self.leases or GpuLeases()
@@ -148,15 +164,26 @@ class Runner:
                                        config=run_config(self.recipe, self.use_cache, self.rerun),
                                        run_dir=str(self.prepared.run_dir), run_id=self.run_id, status="running")
             write_supervisor_file(self.prepared.run_dir, self.run_id)
+            self._watchdog, self._watchdog_pipe = start_watchdog(self.prepared.workspace, self.run_id,
+                                                                 self.prepared.run_dir)
             self.runlog.log_event(self.run_id, f"run started: recipe {self.recipe.name}, "
-                                               f"{len(self._order)} job(s), supervisor pid {os.getpid()}")
+                                               f"{len(self._order)} job(s), supervisor pid {os.getpid()}, "
+                                               f"watchdog pid {self._watchdog.pid}")
             for name in self._order:
                 self.supervisor.add(self.recipe.jobs[name])
         except BaseException:
             if gpus and self.leases:
                 self.leases.release(self.run_id)
+            self._release_watchdog()
             raise
         self._started = True
+
+    def _release_watchdog(self) -> None:
+        """The run's end is recorded (or nothing started): the watchdog sees the pipe close and exits."""
+        if self._watchdog_pipe is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._watchdog_pipe)
+            self._watchdog_pipe = None
 
     # -- control ----------------------------------------------------------------------------------
     def request_stop(self, force: bool = False, reason: str = "stop requested") -> None:
@@ -303,6 +330,7 @@ class Runner:
         self.runlog.log_event(self.run_id, f"run {outcome}: {message}",
                               level="error" if outcome == "failed" else "info")
         self.runlog.finish_run(self.run_id, outcome, note=message)
+        self._release_watchdog()
         return RunResult(self.run_id, outcome, failed, message,
                          failed_logs={n: str(jobs[n].log_path) for n in failed}, cached=cached)
 

@@ -1,8 +1,9 @@
 """Supervision of job processes: start, readiness, restart policy, stop, all recorded in the run log.
 
-Each job runs in its own session/process group (`start_new_session=True`), with stdout+stderr
-appended to `<run_dir>/<job>.log`, so one signal to the group reaches its children too and a
-Ctrl-C in the terminal reaches only the supervisor, which then stops the jobs in order.
+Each job is started with `adaflash.procs.spawn`: its own session/process group, SIGTERM when the
+supervisor dies (Linux), stdout+stderr appended to `<run_dir>/<job>.log`; so one signal to the
+group reaches its children too, a Ctrl-C in the terminal reaches only the supervisor, which then
+stops the jobs in order, and a supervisor killed outright leaves no job behind.
 
 The supervisor is driven by `poll()` (one non-blocking tick: exits, readiness, due restarts);
 the caller owns the loop (jobs.runner, the TUI, `adaflash bench matrix`). It never prints:
@@ -27,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs import procs
+from adaflash import procs
+from jobs import ports
 from jobs.recipe_spec import JobSpec
 
 ACTIVE = ("starting", "running", "ready")
@@ -214,16 +216,20 @@ class Supervisor:
         state.restart_at = None
         header = (f"\n=== adaflash: start {state.restarts + 1} of job {name} at "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {subprocess.list2cmdline(state.argv)}\n")
+        busy = self._busy_port(spec)
         with open(state.log_path, "ab") as log:
             log.write(header.encode())
             log.flush()
             state.log_offset = log.tell()
             state.log_buffer = ""
+            if busy:
+                state.status, state.exit_code, state.ended_at, state.message = "failed", None, time.time(), busy
+                log.write(f"=== adaflash: not started: {busy}\n".encode())
+                self._record(state, f"job {name} failed: {busy}", "error", status="failed", message=busy,
+                             ended_at=state.ended_at)
+                return state
             try:
-                proc = subprocess.Popen(
-                    state.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=self.env_for(spec), cwd=spec.cwd or None, start_new_session=True, close_fds=True,
-                )
+                group = procs.spawn(state.argv, log=log, env=self.env_for(spec), cwd=spec.cwd)
             except OSError as err:
                 state.status, state.exit_code, state.ended_at = "failed", None, time.time()
                 state.message = f"could not start {state.argv[0]!r}: {err.strerror or err}"
@@ -231,13 +237,9 @@ class Supervisor:
                 self._record(state, f"job {name} failed: {state.message}", "error", status="failed",
                              message=state.message, ended_at=state.ended_at)
                 return state
-        state.proc = proc
-        state.pid = proc.pid
-        state.pgid = proc.pid  # start_new_session: the child leads its own group
-        state.pid_start_time = procs.start_time(proc.pid)
-        if state.pid_start_time is None:  # exited already; keep an identity anyway
-            state.pid_start_time = time.time()
-        state.started_at = time.time()
+        proc = state.proc = group.proc
+        state.pid, state.pgid, state.pid_start_time = group.pid, group.pgid, group.pid_start_time
+        state.started_at = group.started_at
         state.ended_at = None
         state.exit_code = None
         state.message = None
@@ -254,6 +256,14 @@ class Supervisor:
             ended_at=None, exit_code=None, restarts=state.restarts, message=None, command=state.argv,
         )
         return state
+
+    @staticmethod
+    def _busy_port(spec: JobSpec) -> str | None:
+        """Why a service cannot start: the local port its readiness URL names is taken (else None)."""
+        endpoint = ports.url_endpoint(spec.ready.http) if spec.ready is not None and spec.ready.http else None
+        if spec.kind != "service" or endpoint is None or ports.port_free(*endpoint):
+            return None
+        return ports.busy_message(*endpoint, f"job {spec.name}")
 
     # -- the tick ---------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -284,7 +294,12 @@ class Supervisor:
         state.next_check = now + ready.interval
         ok = http_ok(ready.http, timeout=min(2.0, max(0.2, ready.interval * 2))) if ready.http else \
             self._log_matches(state, ready.log or "")
-        if ok:
+        foreign = ports.foreign_answer(ready.http, ports.job_processes(state.pid, state.pgid, state.pid_start_time)) \
+            if ok and ready.http else None
+        if foreign:
+            self._stop_process(state, state.spec.stop_grace)
+            self._failed(state, state.proc.returncode if state.proc else None, foreign)
+        elif ok:
             state.status = "ready"
             self._record(state, f"job {state.name} is ready ({ready.describe()})", status="ready")
         elif state.ready_deadline is not None and now > state.ready_deadline:

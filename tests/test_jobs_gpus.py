@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from adaflash.procs import start_time
 from adaflash.runlog import RunLog
 from jobs import gpus
-from jobs.procs import start_time
 
 
 class FakeNVMLError(Exception):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from adaflash import procs
 from adaflash.runlog import RunLog
-from jobs import procs
 from jobs.assign import AssignmentError, GpuLeases, LeaseError
 from jobs.control import request_job_action, stop_run, supervisor_pid
 from jobs.detached import start_detached
@@ -271,14 +271,75 @@ def test_detach_attach_and_stop_through_the_cli(tmp_path: Path) -> None:
     wait_for(lambda: procs.start_time(job["pid"]) is None and procs.start_time(supervisor) is None, timeout=10)
 
 
-def test_stop_when_the_supervisor_is_gone_stops_the_verified_jobs(tmp_path: Path) -> None:
-    recipe = sleeping_service(tmp_path, "orphan")
+# A job that keeps a run of its own, as `adaflash pipeline` does: SIGTERM is a stop request it honours.
+OWN_RUN = (
+    "import os, signal, sys, time\n"
+    "from adaflash.runlog import RunLog\n"
+    "log = RunLog.open()\n"
+    "own = log.create_run('pipeline', name='own')\n"
+    "def stop(*_):\n"
+    "    log.finish_run(own, 'finished', note='stopped on request')\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_a_killed_supervisor_leaves_no_job_running_and_the_statuses_agree(tmp_path: Path) -> None:
+    """kill -9 of a detached run's supervisor left its jobs running with parent 1, the job "failed" in the
+    recipe run and "finished" in its own run."""
+    pids_file, own_file = tmp_path / "pids", tmp_path / "own"
+    recipe = write(tmp_path, "orphan.toml", f"""
+        [run]
+        name = "orphan"
+        [jobs.stubborn]
+        command = ["python", "-c", {json.dumps(STUBBORN)}, "{pids_file}"]
+        kind = "service"
+        stop_grace = 1
+        [jobs.own]
+        command = ["python", "-c", {json.dumps(OWN_RUN)}, "{own_file}"]
+        kind = "service"
+    """)
+    prepared = prepare(recipe, workspace=tmp_path / "ws")
+    log = RunLog.open(prepared.workspace)
+    run_id = start_detached(prepared, log)
+    leader, grandchild = map(int, wait_for(lambda: pids_file.exists() and pids_file.read_text().split(), timeout=60))
+    own_pid = int(wait_for(lambda: own_file.exists() and own_file.read_text(), timeout=60))
+    child = wait_for(lambda: next((r for r in log.list_runs() if r["name"] == "own"), None))
+    os.kill(supervisor_pid(log.get_run(run_id)), signal.SIGKILL)
+    for pid in (leader, grandchild, own_pid):  # the SIGTERM-ignoring pair too, after its grace
+        wait_for(lambda pid=pid: procs.start_time(pid) is None, timeout=30)
+    wait_for(lambda: "stopped its jobs" in (log.get_run(run_id)["note"] or ""), timeout=30)
+    run = log.get_run(run_id)
+    assert run["status"] == "failed" and "supervisor" in run["note"] and "died" in run["note"]
+    jobs = {j["name"]: j for j in log.jobs(run_id)}
+    assert {j["status"] for j in jobs.values()} == {"stopped"}
+    assert "stopped by the run's watchdog (killed)" in jobs["stubborn"]["message"]
+    assert log.get_run(child["id"])["status"] == "finished"  # the job honoured the stop, as recorded for it
+
+
+def test_stop_when_the_supervisor_and_its_watchdog_are_gone_stops_the_verified_jobs(tmp_path: Path) -> None:
+    import psutil
+
+    pids_file = tmp_path / "pids"
+    recipe = write(tmp_path, "orphan.toml", f"""
+        [run]
+        name = "orphan"
+        [jobs.svc]
+        command = ["python", "-c", {json.dumps(STUBBORN)}, "{pids_file}"]
+        kind = "service"
+        stop_grace = 1
+    """)
     prepared = prepare(recipe, workspace=tmp_path / "ws")
     log = RunLog.open(prepared.workspace)
     run_id = start_detached(prepared, log)
     job = wait_for(lambda: next((j for j in log.jobs(run_id) if j["pid"] and j["status"] == "running"), None))
     supervisor = supervisor_pid(log.get_run(run_id))
-    os.kill(supervisor, signal.SIGKILL)  # a crashed supervisor leaves its job running
+    watchdog = next(p for p in psutil.Process(supervisor).children() if "jobs.watchdog" in p.cmdline())
+    watchdog.kill()
+    wait_for(lambda: procs.start_time(watchdog.pid) is None, timeout=10)  # a zombie of the supervisor counts as gone
+    os.kill(supervisor, signal.SIGKILL)  # a job that ignores SIGTERM outlives both
     wait_for(lambda: supervisor_pid(log.get_run(run_id)) is None, timeout=10)
     view = run_view(log, run_id)
     assert view.orphaned and not view.live

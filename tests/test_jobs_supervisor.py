@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from adaflash import procs
 from adaflash.runlog import RunLog
-from jobs import procs
 from jobs.recipe_spec import JobSpec, ReadyCheck, RestartPolicy
 from jobs.supervisor import Supervisor
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from adaflash import procs
 from adaflash.cli.main import cli
 from adaflash.models.drafter_io import DrafterError, load_drafter, new_drafter, save_drafter
 from adaflash.pipeline.buffer import SwapBuffer
@@ -64,12 +65,27 @@ def test_versions_publish_atomically_prune_and_refuse_torn(tmp_path, tiny_target
     weights.write_bytes(weights.read_bytes()[:100])  # torn
     with pytest.raises(DrafterError, match="checksum"):
         store.load(cfg)
-    # a trainer resuming on this swap dir refuses it too (it trained on from the torn weights)
-    from adaflash.pipeline.training import TrainingConfig, _initial_trainer
 
-    train_cfg = TrainingConfig(target="tiny", draft="unused", swap_dir=str(tmp_path), run_id="r", workspace=str(tmp_path))
-    with pytest.raises(DrafterError, match="version 4: .* does not match its checksum"):
-        _initial_trainer(train_cfg, tiny_target, store)
+
+def test_a_torn_newest_version_falls_back_to_the_newest_that_passes_its_checksums(tmp_path, tiny_target):
+    """A truncated newest version stopped the trainer with a traceback; readers fell back to the initial drafter."""
+    store = WeightStore(tmp_path)
+    cfg = tiny_target.model.cfg
+    for seed in range(4):
+        store.publish(new_drafter("dflash", cfg, block_size=8, seed=seed), {"target": "tiny"}, keep=3,
+                      extra_files={"trainer_state.pt": lambda p: p.write_bytes(b"optimizer")})
+    assert store.versions() == [2, 3, 4]
+    weights = store.folder(4) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # torn while the run was stopped
+    (store.folder(3) / "trainer_state.pt").write_bytes(b"opt")  # a torn trainer state is a torn version too
+    found, skipped = store.newest_valid(target=cfg)
+    assert found is not None and found[0] == 2 and found[1].block_size == 8
+    assert [v for v, _ in skipped] == [4, 3]
+    assert "version 4: " in skipped[0][1] and "model.safetensors does not match its checksum" in skipped[0][1]
+    assert "trainer_state.pt does not match its checksum" in skipped[1][1]
+    assert store.newest_valid(newer_than=2) == (None, skipped)
+    assert store.publish(new_drafter("dflash", cfg, block_size=8), {"target": "tiny"}) == 5  # never reuses 4
+    assert store.newest_valid()[0] == (5, None)
 
 
 def test_export_copies_a_version_whole_or_not_at_all(tmp_path, tiny_target):
@@ -124,8 +140,9 @@ def test_inference_worker_refuses_a_torn_version_and_keeps_going(tmp_path, tiny_
     rows = SwapBuffer(tmp_path / "swap").read(0, 10)
     assert [r["seq"] for r in rows] == list(range(5))
     assert all(r["prompt_text"] and r["output_ids"] for r in rows)
+    assert {r["drafter_version"] for r in rows} == {1}  # the newest version that passes its checksum, not v0
     events = [e["message"] for e in log.events_since(0, run_id=run)]
-    assert any("refused version 2" in m for m in events), events
+    assert any("refused version 2" in m and "checksum" in m for m in events), events
 
 
 def test_inference_worker_restarted_after_a_kill_resumes_after_its_buffered_answers(tmp_path, tiny_llama, tiny_target):
@@ -234,6 +251,28 @@ def test_pipeline_bad_inputs(tmp_path, tiny_target):
     assert RunLog.open(tmp_path / "ws").list_runs() == []
 
 
+def test_pipeline_refuses_a_drafter_that_does_not_fit_the_target_before_anything_starts(tmp_path, tiny_llama,
+                                                                                        tiny_target):
+    """A drafter of another hidden size (or vocabulary) recorded a run and started two workers that crashed;
+    `generate` and `serve` refuse it up front, and so does the pipeline now."""
+    from dataclasses import replace
+
+    cfg = tiny_target.model.cfg
+    wide = save_drafter(new_drafter("dflash", replace(cfg, hidden_size=cfg.hidden_size * 2), block_size=8),
+                        tmp_path / "wide")
+    words = save_drafter(new_drafter("dflash", replace(cfg, vocab_size=cfg.vocab_size + 8), block_size=8),
+                         tmp_path / "words")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    for draft, field in ((wide, "hidden_size"), (words, "vocab_size")):
+        result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "pipeline", "--target", str(tiny_llama),
+                                          "--draft", str(draft), "--data", str(tmp_path / "p.jsonl")])
+        assert result.exit_code == 2, result.output
+        assert f"--draft does not fit --target {tiny_llama}" in result.output and f"{field}=" in result.output
+        assert "Traceback" not in result.output
+    assert RunLog.open(tmp_path / "ws").list_runs() == []
+    assert not (tmp_path / "ws" / "runs").exists() or not any((tmp_path / "ws" / "runs").iterdir())
+
+
 def test_training_worker_restart_resumes_after_last_published_sample(tmp_path, tiny_llama, tiny_target):
     from adaflash.pipeline.training import TrainingConfig, run_training
 
@@ -262,6 +301,41 @@ def test_training_worker_restart_resumes_after_last_published_sample(tmp_path, t
     state = torch.load(store.folder(store.latest_version()) / "trainer_state.pt", weights_only=False)
     assert state["state"]["consumed"] == 8
     assert state["state"]["step"] == 3  # 4 + 2 rows, then the 2 new ones: no sample learned twice
+
+
+def test_a_training_worker_resumes_past_a_torn_newest_version_and_learns_nothing_twice(tmp_path, tiny_llama,
+                                                                                        tiny_target):
+    from adaflash.pipeline.ledger import ConsumeLedger
+    from adaflash.pipeline.training import TrainingConfig, run_training
+
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
+    swap = tmp_path / "swap"
+    buffer = SwapBuffer(swap)
+    prompt = tiny_target.render("Count.")
+    rows = [{"prompt_text": prompt, "response": f"one two three {i}", "output_ids": []} for i in range(10)]
+    buffer.append(rows[:8])
+    buffer.mark_done()
+    log = RunLog.open(tmp_path / "ws")
+    run = log.create_run("pipeline")
+    cfg = TrainingConfig(target=str(tiny_llama), draft=str(draft), swap_dir=str(swap), run_id=run,
+                         workspace=str(tmp_path / "ws"), loss="fkl", length_head=False, min_buffer=2, train_batch=4,
+                         publish_every=1, poll_seconds=0.05)
+    assert run_training(cfg) == 8
+    store = WeightStore(swap)
+    assert store.latest_version() == 2 and store.pointer()["consumed"] == 8
+    weights = store.folder(2) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # torn while the run was stopped
+    buffer.clear_done()
+    buffer.append(rows[8:])
+    buffer.mark_done()
+    assert run_training(cfg) == 10  # resumed from version 1 (consumed 4), not a traceback
+    state = torch.load(store.folder(store.latest_version()) / "trainer_state.pt", weights_only=False)
+    assert store.latest_version() == 4 and state["state"]["consumed"] == 10
+    assert state["state"]["step"] == 3  # v1's step, then rows 4-7 and 8-9 once each
+    spans = [(e["from"], e["to"]) for e in ConsumeLedger(swap).entries()]
+    assert spans == [(0, 4), (4, 8), (8, 10)]  # the ledger describes what the weights learned: each row once
+    events = [e["message"] for e in log.events_since(0, run_id=run)]
+    assert any(m.startswith("skipped version 2 on resume: ") and "checksum" in m for m in events), events
 
 
 def test_gpu_indices_count_the_visible_gpus():
@@ -347,7 +421,6 @@ def test_lr_decay_needs_a_time_budget_that_holds_it(tmp_path):
 
 def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp_path):
     """The run read `failed` with the note "stopped on request: both workers finished their step"."""
-    import subprocess
     import sys
     from types import SimpleNamespace
 
@@ -360,7 +433,7 @@ def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp
     pipe = Pipeline(log, run_id, tmp_path, SimpleNamespace(swap_dir=str(swap)), SimpleNamespace(), [], [], grace=30)
     wait_stop = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)\nsys.exit(int(sys.argv[2]))"
     for role, code in (("inference", 3), ("training", 0)):
-        pipe.procs[role] = subprocess.Popen([sys.executable, "-c", wait_stop, str(swap / "STOP"), str(code)])
+        pipe.procs[role] = procs.spawn([sys.executable, "-c", wait_stop, str(swap / "STOP"), str(code)])
         pipe.job_ids[role] = log.add_job(run_id, role, ["worker"], role=role, gpus="cpu", log_path=str(tmp_path / "x"))
     pipe.request_stop()
     assert pipe.wait(poll=0.05) == "failed"
@@ -371,7 +444,6 @@ def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp
 def test_a_stop_the_workers_honour_between_two_polls_still_ends_the_run_stopped_on_request(tmp_path):
     """Both workers can see the STOP file and exit before the launcher's loop looks at it: the run then ended
     finished without its note (a flaky `pipeline stop` test under load)."""
-    import subprocess
     import sys
     import time
     from types import SimpleNamespace
@@ -385,7 +457,7 @@ def test_a_stop_the_workers_honour_between_two_polls_still_ends_the_run_stopped_
     pipe = Pipeline(log, run_id, tmp_path, SimpleNamespace(swap_dir=str(swap)), SimpleNamespace(), [], [], grace=30)
     pipe.request_stop()
     for role in ("inference", "training"):
-        pipe.procs[role] = subprocess.Popen([sys.executable, "-c", "pass"])
+        pipe.procs[role] = procs.spawn([sys.executable, "-c", "pass"])
         pipe.job_ids[role] = log.add_job(run_id, role, ["worker"], role=role, gpus="cpu", log_path=str(tmp_path / "x"))
     for proc in pipe.procs.values():
         proc.wait()
@@ -414,9 +486,8 @@ def test_a_worker_gets_sigterm_when_its_launcher_is_killed(tmp_path):
              "open(sys.argv[1] + '.up', 'w').write('up')\n"
              "time.sleep(60)\n")
     launcher = ("import subprocess, sys, time\n"
-                "from adaflash.pipeline.launch import _parent_death_signal\n"
-                "subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], start_new_session=True,\n"
-                "                 preexec_fn=_parent_death_signal())\n"
+                "from adaflash.procs import spawn\n"
+                "spawn([sys.executable, '-c', sys.argv[1], sys.argv[2]], log=None)\n"
                 "time.sleep(60)\n")
     mark = tmp_path / "mark"
     proc = subprocess.Popen([sys.executable, "-c", launcher, child, str(mark)])

@@ -359,3 +359,54 @@ def test_pipeline_stop_ends_a_looping_run_cleanly_and_marks_it_finished(tmp_path
     assert status.exit_code == 0 and "run note: stopped on request" in status.output
     again = CliRunner().invoke(cli, ["--workspace", str(ws), "pipeline", "stop", run["id"]])
     assert again.exit_code == 0 and "already ended (finished)" in again.output
+
+
+def test_a_trainer_killed_with_sigkill_then_a_torn_newest_version_lose_nothing_and_learn_nothing_twice(
+        tmp_path, tiny_llama, tiny_target):
+    """kill -9 of the training worker fails the run and names it; with the newest version then torn on disk, a
+    second pipeline on the same swap dir resumes from the newest intact version (it used to exit with a
+    traceback) and the ledger still shows every buffered answer learned exactly once."""
+    import os
+    import signal
+    import subprocess
+
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Say {i}."}) + "\n" for i in range(3)))
+    ws, swap = tmp_path / "ws", tmp_path / "swap"
+    args = ["--workspace", str(ws), "pipeline", "--target", str(tiny_llama), "--draft", str(draft), "--data",
+            str(prompts), "--loop", "--max-new-tokens", "6", "--min-buffer", "2", "--train-batch", "2",
+            "--publish-every", "1", "--batch-size", "2", "--preset", "osd", "--swap-dir", str(swap)]
+    proc = subprocess.Popen([sys.executable, "-m", "adaflash.cli.main", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    store, log = WeightStore(swap), RunLog.open(ws)
+    try:
+        deadline = time.time() + 240
+        while not (SwapBuffer(swap).count() >= 4 and store.latest_version() >= 2):
+            assert proc.poll() is None and time.time() < deadline, "the looping pipeline did not get going"
+            time.sleep(0.2)
+        (first,) = log.list_runs(kind="pipeline")
+        trainer = next(j for j in log.jobs(first["id"]) if j["role"] == "training")
+        os.kill(trainer["pid"], signal.SIGKILL)
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, output
+    first = log.get_run(first["id"])
+    assert first["status"] == "failed" and "training worker exited with code -9" in first["note"], first
+    newest = store.latest_version()
+    weights = store.folder(newest) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # torn while the run was stopped
+    produced = SwapBuffer(swap).count()
+    second = CliRunner().invoke(cli, [*args, "--max-samples", str(produced + 4)])
+    assert second.exit_code == 0, second.output
+    run = next(r for r in log.list_runs(kind="pipeline") if r["id"] != first["id"])
+    events = [e["message"] for e in log.events_since(0, run_id=run["id"])]
+    assert any(m.startswith(f"skipped version {newest} on resume:") for m in events), events
+    assert any(m.startswith(f"refused version {newest}:") for m in events), events
+    buffer = SwapBuffer(swap)
+    assert buffer.count() == produced + 4
+    integrity = check_integrity(swap)
+    assert integrity["ok"] and integrity["missing"] == 0 and integrity["duplicated"] == 0, integrity
+    assert store.pointer()["consumed"] == integrity["final_consumed_offset"] == buffer.count()

@@ -133,3 +133,50 @@ def test_serve_without_sglang_installed_says_how_to_get_it(workspace):
         pytest.skip("SGLang is installed here")
     result = CliRunner().invoke(cli, ["serve", "--engine", "sglang", "--method", "vanilla", "--gpus", "0"])
     assert result.exit_code == 2 and "adaflash[sglang]" in result.output
+
+
+FAKE_SGLANG = '''\
+import os, signal, subprocess, sys, time
+def term(*_):
+    open(os.environ["FAKE_SGLANG_MARK"], "w").write("term")
+    os.killpg(0, signal.SIGKILL)  # as SGLang does: its whole process tree goes
+signal.signal(signal.SIGTERM, term)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open(os.environ["FAKE_SGLANG_PIDS"] + ".tmp", "w").write(f"{os.getpid()} {child.pid}")
+os.replace(os.environ["FAKE_SGLANG_PIDS"] + ".tmp", os.environ["FAKE_SGLANG_PIDS"])
+time.sleep(120)
+'''
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_killed_serve_command_leaves_no_sglang_behind(tmp_path):
+    """`serve --engine sglang` killed with SIGKILL left SGLang running, orphaned, holding its GPUs and port."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from adaflash.procs import start_time
+
+    from .test_jobs_supervisor import wait_for
+
+    fake = tmp_path / "fake" / "sglang"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "launch_server.py").write_text(FAKE_SGLANG)
+    pids, mark = tmp_path / "pids", tmp_path / "mark"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]),
+           "FAKE_SGLANG_PIDS": str(pids), "FAKE_SGLANG_MARK": str(mark)}
+    serve = subprocess.Popen([sys.executable, "-m", "adaflash.cli.main", "--workspace", str(tmp_path / "ws"), "serve",
+                              "--engine", "sglang", "--method", "vanilla", "--gpus", "0", "--port", "9"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        leader, child = map(int, wait_for(lambda: pids.exists() and pids.read_text().split(), timeout=60))
+        os.kill(serve.pid, signal.SIGKILL)
+        serve.wait()
+        for pid in (leader, child):
+            wait_for(lambda pid=pid: start_time(pid) is None, timeout=20)
+        assert mark.read_text() == "term"
+    finally:
+        if serve.poll() is None:
+            serve.kill()

@@ -1,23 +1,22 @@
 """A benchmark matrix: every method served in turn, every dataset × concurrency measured against it.
 
-Each server is `adaflash serve ...` in its own process group (stopped with SIGTERM, then SIGKILL
-after a grace period); the client runs in this process. One parent run (kind "bench-matrix")
+Each server is `adaflash serve ...` started with `adaflash.procs.spawn` (its own process group,
+SIGTERM if this process dies, stopped with SIGTERM, then SIGKILL after a grace period); the client
+runs in this process. One parent run (kind "bench-matrix")
 groups the child "bench" runs, and every record carries `matrix_run`, so `adaflash runs compare
 MATRIX_RUN` finds the whole comparison. The prompts are rendered once, before any server starts, so
 every method sees exactly the same text.
 
-The core never imports `jobs`, so the default process helper here is local; the CLI passes a
-`launcher` factory built on `jobs.supervisor` (jobs rows and events in the run log, verified group
-stops). Any object with start / wait_ready / stop will do.
+The core never imports `jobs`, so the default launcher here runs the server itself; the CLI passes a
+`launcher` factory built on `jobs.supervisor` (jobs rows and events in the run log). Both start and
+stop through `adaflash.procs`. Any object with start / wait_ready / stop will do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from adaflash import procs
 from adaflash.bench.client import BenchSettings, run_benchmark
 from adaflash.bench.metrics import RequestResult
 from adaflash.bench.prompts import BenchPrompt
@@ -73,20 +73,17 @@ class ServerProcess:
         self.argv = argv
         self.log_path = Path(log_path)
         self.env = env
-        self.proc: subprocess.Popen | None = None
+        self.group: procs.ProcessGroup | None = None
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={**os.environ, **(self.env or {})}, start_new_session=True)
+        self.group = procs.spawn(self.argv, log=self.log_path, env={**os.environ, **(self.env or {})})
 
     def wait_ready(self, url: str, timeout: float) -> None:
         """Until GET /health answers 200; RuntimeError (with the log's tail) if the process dies or times out."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                code = None if self.proc is None else self.proc.returncode
+            if self.group is None or self.group.poll() is not None:
+                code = None if self.group is None else self.group.returncode
                 raise RuntimeError(f"the server exited (code {code}) before it was ready:\n{self.tail()}")
             try:
                 with urllib.request.urlopen(url + "/health", timeout=5) as response:
@@ -99,21 +96,10 @@ class ServerProcess:
 
     def stop(self, grace: float = 15.0) -> int | None:
         """SIGTERM to the whole group, SIGKILL after `grace` seconds; the exit code."""
-        if self.proc is None:
+        if self.group is None:
             return None
-        if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
-                self.proc.wait(10)
-        return self.proc.returncode
-
-    def _signal(self, sig: int) -> None:
-        assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)  # the group we created with start_new_session
+        self.group.stop(grace)
+        return self.group.returncode
 
     def tail(self, lines: int = 20) -> str:
         with contextlib.suppress(OSError):

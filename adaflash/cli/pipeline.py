@@ -90,7 +90,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     if not data:
         fail("--data FILE is required: the prompts the inference worker answers (see `adaflash pipeline --help`)")
     draft = _initial_drafter(target, draft)
-    _check_drafter(draft)
+    _check_drafter(draft, target)
     _check_prompts(data, skip)
     chosen = dict(PRESETS[preset or "adaflash"])
     if loss:
@@ -176,9 +176,17 @@ def _check_prompts(data: str, skip: int) -> None:
         fail(f"--skip {skip}: {data} holds only {count} prompts, none would be left")
 
 
-def _check_drafter(draft: str) -> None:
-    """The pipeline trains DFlash drafters (a DFlash drafter with or without its length head)."""
-    from adaflash.models.drafter_io import DrafterError, drafter_method, read_drafter_config
+def _check_drafter(draft: str, target: str) -> None:
+    """The pipeline trains DFlash drafters (with or without a length head) that fit the target.
+
+    The fit is the check `generate` and `serve` make when they build their engine (hidden size, vocabulary,
+    target layer ids, weights against config), made here against the target's config alone, so a mismatched
+    drafter is refused before a run is recorded, not by two workers failing with tracebacks.
+    """
+    from adaflash.models.drafter_io import DrafterError, drafter_method, load_drafter, read_drafter_config
+    from adaflash.models.layers import DecoderConfig
+    from adaflash.models.loading import local_folder
+    from adaflash.models.target import read_hf_config
 
     try:
         method = drafter_method(read_drafter_config(draft), draft)
@@ -186,6 +194,14 @@ def _check_drafter(draft: str) -> None:
         fail(f"--draft {err}")
     if method != "dflash":
         fail(f"--draft {draft} is a {method} drafter; the pipeline trains DFlash drafters (both presets)")
+    try:
+        target_cfg = DecoderConfig.from_hf(read_hf_config(local_folder(target)))
+    except (OSError, ValueError, KeyError) as err:
+        fail(f"--target {target}: {err}")
+    try:
+        load_drafter(draft, target_cfg)
+    except DrafterError as err:
+        fail(f"--draft does not fit --target {target}: {err}")
 
 
 def _check_budget(lr_decay_minutes: float, max_minutes: float | None) -> None:

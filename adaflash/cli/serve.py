@@ -218,24 +218,37 @@ def _serve_sglang(ctx: click.Context, method: str, target: str, draft: str | Non
     run_id = log.create_run("serve", name=f"serve-{method}-sglang", method=method, target=target, draft=draft,
                             config={"engine": "sglang", "argv": [a if a != api_key else "***" for a in command.argv],
                                     "env": command.env, "host": host, "port": port})
-    try:
-        proc = subprocess.Popen(command.argv, env={**os.environ, **command.env})
+    from adaflash import procs
+
+    try:  # its own group (SGLang starts scheduler and detokenizer processes), SIGTERM if we die
+        group = procs.spawn(command.argv, log=None, env={**os.environ, **command.env}, stdin=None)
     except OSError as err:
         log.finish_run(run_id, "failed", note=str(err))
         fail(f"cannot start SGLang ({err}); install it with `pip install 'adaflash[sglang]'`")
+    stop_asked: list[float] = []
 
     def forward(signum, _frame) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signum)
+        """A Ctrl-C or SIGTERM goes to SGLang's whole group; it is killed if still up after the grace period."""
+        stop_asked.append(time.monotonic())
+        group.send(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
     url = f"http://{host}:{port}"
-    threading.Thread(target=_announce_when_ready, args=(proc, url, api_key), daemon=True).start()
-    code = proc.wait()
+    threading.Thread(target=_announce_when_ready, args=(group.proc, url, api_key), daemon=True).start()
+    while group.poll() is None:
+        if stop_asked and time.monotonic() - stop_asked[0] > SGLANG_STOP_GRACE:
+            group.kill()
+        time.sleep(0.2)
+    group.stop(grace=5.0)  # whatever SGLang left in its group goes with it
+    code = group.returncode
+    assert code is not None
     log.finish_run(run_id, "finished" if code in (0, -signal.SIGTERM, -signal.SIGINT) else "failed",
                    note=f"exit code {code}")
     sys.exit(0 if code < 0 else code)
+
+
+SGLANG_STOP_GRACE = 60.0  # seconds SGLang gets to shut down after a stop signal before its group is killed
 
 
 def _announce_when_ready(proc: subprocess.Popen, url: str, api_key: str | None) -> None:

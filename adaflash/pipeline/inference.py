@@ -71,6 +71,7 @@ class InferenceWorker:
         self.cfg = cfg
         self.log = RunLog.open(cfg.workspace)
         self.buffer, self.store = SwapBuffer(cfg.swap_dir), WeightStore(cfg.swap_dir)
+        self.refused: set[int] = set()
         self.produced = self.buffer.repair()  # a restart resumes after the answers already buffered
         self.target = load_target(cfg.target, device=cfg.device, dtype=cfg.dtype)
         self.engine = self._engine()
@@ -81,19 +82,18 @@ class InferenceWorker:
         self.total = answers_in_all(cfg.max_samples, cfg.loop, len(self.prompts))
         self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
         self.next_prompt = self.produced
-        self.refused: set[int] = set()
         self.pending: list[dict] = []
         self.started = time.time()
         self.window_tokens, self.window_verify, self.window_start = 0, 0, time.perf_counter()
 
     def _engine(self) -> Engine:
-        """The engine with the newest valid published version, else the initial drafter."""
-        cfg, version = self.cfg, self.store.latest_version()
-        try:
-            loaded = self.store.load(self.target.model.cfg) if version else None
-        except DrafterError as err:
-            self._event(f"refused version {version}: {err}", level="warning")
-            loaded = None
+        """The engine with the newest published version that passes its checksums and loads, else the
+        initial drafter; each newer version it skipped is named (and never retried)."""
+        cfg = self.cfg
+        loaded, skipped = self.store.newest_valid(target=self.target.model.cfg)
+        for version, why in skipped:
+            self.refused.add(version)
+            self._event(f"refused version {version}: {why}", level="warning")
         drafter = loaded[1] if loaded else load_drafter(cfg.draft, self.target.model.cfg)
         has_head = getattr(drafter, "length_head", None) is not None
         method = cfg.method if has_head or cfg.method != "adaflash" else "dflash"
@@ -202,4 +202,5 @@ class InferenceWorker:
         self._event(f"hot-swapped drafter v{version} ({len(self.engine.active)} requests in flight)")
 
     def _event(self, message: str, level: str = "info") -> None:
+        print(f"adaflash inference worker: {message}", flush=True)
         self.log.log_event(self.cfg.run_id, message, level=level, job="inference")

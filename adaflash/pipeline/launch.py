@@ -1,6 +1,7 @@
 """Start the inference and training workers as subprocesses on their devices and see them through.
 
-Each worker gets its own process group, its log file in the run folder and CUDA_VISIBLE_DEVICES
+Each worker is started with `adaflash.procs.spawn` (its own process group, SIGTERM if the launcher
+dies, which it takes as a stop request), its log file in the run folder and CUDA_VISIBLE_DEVICES
 from its role's GPUs (`cpu` hides every GPU); several training GPUs mean a torchrun job. A stop
 request (signal or `adaflash pipeline stop`) is a STOP file both workers watch; a worker that
 does not exit within the grace period is killed with its group. With a time budget the workers
@@ -10,18 +11,15 @@ steps in, as for a stop request, when one of them is still running a grace perio
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
+from adaflash import procs
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.inference import InferenceConfig
 from adaflash.pipeline.training import TrainingConfig
@@ -49,26 +47,6 @@ def parse_gpus(value: str, flag: str, environ: Mapping[str, str] | None = None) 
         raise ValueError(f"{flag} {value}: CUDA_VISIBLE_DEVICES={visible!r} leaves {len(shown)} GPU(s) visible "
                          f"(indices count those), so {', '.join(beyond)} does not exist; use 'cpu' or unset it")
     return [shown[int(i)] for i in items]
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec function that has Linux send the worker SIGTERM when the launcher dies, which the worker
-    takes as a stop request: a launcher killed with SIGKILL left both workers running, orphaned, for good.
-    Resolved here, in the parent: the child only makes the call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def die_with_parent() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    return die_with_parent
 
 
 def worker_env(gpus: list[str]) -> dict[str, str]:
@@ -109,7 +87,7 @@ class Pipeline:
         self.deadline = deadline
         self.budget_grace = max(grace, 300.0)  # requests in flight at the deadline are finished first
         self.train_procs = train_procs
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, procs.ProcessGroup] = {}
         self.note: str | None = None  # how the run ended, when not simply by running out of work
         self.job_ids: dict[str, int] = {}
 
@@ -125,11 +103,10 @@ class Pipeline:
             log_path = self.run_dir / f"{role}.log"
             job = self.log.add_job(self.run_id, role, command, role=role, gpus=",".join(gpus[role]) or "cpu",
                                    log_path=str(log_path), status="starting")
-            with open(log_path, "ab") as out:
-                proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=worker_env(gpus[role]),
-                                        start_new_session=True, preexec_fn=_parent_death_signal())
-            self.procs[role], self.job_ids[role] = proc, job
-            self.log.update_job(job, pid=proc.pid, pgid=proc.pid, status="running", started_at=time.time())
+            group = procs.spawn(command, log=log_path, env=worker_env(gpus[role]))
+            self.procs[role], self.job_ids[role] = group, job
+            self.log.update_job(job, pid=group.pid, pgid=group.pgid, pid_start_time=group.pid_start_time,
+                                status="running", started_at=group.started_at)
 
     def request_stop(self) -> None:
         SwapBuffer(self.infer.swap_dir).request_stop()
@@ -167,6 +144,7 @@ class Pipeline:
             time.sleep(poll)
         failed = []
         for role, proc in self.procs.items():
+            proc.stop(grace=5.0)  # what a worker left in its group (a torchrun rank) goes with it
             code = proc.returncode
             self.log.update_job(self.job_ids[role], status="finished" if code == 0 else "failed", exit_code=code,
                                 ended_at=time.time())
@@ -182,9 +160,7 @@ class Pipeline:
 
     def kill(self) -> None:
         for proc in self.procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
 
 
 def _tail(path: Path, lines: int = 8) -> str:

@@ -78,12 +78,14 @@ def _rank_device(device: str | None) -> str | None:
     return device
 
 
-def _initial_trainer(cfg: TrainingConfig, target, store: WeightStore) -> Trainer:
+def _initial_trainer(cfg: TrainingConfig, target, store: WeightStore) -> tuple[Trainer, list[tuple[int, str]]]:
+    """The trainer, resumed from the newest published version that passes its checksums (else started from
+    `cfg.draft`), and the newer versions it skipped as torn, with why."""
     tcfg = TrainConfig(method="dflash", out=str(store.root), lr=cfg.lr, warmup_steps=0, blocks_per_seq=cfg.blocks_per_seq,
                        length_head=cfg.length_head, seed=cfg.seed,
                        loss=LossConfig(cfg.loss, cfg.alpha, cfg.kl_temperature, cfg.clip))
-    version = store.check_latest()
-    folder = store.folder(version) if version else None
+    found, skipped = store.newest_valid()
+    folder = store.folder(found[0]) if found else None
     resume = folder is not None and (folder / STATE_FILE).is_file()
     drafter = load_drafter(folder if resume else cfg.draft, target.model.cfg)
     if not isinstance(drafter, DFlashDrafter):
@@ -95,7 +97,7 @@ def _initial_trainer(cfg: TrainingConfig, target, store: WeightStore) -> Trainer
     trainer = Trainer(tcfg, target, drafter)
     if resume:
         trainer.restore(str(folder))
-    return trainer
+    return trainer, skipped
 
 
 def _agree(values: list[float], device: torch.device) -> list[float]:
@@ -137,12 +139,14 @@ class TrainingWorker:
         self.log = RunLog.open(cfg.workspace) if self.rank == 0 else None
         self.buffer, self.store = SwapBuffer(cfg.swap_dir), WeightStore(cfg.swap_dir)
         self.ledger = ConsumeLedger(cfg.swap_dir)
-        self.trainer = _initial_trainer(cfg, self.target, self.store)
+        self.trainer, skipped = _initial_trainer(cfg, self.target, self.store)
         self.unpublished = 0
         self.started = self.trainer.state.step > 0
         self.last_step_at = time.perf_counter()
         if self.log:
             consumed = self.trainer.state.consumed
+            for version, why in skipped:
+                self._event(f"skipped version {version} on resume: {why}", level="warning")
             dropped = self.ledger.rewind(consumed)
             if dropped:
                 self._event(f"resumed at sample {consumed} (last published version); "
@@ -254,5 +258,6 @@ class TrainingWorker:
         self.log.add_checkpoint(cfg.run_id, str(store.folder(version)), kind="drafter", version=version,
                                 step=state.step, metrics={"published_at": published_at, "consumed": state.consumed})
 
-    def _event(self, message: str) -> None:
-        self.log.log_event(self.cfg.run_id, message, job="training")
+    def _event(self, message: str, level: str = "info") -> None:
+        print(f"adaflash training worker: {message}", flush=True)
+        self.log.log_event(self.cfg.run_id, message, level=level, job="training")

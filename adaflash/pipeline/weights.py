@@ -1,10 +1,15 @@
 """Versioned drafter weights: publish atomically, follow the pointer, refuse torn versions.
 
 Publish: write the drafter (and the trainer state) to a temp folder, fsync, rename to
-`weights/v{N}`, then replace the `LATEST` pointer (temp file + fsync + rename) carrying the
-version, folder and SHA-256 of the weights. Readers trust a version only if the checksum
-matches and the drafter loads and fits the target; otherwise it is refused and the previous
-one stays in use.
+`weights/v{N}`, append the SHA-256 of each of its files to the `versions.jsonl` ledger (fsync),
+then replace the `LATEST` pointer (temp file + fsync + rename) carrying the version, folder and
+SHA-256 of the weights. Readers trust a version only if its checksums match and the drafter
+loads and fits the target; otherwise it is refused and the previous one stays in use.
+
+Why a ledger beside the pointer: the pointer only vouches for the newest version. When that one
+is torn (a disk filled, a copy cut short while the run was stopped), a restarted trainer or
+inference worker falls back to the newest older version whose recorded checksums still match,
+and names the versions it skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from adaflash.models.drafters import Drafter
 from adaflash.models.layers import DecoderConfig
 
 POINTER = "LATEST"
+LEDGER = "versions.jsonl"
 VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
@@ -53,15 +59,62 @@ class WeightStore:
         pointer = self.pointer()
         return int(pointer["version"]) if pointer else 0
 
-    def check_latest(self) -> int:
-        """The newest version, its weights checked against the pointer's checksum (DrafterError if they do
-        not match); 0 when none was published. A trainer resumes only from weights the readers would take."""
+    def records(self) -> dict[int, dict[str, str]]:
+        """Version -> {file name: SHA-256} from the ledger and the pointer (complete ledger lines only)."""
+        found: dict[int, dict[str, str]] = {}
+        path = self.root / LEDGER
+        if path.exists():
+            data = path.read_bytes()
+            for line in data[: data.rfind(b"\n") + 1].splitlines():
+                try:
+                    entry = json.loads(line)
+                    found[int(entry["version"])] = {str(k): str(v) for k, v in entry["files"].items()}
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    continue  # a damaged line vouches for nothing
         pointer = self.pointer()
-        if not pointer:
-            return 0
-        version = int(pointer["version"])
-        _check_weights(self.root / str(pointer["path"]), version, pointer.get("sha256"))
-        return version
+        if pointer and pointer.get("sha256"):
+            files = found.setdefault(int(pointer["version"]), {})
+            files.setdefault("model.safetensors", str(pointer["sha256"]))
+        return found
+
+    def verify(self, version: int, records: dict[int, dict[str, str]] | None = None) -> None:
+        """DrafterError unless the version's folder holds its weights and every recorded file matches."""
+        files = (self.records() if records is None else records).get(version)
+        folder = self.folder(version)
+        if not files:
+            raise DrafterError(f"version {version}: no checksum was recorded for {folder}")
+        if "model.safetensors" not in files:
+            raise DrafterError(f"version {version}: the ledger records no checksum of its weights")
+        for name, expected in sorted(files.items()):
+            path = folder / name
+            if not path.is_file():
+                raise DrafterError(f"version {version}: {path} is missing")
+            if sha256(path) != expected:
+                raise DrafterError(f"version {version}: {path} does not match its checksum (torn write)")
+
+    def newest_valid(self, *, newer_than: int = 0,
+                     target: DecoderConfig | None = None) -> tuple[tuple[int, Drafter | None] | None, list[tuple[int, str]]]:
+        """The newest version above `newer_than` whose files match their checksums (and, given `target`, whose
+        drafter loads for it, returned alongside), or None; and the newer versions skipped, with why.
+
+        A trainer resumes, and a reader starts, only from such a version: a torn newest one costs the
+        steps since the one before it, never the run.
+        """
+        records, newest = self.records(), self.latest_version()
+        skipped: list[tuple[int, str]] = []
+        for version in sorted({*records, *self.versions()}, reverse=True):
+            if version <= newer_than:
+                break
+            if not self.folder(version).is_dir():
+                if version == newest:
+                    skipped.append((version, f"version {version}: {self.folder(version)} is missing"))
+                continue  # an older one was pruned: not a version any more
+            try:
+                self.verify(version, records)
+                return (version, load_drafter(self.folder(version), target) if target is not None else None), skipped
+            except DrafterError as err:
+                skipped.append((version, str(err)))
+        return None, skipped
 
     def versions(self) -> list[int]:
         return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := VERSION_DIR.match(p.name)))
@@ -69,10 +122,17 @@ class WeightStore:
     def publish(self, drafter: Drafter, meta: dict[str, Any], *, keep: int = 3,
                 extra_files: dict[str, Callable[[Path], None]] | None = None,
                 pointer_extra: dict[str, Any] | None = None) -> int:
-        version = max([self.latest_version(), *self.versions()], default=0) + 1
+        version = max([self.latest_version(), *self.versions(), *self.records()], default=0) + 1
         folder = self.root / f"v{version}"
         save_drafter(drafter, folder, {**meta, "version": version}, extra_files=extra_files)
-        pointer = {"version": version, "path": folder.name, "sha256": sha256(folder / "model.safetensors"),
+        files = {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
+        ledger = self.root / LEDGER
+        torn_tail = ledger.exists() and ledger.stat().st_size and not ledger.read_bytes().endswith(b"\n")
+        with ledger.open("a", encoding="utf-8") as handle:
+            handle.write(("\n" if torn_tail else "") + json.dumps({"version": version, "path": folder.name, "files": files}) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        pointer = {"version": version, "path": folder.name, "sha256": files["model.safetensors"],
                    **(pointer_extra or {}), "published_at": time.time()}  # the moment readers may see it
         tmp = self.root / (POINTER + ".tmp")
         with tmp.open("w") as handle:
@@ -97,15 +157,16 @@ class WeightStore:
         pointer = self.pointer()
         if not pointer or int(pointer["version"]) <= newer_than:
             return None
-        folder = self.root / str(pointer["path"])
-        _check_weights(folder, int(pointer["version"]), pointer.get("sha256"))
-        return int(pointer["version"]), load_drafter(folder, target)
+        version = int(pointer["version"])
+        self.verify(version)
+        return version, load_drafter(self.folder(version), target)
 
     def export(self, out: str | Path, version: int | None = None) -> tuple[int, Path]:
         """A version's drafter (config and weights; not the trainer's state) copied atomically to `out`.
 
         Why: versions are pruned as newer ones land; an exported drafter is a stable folder that
-        `serve`, `bench` and `--init` take. The newest is checked against the pointer's checksum.
+        `serve`, `bench` and `--init` take. The version is checked against its recorded checksums (swap
+        folders written before the ledger existed vouch only for their newest version).
         """
         pointer = self.pointer()
         if pointer is None:
@@ -115,15 +176,8 @@ class WeightStore:
         folder = self.folder(version)
         if not (folder / "model.safetensors").is_file():
             raise DrafterError(f"version {version} is not in {self.root} (kept: {self.versions()})")
-        if version == newest:
-            _check_weights(folder, version, pointer.get("sha256"))
+        records = self.records()
+        if version == newest or version in records:
+            self.verify(version, records)
         return version, export_drafter(folder, out)
 
-
-def _check_weights(folder: Path, version: int, expected_sha256: str | None) -> None:
-    """DrafterError unless the version's weights are there and match the pointer's checksum."""
-    weights = folder / "model.safetensors"
-    if not weights.is_file():
-        raise DrafterError(f"version {version}: {weights} is missing")
-    if sha256(weights) != expected_sha256:
-        raise DrafterError(f"version {version}: {weights} does not match its checksum (torn write)")
