@@ -81,6 +81,16 @@ def _migration_2(db: sqlite_utils.Database) -> None:
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migration_1, _migration_2]
+
+
+def _apply_migrations(db: sqlite_utils.Database) -> None:
+    """Every migration the log lacks, inside the caller's write transaction (the version is read again there:
+    another process may have migrated meanwhile)."""
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    for index in range(version, len(MIGRATIONS)):
+        MIGRATIONS[index](db)
+    if version < len(MIGRATIONS):
+        db.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
 LIVE_RUN_STATUSES = ("pending", "running", "detached")
 LIVE_JOB_STATUSES = ("pending", "starting", "running", "ready", "restarting")
 START_TIME_TOLERANCE = 0.05  # psutil's create times are the same to every reader: this absorbs float rounding
@@ -124,59 +134,194 @@ RUN_TEXT_COLUMNS = ("id", "name", "kind", "method", "target", "dataset", "status
 
 
 class RunLogError(RuntimeError):
-    """The run log file cannot be used (not an SQLite database, or damaged)."""
+    """The run log file cannot be used (not an SQLite database, damaged, or held by a writer too long)."""
+
+
+class RunLogBusy(RunLogError):
+    """Another process held the write lock for longer than the busy timeout; the file itself is fine."""
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+_BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
+_DAMAGE_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
+FIRST_WAIT_MS = 2000  # a write waits this long in silence before it says that it is waiting
+
+
+def _code(err: sqlite3.Error) -> int:
+    return int(getattr(err, "sqlite_errorcode", 0) or 0) & 0xFF
+
+
+def _damaged(path: Path, why: str) -> RunLogError:
+    return RunLogError(f"{path}: not a run log that can be opened: {why}. Nothing was written to it. Copy it "
+                       "elsewhere to recover what it holds (`sqlite3 FILE .recover`), then remove it to start a "
+                       "new run log there, or give another --workspace")
+
+
+def check_file(path: Path) -> bool:
+    """True when `path` holds an SQLite database, False when it does not exist; RunLogError for anything else.
+
+    Read before SQLite touches the file: SQLite takes an empty file for a new database and would write
+    a schema into it, and a damaged file must be left as it is."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return False
+    if not path.is_file():
+        raise RunLogError(f"{path}: not a file, so not a run log; give another --workspace")
+    if size == 0:
+        raise _damaged(path, "the file is empty (0 bytes; a new run log is never empty on disk)")
+    with open(path, "rb") as handle:
+        head = handle.read(len(SQLITE_HEADER))
+    if head != SQLITE_HEADER:
+        raise _damaged(path, "not an SQLite database (its first bytes are not SQLite's header)")
+    return True
+
+
+def _create_file(path: Path, migrate: Callable[[sqlite_utils.Database], None]) -> None:
+    """A new run log made whole under a temporary name and linked into place, so no process ever sees it
+    empty or half made; when another process linked one first, theirs is kept."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        conn = sqlite3.connect(str(tmp), isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            db = sqlite_utils.Database(conn)
+            conn.execute("BEGIN IMMEDIATE")
+            migrate(db)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: create exclusively and copy
+            with suppress(FileExistsError), open(path, "xb") as out:
+                out.write(tmp.read_bytes())
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
+            with suppress(FileNotFoundError):
+                leftover.unlink()
 
 
 class RunLog:
-    """Typed access to the run log; safe to use from many processes at once."""
+    """Typed access to the run log; safe to use from many processes at once.
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    Opening never takes the write lock unless the file needs a migration, so readers are never held up
+    by a writer. `check` reads every page once (SQLite's quick_check) so a damaged file is refused up
+    front rather than at the first query that reaches the damage: the CLI asks for it. `on_wait` is told
+    when a write has to wait for another process's write lock.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, timeout: float = 60.0, check: bool = False,
+                 on_wait: Callable[[str], None] | None = None) -> None:
         self.path = Path(path)
+        self.timeout_ms = max(0, int(timeout * 1000))
+        self.on_wait = on_wait
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None, check_same_thread=False)
+        if not check_file(self.path):
+            _create_file(self.path, _apply_migrations)
+        conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
         try:
-            conn.execute("PRAGMA busy_timeout = 60000")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA busy_timeout = {self.timeout_ms}")
             self.db = sqlite_utils.Database(conn)
-            self._migrate()
-        except sqlite3.DatabaseError as err:
+            with self._errors():
+                if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                    conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+                if check:
+                    problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
+                    if problems != ["ok"]:
+                        raise _damaged(self.path, "SQLite finds it damaged (" + "; ".join(problems) + ")")
+                self._migrate()
+        except BaseException:
             conn.close()
-            raise RunLogError(f"{self.path}: not a run log that can be opened ({err}); move it aside, or give "
-                              "another --workspace") from None
+            raise
 
     @classmethod
-    def open(cls, workspace: str | os.PathLike | None = None) -> RunLog:
-        return cls(runlog_path(workspace))
+    def open(cls, workspace: str | os.PathLike | None = None, **kw: Any) -> RunLog:
+        return cls(runlog_path(workspace), **kw)
 
     def close(self) -> None:
         self.db.conn.close()
 
     # -- plumbing ---------------------------------------------------------------------------
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _errors(self) -> Iterator[None]:
+        """SQLite's damage and lock errors as RunLogError naming the file (no traceback reaches a user)."""
+        try:
+            yield
+        except sqlite3.DatabaseError as err:
+            if isinstance(err, sqlite3.IntegrityError):
+                raise
+            if _code(err) in _DAMAGE_CODES:
+                raise _damaged(self.path, f"SQLite says: {err}") from None
+            if _code(err) in _BUSY_CODES:
+                raise self._busy() from None
+            raise
+
+    def _busy(self) -> RunLogBusy:
+        return RunLogBusy(f"{self.path}: another process held the run log's write lock for over "
+                          f"{self.timeout_ms / 1000:g} s, so this command gave up waiting. The run log itself is "
+                          "fine: try again when that process is done")
+
+    def _begin(self, wait: bool) -> None:
+        """BEGIN IMMEDIATE; when another process is writing, say so (once) and wait up to the busy timeout.
+        `wait=False`: give up at once (RunLogBusy)."""
+        conn = self.db.conn
+        first = min(FIRST_WAIT_MS, self.timeout_ms) if wait else 0
+        conn.execute(f"PRAGMA busy_timeout = {first}")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as err:
+            if _code(err) not in _BUSY_CODES:
+                raise
+            if not wait or first >= self.timeout_ms:
+                raise self._busy() from None
+            if self.on_wait:
+                self.on_wait(f"{self.path}: another process is writing to the run log; waiting for it to finish "
+                             f"(up to {self.timeout_ms / 1000:g} s)")
+            conn.execute(f"PRAGMA busy_timeout = {self.timeout_ms - first}")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as again:
+                if _code(again) in _BUSY_CODES:
+                    raise self._busy() from None
+                raise
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {self.timeout_ms}")
+
+    @contextmanager
+    def _write(self, *, wait: bool = True) -> Iterator[sqlite3.Connection]:
         """One IMMEDIATE transaction: takes the write lock up front so no reader-upgrade deadlock."""
         conn = self.db.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        else:
-            conn.execute("COMMIT")
+        with self._errors():
+            self._begin(wait)
+            try:
+                yield conn
+            except BaseException:
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
 
     def _migrate(self) -> None:
+        """Bring an older log forward; a current one is only read (no write lock)."""
+        version = self.schema_version
+        if version > len(MIGRATIONS):
+            raise RunLogError(f"{self.path}: written by a newer adaflash (schema version {version}; this one knows "
+                              f"up to {len(MIGRATIONS)}): upgrade adaflash to read it")
+        if version == len(MIGRATIONS):
+            return
         with self._write():
-            version = self.db.execute("PRAGMA user_version").fetchone()[0]
-            for index in range(version, len(MIGRATIONS)):
-                MIGRATIONS[index](self.db)
-            if version < len(MIGRATIONS):
-                self.db.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+            _apply_migrations(self.db)
 
     @property
     def schema_version(self) -> int:
-        return int(self.db.execute("PRAGMA user_version").fetchone()[0])
+        with self._errors():
+            return int(self.db.execute("PRAGMA user_version").fetchone()[0])
 
     def _insert(self, table: str, row: dict[str, Any]) -> int:
         with self._write():
@@ -189,9 +334,10 @@ class RunLog:
             self.db[table].update(pk, fields)
 
     def _rows(self, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
-        cursor = self.db.execute(sql, list(params))
-        names = [d[0] for d in cursor.description]
-        return [dict(zip(names, row)) for row in cursor.fetchall()]
+        with self._errors():
+            cursor = self.db.execute(sql, list(params))
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row)) for row in cursor.fetchall()]
 
     # -- runs -------------------------------------------------------------------------------
     def create_run(
@@ -306,8 +452,11 @@ class RunLog:
         return [{**other, "job": by_pid[other["pid"]]} for other in self.runs_since(run["created_at"])
                 if other["id"] != run["id"] and other.get("pid") in by_pid and other.get("host") == run.get("host")]
 
-    def reap_lost_runs(self) -> list[str]:
+    def reap_lost_runs(self, *, wait: bool = True) -> list[str]:
         """Mark live runs of this host whose process is gone as failed; returns their ids.
+
+        `wait=False` (commands that only read): when another process is writing, leave it for later
+        rather than wait for the write lock.
 
         A run killed with SIGKILL (or with its machine) cannot record its end and would read as
         running forever. Only runs whose process's create time was recorded are judged (so a reused
@@ -327,12 +476,17 @@ class RunLog:
                 continue
             note = f"its process (pid {run['pid']}) ended without recording an end (killed?)"
             now = time.time()
-            with self._write():
-                changed = self.db.execute(
-                    "UPDATE runs SET status = 'failed', ended_at = ?, note = ? WHERE id = ? AND status IN (?, ?, ?)",
-                    [now, note, run["id"], *LIVE_RUN_STATUSES]).rowcount
-                if changed:
-                    self._fail_dead_jobs(run["id"], now)
+            try:
+                with self._write(wait=wait):
+                    changed = self.db.execute(
+                        "UPDATE runs SET status = 'failed', ended_at = ?, note = ? WHERE id = ? AND status IN (?, ?, ?)",
+                        [now, note, run["id"], *LIVE_RUN_STATUSES]).rowcount
+                    if changed:
+                        self._fail_dead_jobs(run["id"], now)
+            except RunLogBusy:
+                if wait:
+                    raise
+                break
             if changed:
                 lost.append(run["id"])
         return lost
