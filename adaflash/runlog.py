@@ -80,7 +80,14 @@ def _migration_2(db: sqlite_utils.Database) -> None:
     db["runs"].add_column("pid_start_time", float)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migration_1, _migration_2]
+def _migration_3(db: sqlite_utils.Database) -> None:
+    """The identity of an imported result, so importing the same file twice adds nothing."""
+    db["bench_results"].add_column("content_hash", str)
+    db.execute("CREATE UNIQUE INDEX idx_bench_results_content_hash ON bench_results (content_hash) "
+               "WHERE content_hash IS NOT NULL")
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_migration_1, _migration_2, _migration_3]
 
 
 def _apply_migrations(db: sqlite_utils.Database) -> None:
@@ -611,8 +618,20 @@ class RunLog:
             "accuracy": record.get("accuracy"),
             "data": json.dumps(record, default=str),
             "time": time.time(),
+            "content_hash": record.get("content_hash"),
         }
         return self._insert("bench_results", row)
+
+    def imported_results(self, hashes: Iterable[str]) -> dict[str, str]:
+        """Of these content hashes, those the log already holds → the run that holds each."""
+        found: dict[str, str] = {}
+        wanted = list(dict.fromkeys(hashes))
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start:start + 500]
+            rows = self._rows(f"SELECT content_hash, run_id FROM bench_results WHERE content_hash IN "
+                              f"({', '.join('?' * len(chunk))})", chunk)
+            found.update({r["content_hash"]: r["run_id"] for r in rows})
+        return found
 
     def bench_results(self, run_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
         if run_ids is None:

@@ -191,3 +191,60 @@ def test_import_of_an_sglang_bench_serving_line(workspace, tmp_path):
     bad.write_text('{"completed": 1}\nnot json\n')
     refused = CliRunner().invoke(cli, ["runs", "import", str(bad)])
     assert refused.exit_code == 2 and "bad.jsonl:1" in refused.output
+
+
+def _adaflash_server_line(**over) -> dict:
+    """A bench_serving result against an adaflash server: server_info as its /get_server_info gives it."""
+    from adaflash.models.registry import builtin_folder
+
+    info = {"engine": "embedded", "method": "adaflash", "speculative_algorithm": "DFLASH",
+            "model_path": str(builtin_folder("smollm2-135m")), "target": "smollm2-135m",
+            "draft": "smollm2-135m-adaflash", "speculative_draft_model_path": "smollm2-135m-adaflash",
+            "drafter_version": 0, "hardware": "cpu-x", "avg_spec_accept_length": 2.9,
+            "internal_states": [{"avg_spec_accept_length": 2.9, "last_gen_throughput": 80.0}]}
+    return {**SGLANG_LINE, "dataset_name": "custom", "max_concurrency": 4, "concurrency": 3.6, "completed": 8,
+            "output_throughput": 210.0, "server_info": info, **over}
+
+
+def test_bench_serving_of_an_adaflash_server_imports_beside_native_rows_once(workspace, tmp_path):
+    """Method from `method` (not DFLASH), target by its built-in name, concurrency from max_concurrency: the
+    imported row shares a group with the native Vanilla row and gets its speed-up; a second import adds nothing."""
+    from adaflash.cli.main import cli
+    from adaflash.runlog import RunLog
+
+    log = RunLog.open(workspace)
+    native = log.create_run("bench", method="vanilla", target="smollm2-135m", dataset="gsm8k")
+    log.add_bench_result(native, _record("vanilla", 100.0, concurrency=4))
+    line = _adaflash_server_line()
+    no_target = _adaflash_server_line(output_throughput=150.0, max_concurrency=None,
+                                      server_info={k: v for k, v in line["server_info"].items() if k != "target"})
+    path = tmp_path / "bench_serving.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    other = tmp_path / "older.jsonl"
+    other.write_text(json.dumps(no_target) + "\n")
+    runner = CliRunner()
+    first = runner.invoke(cli, ["runs", "import", str(path), "--dataset", "gsm8k"])
+    assert first.exit_code == 0 and "imported 1 result(s)" in first.output, first.output
+    assert runner.invoke(cli, ["runs", "import", str(other), "--dataset", "gsm8k", "--concurrency", "4"]).exit_code == 0
+
+    again = runner.invoke(cli, ["runs", "import", str(path), "--dataset", "gsm8k"])
+    assert again.exit_code == 0 and "nothing imported" in again.output, again.output
+    copy = tmp_path / "copy.jsonl"
+    copy.write_text(path.read_text() + path.read_text())  # the same line, in another file, twice
+    assert "nothing imported" in runner.invoke(cli, ["runs", "import", str(copy), "--dataset", "gsm8k"]).output
+    assert len(log.bench_results()) == 3
+
+    shown = runner.invoke(cli, ["runs", "compare", "--format", "json"])
+    rows = json.loads(shown.output)["rows"]
+    imported = [r for r in rows if r["method"] == "adaflash"]
+    assert len(imported) == 2 and {r["target"] for r in rows} == {"smollm2-135m"}
+    assert {r["concurrency"] for r in rows} == {4} and {r["group"] for r in rows} == {"standalone"}
+    assert sorted(r["speedup"] for r in imported) == [pytest.approx(1.5), pytest.approx(2.1)]
+    stored = [r["data"] for r in log.bench_results() if r["method"] == "adaflash"]
+    assert {r["draft"] for r in stored} == {"smollm2-135m-adaflash"} and {r["hardware"] for r in stored} == {"cpu-x"}
+
+
+def test_an_unknown_method_in_a_result_asks_for_method():
+    with pytest.raises(ValueError, match="method 'turbo' is none of"):
+        from_sglang({**SGLANG_LINE, "method": "turbo"})
+    assert from_sglang({**SGLANG_LINE, "method": "turbo"}, method="osd")["method"] == "osd"
