@@ -248,3 +248,28 @@ def test_an_unknown_method_in_a_result_asks_for_method():
     with pytest.raises(ValueError, match="method 'turbo' is none of"):
         from_sglang({**SGLANG_LINE, "method": "turbo"})
     assert from_sglang({**SGLANG_LINE, "method": "turbo"}, method="osd")["method"] == "osd"
+
+
+def test_runs_compare_into_a_file_or_pipe_prints_every_value_whole(workspace):
+    """Piped, the table rendered 200 columns and cut values ("vanil…", "1…")."""
+    import subprocess
+    import sys
+
+    from adaflash.runlog import RunLog
+
+    log = RunLog.open(workspace)
+    target = "a-very-long-target-name-" + "x" * 60
+    label = "a label long enough to be cut in a narrow column " * 2
+    for method, speed in (("vanilla", 100.0), ("adaflash", 212.5)):
+        log.add_bench_result(log.create_run("bench", method=method),
+                             {**_record(method, speed, concurrency=16), "target": target, "label": label})
+    done = subprocess.run([sys.executable, "-m", "adaflash.cli.main", "--workspace", str(workspace), "runs", "compare"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout and target in done.stdout and label.strip() in done.stdout
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("method"))
+    assert header.split()[:3] == ["method", "target", "dataset"]
+    vanilla = next(line for line in lines if line.startswith("vanilla "))
+    adaflash = next(line for line in lines if line.startswith("adaflash "))
+    assert "2.12x" in adaflash and " 16 " in vanilla and "100.0" in vanilla

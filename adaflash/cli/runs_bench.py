@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
 
 from adaflash.cli.common import emit_rows, existing_runlog_of, fail, runlog_of
 from adaflash.engine.params import METHODS
+
+
+def plain_table(rows: list[dict], titles: list[str]) -> str:
+    """Columns padded to their widest value, two spaces apart: nothing cut, however wide (for files and pipes)."""
+    cells = [titles] + [["N/A" if row[t] is None else str(row[t]) for t in titles] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(titles))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells)
 
 
 def print_comparison(log, run_ids: list[str] | None, fmt: str) -> None:
@@ -31,10 +39,15 @@ def print_comparison(log, run_ids: list[str] | None, fmt: str) -> None:
     if fmt == "markdown":
         click.echo(compare.markdown_table(rows, warnings), nl=False)
         return
+    shown, titles = compare.display_rows(rows)
+    if not sys.stdout.isatty():  # a file or a pipe: every value whole, no terminal layout
+        click.echo(f"Comparison: {where}")
+        click.echo(plain_table(shown, titles))
+        click.echo(compare.footer(warnings, rows))
+        return
     from rich.console import Console
     from rich.table import Table
 
-    shown, titles = compare.display_rows(rows)
     table = Table(title=f"Comparison: {where}")
     for title in titles:
         table.add_column(title, no_wrap=True, justify="left" if title in ("method", "target", "dataset", "label")
