@@ -193,12 +193,13 @@ def test_import_of_an_sglang_bench_serving_line(workspace, tmp_path):
     assert refused.exit_code == 2 and "bad.jsonl:1" in refused.output
 
 
-def _adaflash_server_line(**over) -> dict:
+def _adaflash_server_line(cache, **over) -> dict:
     """A bench_serving result against an adaflash server: server_info as its /get_server_info gives it."""
-    from adaflash.models.registry import builtin_folder
-
+    folder = cache / "models" / "smollm2-135m"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".adaflash-ready").touch()
     info = {"engine": "embedded", "method": "adaflash", "speculative_algorithm": "DFLASH",
-            "model_path": str(builtin_folder("smollm2-135m")), "target": "smollm2-135m",
+            "model_path": str(folder), "target": "smollm2-135m",
             "draft": "smollm2-135m-adaflash", "speculative_draft_model_path": "smollm2-135m-adaflash",
             "drafter_version": 0, "hardware": "cpu-x", "avg_spec_accept_length": 2.9,
             "internal_states": [{"avg_spec_accept_length": 2.9, "last_gen_throughput": 80.0}]}
@@ -206,7 +207,7 @@ def _adaflash_server_line(**over) -> dict:
             "output_throughput": 210.0, "server_info": info, **over}
 
 
-def test_bench_serving_of_an_adaflash_server_imports_beside_native_rows_once(workspace, tmp_path):
+def test_bench_serving_of_an_adaflash_server_imports_beside_native_rows_once(workspace, tmp_path, monkeypatch):
     """Method from `method` (not DFLASH), target by its built-in name, concurrency from max_concurrency: the
     imported row shares a group with the native Vanilla row and gets its speed-up; a second import adds nothing."""
     from adaflash.cli.main import cli
@@ -215,8 +216,10 @@ def test_bench_serving_of_an_adaflash_server_imports_beside_native_rows_once(wor
     log = RunLog.open(workspace)
     native = log.create_run("bench", method="vanilla", target="smollm2-135m", dataset="gsm8k")
     log.add_bench_result(native, _record("vanilla", 100.0, concurrency=4))
-    line = _adaflash_server_line()
-    no_target = _adaflash_server_line(output_throughput=150.0, max_concurrency=None,
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ADAFLASH_CACHE", str(cache))
+    line = _adaflash_server_line(cache)
+    no_target = _adaflash_server_line(cache, output_throughput=150.0, max_concurrency=None,
                                       server_info={k: v for k, v in line["server_info"].items() if k != "target"})
     path = tmp_path / "bench_serving.jsonl"
     path.write_text(json.dumps(line) + "\n")

@@ -199,18 +199,19 @@ def content_hash(obj: Any) -> str:
 
 
 def builtin_name(value: Any) -> Any:
-    """A built-in target's name for its cached folder or hub id, a built-in drafter's name for its folder, so
-    imported rows carry the names native rows carry; anything else unchanged."""
-    if not isinstance(value, str) or not value:
+    """A built-in target's name for its cached folder (`<cache>/models/<name>`), a built-in drafter's name for
+    its folder, so imported rows carry the names native rows carry; anything else unchanged. (Read from the
+    layout, not from the registry, which would bring torch into the dashboard.)"""
+    if not isinstance(value, str) or not value.startswith(("/", "~", ".")):
         return value
-    from adaflash.models.registry import BUILTIN_DRAFTERS, BUILTINS, builtin_folder
+    from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS
+    from adaflash.workspace import cache_dir
 
-    resolved = str(Path(value).expanduser().resolve()) if value.startswith(("/", "~", ".")) else None
-    for name, target in BUILTINS.items():
-        if value == target.hub_id or resolved == str(builtin_folder(name).resolve()):
-            return name
+    path = Path(value).expanduser().resolve()
+    if path.parent == cache_dir() / "models" and (path / ".adaflash-ready").is_file():
+        return path.name
     for name, drafter in BUILTIN_DRAFTERS.items():
-        if resolved is not None and resolved == str(drafter.folder.resolve()):
+        if path == drafter.folder:
             return name
     return value
 
