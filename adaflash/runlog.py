@@ -4,6 +4,8 @@ Why this shape: many processes (workers, servers, the benchmark client, the TUI)
 so every write is one short IMMEDIATE transaction under WAL with a generous busy timeout, and
 readers follow tables incrementally by their integer ids (`*_since(after_id)`), which keeps a
 refresh cheap however large the log grows. No torch here: the control plane imports it.
+The schema, its migrations and views are in `runlog_schema`; telling a run log from a damaged file
+is in `runlog_file`; docs/runlog.md documents the tables.
 """
 
 from __future__ import annotations
@@ -20,6 +22,17 @@ from typing import Any
 
 import sqlite_utils
 
+from adaflash.runlog_file import (  # noqa: F401 - RunLogError and RunLogBusy are this module's API too
+    BUSY_CODES,
+    DAMAGE_CODES,
+    FIRST_WAIT_MS,
+    RunLogBusy,
+    RunLogError,
+    check_file,
+    create_file,
+    damaged,
+    sqlite_code,
+)
 from adaflash.runlog_schema import (  # noqa: F401 - _migration_1 and MIGRATIONS are this module's API too
     MIGRATIONS,
     PATH_COLUMNS,
@@ -77,77 +90,6 @@ RUN_FILTER_COLUMNS = ("kind", "status", "method", "target", "dataset")
 RUN_TEXT_COLUMNS = ("id", "name", "kind", "method", "target", "dataset", "status", "note")
 
 
-class RunLogError(RuntimeError):
-    """The run log file cannot be used (not an SQLite database, damaged, or held by a writer too long)."""
-
-
-class RunLogBusy(RunLogError):
-    """Another process held the write lock for longer than the busy timeout; the file itself is fine."""
-
-
-SQLITE_HEADER = b"SQLite format 3\x00"
-_BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
-_DAMAGE_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
-FIRST_WAIT_MS = 2000  # a write waits this long in silence before it says that it is waiting
-
-
-def _code(err: sqlite3.Error) -> int:
-    return int(getattr(err, "sqlite_errorcode", 0) or 0) & 0xFF
-
-
-def _damaged(path: Path, why: str) -> RunLogError:
-    return RunLogError(f"{path}: not a run log that can be opened: {why}. Nothing was written to it. Copy it "
-                       "elsewhere to recover what it holds (`sqlite3 FILE .recover`), then remove it to start a "
-                       "new run log there, or give another --workspace")
-
-
-def check_file(path: Path) -> bool:
-    """True when `path` holds an SQLite database, False when it does not exist; RunLogError for anything else.
-
-    Read before SQLite touches the file: SQLite takes an empty file for a new database and would write
-    a schema into it, and a damaged file must be left as it is."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return False
-    if not path.is_file():
-        raise RunLogError(f"{path}: not a file, so not a run log; give another --workspace")
-    if size == 0:
-        raise _damaged(path, "the file is empty (0 bytes; a new run log is never empty on disk)")
-    with open(path, "rb") as handle:
-        head = handle.read(len(SQLITE_HEADER))
-    if head != SQLITE_HEADER:
-        raise _damaged(path, "not an SQLite database (its first bytes are not SQLite's header)")
-    return True
-
-
-def _create_file(path: Path, migrate: Callable[[sqlite_utils.Database], None]) -> None:
-    """A new run log made whole under a temporary name and linked into place, so no process ever sees it
-    empty or half made; when another process linked one first, theirs is kept."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        conn = sqlite3.connect(str(tmp), isolation_level=None)
-        try:
-            conn.execute("PRAGMA journal_mode = WAL")
-            db = sqlite_utils.Database(conn)
-            conn.execute("BEGIN IMMEDIATE")
-            migrate(db)
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        except OSError:  # a file system without hard links: create exclusively and copy
-            with suppress(FileExistsError), open(path, "xb") as out:
-                out.write(tmp.read_bytes())
-    finally:
-        for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
-            with suppress(FileNotFoundError):
-                leftover.unlink()
-
-
 class RunLog:
     """Typed access to the run log; safe to use from many processes at once.
 
@@ -165,7 +107,7 @@ class RunLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.root = Path(os.path.abspath(self.path.parent))  # the workspace: stored paths are relative to it
         if not check_file(self.path):
-            _create_file(self.path, lambda db: apply_migrations(db, self.root))
+            create_file(self.path, lambda db: apply_migrations(db, self.root))
         conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
         try:
             conn.execute(f"PRAGMA busy_timeout = {self.timeout_ms}")
@@ -177,7 +119,7 @@ class RunLog:
                 if check:
                     problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)").fetchall()]
                     if problems != ["ok"]:
-                        raise _damaged(self.path, "SQLite finds it damaged (" + "; ".join(problems) + ")")
+                        raise damaged(self.path, "SQLite finds it damaged (" + "; ".join(problems) + ")")
                 self._migrate()
         except BaseException:
             conn.close()
@@ -199,9 +141,9 @@ class RunLog:
         except sqlite3.DatabaseError as err:
             if isinstance(err, sqlite3.IntegrityError):
                 raise
-            if _code(err) in _DAMAGE_CODES:
-                raise _damaged(self.path, f"SQLite says: {err}") from None
-            if _code(err) in _BUSY_CODES:
+            if sqlite_code(err) in DAMAGE_CODES:
+                raise damaged(self.path, f"SQLite says: {err}") from None
+            if sqlite_code(err) in BUSY_CODES:
                 raise self._busy() from None
             raise
 
@@ -220,7 +162,7 @@ class RunLog:
             conn.execute("BEGIN IMMEDIATE")
             return
         except sqlite3.OperationalError as err:
-            if _code(err) not in _BUSY_CODES:
+            if sqlite_code(err) not in BUSY_CODES:
                 raise
             if not wait or first >= self.timeout_ms:
                 raise self._busy() from None
@@ -231,7 +173,7 @@ class RunLog:
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as again:
-                if _code(again) in _BUSY_CODES:
+                if sqlite_code(again) in BUSY_CODES:
                     raise self._busy() from None
                 raise
         finally:
