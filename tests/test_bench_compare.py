@@ -157,6 +157,10 @@ def test_exported_results_import_into_another_workspace_with_the_same_comparison
     stored = [r["data"] for r in imported.bench_results([run["id"]])]
     assert {r["imported_run_id"] for r in stored} <= {r["id"] for r in log.list_runs(kind="bench")}
     assert "result_id" not in stored[0] and "run_id" not in stored[0]
+    back = CliRunner().invoke(cli, ["runs", "import", str(out)])  # into the workspace it came from
+    assert back.exit_code == 0 and "nothing imported" in back.output, back.output
+    again = CliRunner().invoke(cli, ["--workspace", str(other), "runs", "import", str(out)])
+    assert "nothing imported" in again.output and len(imported.bench_results()) == len(stored)
 
 
 def test_import_of_an_sglang_bench_serving_line(workspace, tmp_path):

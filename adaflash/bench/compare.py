@@ -288,7 +288,8 @@ def from_export(obj: dict[str, Any], *, method: str | None = None, dataset: str 
                 source: str | None = None) -> dict[str, Any]:
     """A record `adaflash runs export` wrote, for another workspace: its keys kept, its old ids as provenance."""
     record = {k: v for k, v in obj.items() if k not in ("result_id", "run_id", "content_hash")}
-    record.update({"imported_from": source, "imported_run_id": obj.get("run_id")})
+    record.update({"imported_from": source, "imported_run_id": obj.get("run_id"),
+                   "imported_result_id": obj.get("result_id")})
     for key, value in (("method", method), ("dataset", dataset), ("target", target), ("concurrency", concurrency)):
         if value is not None:
             record[key] = value

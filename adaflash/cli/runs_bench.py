@@ -125,6 +125,10 @@ def import_runs(ctx: click.Context, path: str, method: str | None, dataset: str 
         fail(str(err))
     log = runlog_of(ctx)
     held = log.imported_results(r["content_hash"] for r in records)
+    for run in {r.get("imported_run_id") for r in records} - {None}:  # exported from this very log
+        ids = {row["id"] for row in log.bench_results([run])}
+        held.update({r["content_hash"]: run for r in records
+                     if r.get("imported_run_id") == run and r.get("imported_result_id") in ids})
     fresh = [r for r in records if r["content_hash"] not in held]
     if not fresh:
         runs = ", ".join(sorted(set(held.values())))
