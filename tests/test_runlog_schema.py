@@ -175,3 +175,21 @@ def test_paths_are_stored_relative_to_the_workspace_and_follow_a_copy(tmp_path: 
     assert moved.get_run(run)["run_dir"] == str(copy / "runs" / "x")
     assert moved.jobs(run)[0]["log_path"] == str(copy / "runs" / "x" / "again.log")
     assert moved.checkpoints(run)[0]["path"] == str(copy / "runs" / "x" / "weights" / "v1")
+
+
+def test_runs_show_lists_the_runs_under_a_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from adaflash.cli.main import cli
+
+    log = RunLog.open(tmp_path)
+    recipe = log.create_run("recipe")
+    monkeypatch.setenv("ADAFLASH_RUN_ID", recipe)
+    monkeypatch.setenv("ADAFLASH_JOB", "bench")
+    matrix = log.create_run("bench-matrix")
+    cell = log.create_run("bench", parent_id=matrix)
+    monkeypatch.delenv("ADAFLASH_RUN_ID")
+    shown = CliRunner().invoke(cli, ["--workspace", str(tmp_path), "runs", "show", recipe, "--json"])
+    assert shown.exit_code == 0, shown.output
+    children = json.loads(shown.output)["children"]
+    assert [(c["id"], c["parent_id"], c["job"]) for c in children] == [(matrix, recipe, "bench"), (cell, matrix, "bench")]
