@@ -147,3 +147,7 @@ def import_runs(ctx: click.Context, path: str, method: str | None, dataset: str 
     log.finish_run(run_id)
     skipped = f"; {len(records) - len(fresh)} already held were skipped" if len(fresh) < len(records) else ""
     click.echo(f"imported {len(fresh)} result(s) from {path} as run {run_id}{skipped}")
+    unset = sum(1 for r in fresh if r.get("concurrency") is None)
+    if unset:
+        click.secho(f"note: {unset} result(s) have no max_concurrency, so they compare only with rows that have none "
+                    "either; give --concurrency N to say what they ran at", fg="bright_black", err=True)
