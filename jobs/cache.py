@@ -15,7 +15,9 @@ The rule, for a task that declares `outputs` (and not `cache = false`):
   every output still exists with the digest recorded; otherwise the record and the outputs are
   removed (only inside the workspace or the cache folder) and the job runs.
 
-Digests read the content of files up to 64 MiB and only size + modification time above that.
+Paths inside the workspace enter the key, the digests and the records relative to it, so a copied or
+moved workspace reuses what it holds. Digests read the content of files up to 64 MiB and only size +
+modification time above that.
 A failed or stopped job records nothing, so a rerun resumes at the first job that did not finish.
 Nothing here imports torch: the control plane stays fast.
 """
@@ -36,7 +38,7 @@ from jobs.recipe_spec import JobSpec
 
 RECORDS_DIR = ".jobs"
 CONTENT_LIMIT = 64 * 1024 * 1024
-KEY_VERSION = 1
+KEY_VERSION = 2  # 2: paths inside the workspace count relative to it
 _CODE_SUFFIXES = (".py", ".json", ".toml", ".jinja", ".safetensors")  # built-in drafters are code too
 _code_cache: dict[str, str] = {}
 
@@ -72,14 +74,35 @@ def path_digest(path: str | os.PathLike, *, skip: Iterable[str] = (RECORDS_DIR,)
     return digest.hexdigest()
 
 
-def outputs_digest(paths: Iterable[str]) -> str | None:
-    """One digest for every output; None when any of them is missing."""
+WORKSPACE_TOKEN = "{workspace}"
+
+
+def portable(value: Any, workspace: str | os.PathLike | None) -> Any:
+    """`value` with the workspace's absolute path written as {workspace} in every string (recursively), so a
+    key or record does not change when the workspace is copied or moved."""
+    if workspace is None:
+        return value
+    if isinstance(value, str):
+        for root in dict.fromkeys((os.path.abspath(workspace), os.path.realpath(workspace))):
+            if value == root:
+                return WORKSPACE_TOKEN
+            value = value.replace(root.rstrip(os.sep) + os.sep, WORKSPACE_TOKEN + "/")
+        return value
+    if isinstance(value, Mapping):
+        return {portable(k, workspace): portable(v, workspace) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, workspace) for v in value]
+    return value
+
+
+def outputs_digest(paths: Iterable[str], workspace: str | os.PathLike | None = None) -> str | None:
+    """One digest for every output (named relative to the workspace when inside it); None when one is missing."""
     digest = hashlib.sha256()
     for path in paths:
         one = path_digest(path)
         if one is None:
             return None
-        digest.update(f"{path}\0{one}\0".encode())
+        digest.update(f"{portable(path, workspace)}\0{one}\0".encode())
     return digest.hexdigest()
 
 
@@ -104,7 +127,8 @@ def code_version(package: str = "adaflash") -> str:
     return _code_cache[package]
 
 
-def job_key(spec: JobSpec, upstream: Mapping[str, str], code: str) -> str:
+def job_key(spec: JobSpec, upstream: Mapping[str, str], code: str,
+            workspace: str | os.PathLike | None = None) -> str:
     """The key of one job: same key, same outputs (see the module docstring)."""
     material = {
         "v": KEY_VERSION, "command": spec.command, "env": spec.env, "cwd": spec.cwd,
@@ -112,7 +136,7 @@ def job_key(spec: JobSpec, upstream: Mapping[str, str], code: str) -> str:
         "after": {name: upstream[name] for name in sorted(upstream)},
         "inputs": {path: path_digest(path) for path in spec.inputs},
     }
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(portable(material, workspace), sort_keys=True).encode()).hexdigest()
 
 
 def _removable(path: Path, roots: Iterable[Path], protected: Iterable[Path]) -> bool:
@@ -127,8 +151,10 @@ class JobCache:
     """The records of one recipe's cache folder, and the decisions `adaflash run` takes with them."""
 
     def __init__(self, cache_dir: str | os.PathLike, *, safe_roots: Iterable[str | os.PathLike] = (),
-                 protected: Iterable[str | os.PathLike] = (), packages: Iterable[str] = ("adaflash",)) -> None:
+                 protected: Iterable[str | os.PathLike] = (), packages: Iterable[str] = ("adaflash",),
+                 workspace: str | os.PathLike | None = None) -> None:
         self.dir = Path(cache_dir)
+        self.workspace = workspace
         self.records = self.dir / RECORDS_DIR
         self.safe_roots = [Path(r).resolve() for r in (self.dir, *safe_roots)]
         self.protected = [Path(p).resolve() for p in (self.records, *protected)]
@@ -143,7 +169,7 @@ class JobCache:
         return self._code
 
     def key(self, spec: JobSpec, upstream: Mapping[str, str]) -> str:
-        return job_key(spec, upstream, self.code)
+        return job_key(spec, upstream, self.code, self.workspace)
 
     def record_path(self, name: str) -> Path:
         return self.records / f"{name}.json"
@@ -160,7 +186,7 @@ class JobCache:
         record = self.record(spec.name)
         if not record or record.get("key") != key:
             return None
-        if outputs_digest(spec.outputs) != record.get("outputs_digest"):
+        if outputs_digest(spec.outputs, self.workspace) != record.get("outputs_digest"):
             return None
         return record
 
@@ -184,11 +210,12 @@ class JobCache:
     def save(self, spec: JobSpec, key: str, *, run_id: str, duration: float | None,
              log_path: str | None = None) -> dict[str, Any] | None:
         """Record a finished job; None (nothing recorded) when an output is missing."""
-        digest = outputs_digest(spec.outputs)
+        digest = outputs_digest(spec.outputs, self.workspace)
         if digest is None:
             return None
-        record = {"job": spec.name, "key": key, "outputs": spec.outputs, "outputs_digest": digest, "run_id": run_id,
-                  "finished_at": time.time(), "duration": duration, "log_path": log_path}
+        record = {"job": spec.name, "key": key, "outputs": portable(spec.outputs, self.workspace),
+                  "outputs_digest": digest, "run_id": run_id, "finished_at": time.time(), "duration": duration,
+                  "log_path": portable(log_path, self.workspace)}
         self.records.mkdir(parents=True, exist_ok=True)
         tmp = self.records / f".{spec.name}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(record, indent=1))
@@ -196,4 +223,4 @@ class JobCache:
         return record
 
 
-__all__ = ["JobCache", "code_version", "job_key", "outputs_digest", "path_digest"]
+__all__ = ["JobCache", "code_version", "job_key", "outputs_digest", "path_digest", "portable"]

@@ -64,7 +64,7 @@ class PreparedRun:
     def job_cache(self) -> JobCache | None:
         if self.cache_dir is None:
             return None
-        return JobCache(self.cache_dir, safe_roots=[self.workspace], packages=self.recipe.code,
+        return JobCache(self.cache_dir, safe_roots=[self.workspace], packages=self.recipe.code, workspace=self.workspace,
                         protected=[self.workspace / "runs", self.workspace / "runlog.sqlite"])
 
     def cache_preview(self, rerun: Iterable[str] = ()) -> dict[str, str]:

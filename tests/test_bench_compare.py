@@ -157,6 +157,10 @@ def test_exported_results_import_into_another_workspace_with_the_same_comparison
     stored = [r["data"] for r in imported.bench_results([run["id"]])]
     assert {r["imported_run_id"] for r in stored} <= {r["id"] for r in log.list_runs(kind="bench")}
     assert "result_id" not in stored[0] and "run_id" not in stored[0]
+    back = CliRunner().invoke(cli, ["runs", "import", str(out)])  # into the workspace it came from
+    assert back.exit_code == 0 and "nothing imported" in back.output, back.output
+    again = CliRunner().invoke(cli, ["--workspace", str(other), "runs", "import", str(out)])
+    assert "nothing imported" in again.output and len(imported.bench_results()) == len(stored)
 
 
 def test_import_of_an_sglang_bench_serving_line(workspace, tmp_path):
@@ -191,3 +195,88 @@ def test_import_of_an_sglang_bench_serving_line(workspace, tmp_path):
     bad.write_text('{"completed": 1}\nnot json\n')
     refused = CliRunner().invoke(cli, ["runs", "import", str(bad)])
     assert refused.exit_code == 2 and "bad.jsonl:1" in refused.output
+
+
+def _adaflash_server_line(cache, **over) -> dict:
+    """A bench_serving result against an adaflash server: server_info as its /get_server_info gives it."""
+    folder = cache / "models" / "smollm2-135m"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".adaflash-ready").touch()
+    info = {"engine": "embedded", "method": "adaflash", "speculative_algorithm": "DFLASH",
+            "model_path": str(folder), "target": "smollm2-135m",
+            "draft": "smollm2-135m-adaflash", "speculative_draft_model_path": "smollm2-135m-adaflash",
+            "drafter_version": 0, "hardware": "cpu-x", "avg_spec_accept_length": 2.9,
+            "internal_states": [{"avg_spec_accept_length": 2.9, "last_gen_throughput": 80.0}]}
+    return {**SGLANG_LINE, "dataset_name": "custom", "max_concurrency": 4, "concurrency": 3.6, "completed": 8,
+            "output_throughput": 210.0, "server_info": info, **over}
+
+
+def test_bench_serving_of_an_adaflash_server_imports_beside_native_rows_once(workspace, tmp_path, monkeypatch):
+    """Method from `method` (not DFLASH), target by its built-in name, concurrency from max_concurrency: the
+    imported row shares a group with the native Vanilla row and gets its speed-up; a second import adds nothing."""
+    from adaflash.cli.main import cli
+    from adaflash.runlog import RunLog
+
+    log = RunLog.open(workspace)
+    native = log.create_run("bench", method="vanilla", target="smollm2-135m", dataset="gsm8k")
+    log.add_bench_result(native, _record("vanilla", 100.0, concurrency=4))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ADAFLASH_CACHE", str(cache))
+    line = _adaflash_server_line(cache)
+    no_target = _adaflash_server_line(cache, output_throughput=150.0, max_concurrency=None,
+                                      server_info={k: v for k, v in line["server_info"].items() if k != "target"})
+    path = tmp_path / "bench_serving.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    other = tmp_path / "older.jsonl"
+    other.write_text(json.dumps(no_target) + "\n")
+    runner = CliRunner()
+    first = runner.invoke(cli, ["runs", "import", str(path), "--dataset", "gsm8k"])
+    assert first.exit_code == 0 and "imported 1 result(s)" in first.output, first.output
+    assert runner.invoke(cli, ["runs", "import", str(other), "--dataset", "gsm8k", "--concurrency", "4"]).exit_code == 0
+
+    again = runner.invoke(cli, ["runs", "import", str(path), "--dataset", "gsm8k"])
+    assert again.exit_code == 0 and "nothing imported" in again.output, again.output
+    copy = tmp_path / "copy.jsonl"
+    copy.write_text(path.read_text() + path.read_text())  # the same line, in another file, twice
+    assert "nothing imported" in runner.invoke(cli, ["runs", "import", str(copy), "--dataset", "gsm8k"]).output
+    assert len(log.bench_results()) == 3
+
+    shown = runner.invoke(cli, ["runs", "compare", "--format", "json"])
+    rows = json.loads(shown.output)["rows"]
+    imported = [r for r in rows if r["method"] == "adaflash"]
+    assert len(imported) == 2 and {r["target"] for r in rows} == {"smollm2-135m"}
+    assert {r["concurrency"] for r in rows} == {4} and {r["group"] for r in rows} == {"standalone"}
+    assert sorted(r["speedup"] for r in imported) == [pytest.approx(1.5), pytest.approx(2.1)]
+    stored = [r["data"] for r in log.bench_results() if r["method"] == "adaflash"]
+    assert {r["draft"] for r in stored} == {"smollm2-135m-adaflash"} and {r["hardware"] for r in stored} == {"cpu-x"}
+
+
+def test_an_unknown_method_in_a_result_asks_for_method():
+    with pytest.raises(ValueError, match="method 'turbo' is none of"):
+        from_sglang({**SGLANG_LINE, "method": "turbo"})
+    assert from_sglang({**SGLANG_LINE, "method": "turbo"}, method="osd")["method"] == "osd"
+
+
+def test_runs_compare_into_a_file_or_pipe_prints_every_value_whole(workspace):
+    """Piped, the table rendered 200 columns and cut values ("vanil…", "1…")."""
+    import subprocess
+    import sys
+
+    from adaflash.runlog import RunLog
+
+    log = RunLog.open(workspace)
+    target = "a-very-long-target-name-" + "x" * 60
+    label = "a label long enough to be cut in a narrow column " * 2
+    for method, speed in (("vanilla", 100.0), ("adaflash", 212.5)):
+        log.add_bench_result(log.create_run("bench", method=method),
+                             {**_record(method, speed, concurrency=16), "target": target, "label": label})
+    done = subprocess.run([sys.executable, "-m", "adaflash.cli.main", "--workspace", str(workspace), "runs", "compare"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout and target in done.stdout and label.strip() in done.stdout
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("method"))
+    assert header.split()[:3] == ["method", "target", "dataset"]
+    vanilla = next(line for line in lines if line.startswith("vanilla "))
+    adaflash = next(line for line in lines if line.startswith("adaflash "))
+    assert "2.12x" in adaflash and " 16 " in vanilla and "100.0" in vanilla

@@ -84,6 +84,24 @@ def test_a_second_run_reuses_what_did_not_change_and_measures_again(tmp_path: Pa
     assert jobs["measure"]["status"] == "finished"
 
 
+def test_a_copied_workspace_reuses_what_it_holds(tmp_path: Path) -> None:
+    """The cache keys and records name workspace paths relative to it: a copy planned to redo every cached
+    step ("command, code or inputs changed") because {cache_dir} resolved to another absolute path."""
+    import shutil
+
+    recipe, ws = graph(tmp_path), tmp_path / "ws"
+    assert run_once(recipe, ws)[2] == ["make", "use", "measure", "report"]
+    copy = tmp_path / "copied"
+    shutil.copytree(ws, copy)
+    shutil.rmtree(ws)
+    result, jobs, ran = run_once(recipe, copy)
+    assert ran == ["measure", "report"] and result.cached == ["make", "use"]
+    record = json.loads((copy / "cache" / "graph" / ".jobs" / "make.json").read_text())
+    assert record["outputs"] == ["{workspace}/cache/graph/made.txt"]
+    run_dir = RunLog.open(copy).get_run(result.run_id)["run_dir"]
+    assert run_dir.startswith(str(copy)) and jobs["measure"]["log_path"].startswith(str(copy))
+
+
 def test_what_runs_again_follows_the_command_the_upstream_outputs_and_the_outputs_themselves(tmp_path: Path) -> None:
     recipe, ws = graph(tmp_path), tmp_path / "ws"
     cache = ws / "cache" / "graph"

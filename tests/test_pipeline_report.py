@@ -53,21 +53,21 @@ def _synthetic_run(log: RunLog, clock: Clock, swap) -> str:
                                                                 "train_gpus": "1,2"})
     at = clock
 
-    def metrics(t, values, step, job):
+    def metrics(t, values, step, job, version=None):
         at.now = t
-        log.log_metrics(run, values, step=step, job=job)
+        log.log_metrics(run, values, step=step, job=job, version=version)
 
     # inference windows: [100, 110] alone, [110, 130] half beside training, [130, 140] beside
     metrics(110, {"tau": 1.5, "tokens_per_s": 10, "window_tokens": 100, "window_seconds": 10, "drafter_version": 0,
                   "samples": 3}, 3, "inference")
-    metrics(110, {"served_requests": 3, "served_tau_sum": 4.5, "served_tokens": 100, "served_verify": 70}, 0,
-            "inference")
+    metrics(110, {"served_requests": 3, "served_tau_sum": 4.5, "served_tokens": 100, "served_verify": 70}, None,
+            "inference", 0)
     metrics(130, {"tau": 2.0, "tokens_per_s": 5, "window_tokens": 100, "window_seconds": 20, "drafter_version": 1,
                   "samples": 6}, 6, "inference")
-    metrics(130, {"served_requests": 1, "served_tau_sum": 2.5, "served_tokens": 40, "served_verify": 16}, 0,
-            "inference")
-    metrics(130.0001, {"served_requests": 2, "served_tau_sum": 6.0, "served_tokens": 60, "served_verify": 20}, 1,
-            "inference")
+    metrics(130, {"served_requests": 1, "served_tau_sum": 2.5, "served_tokens": 40, "served_verify": 16}, None,
+            "inference", 0)
+    metrics(130.0001, {"served_requests": 2, "served_tau_sum": 6.0, "served_tokens": 60, "served_verify": 20}, None,
+            "inference", 1)
     metrics(140, {"tau": 3.0, "tokens_per_s": 5, "window_tokens": 50, "window_seconds": 10, "drafter_version": 3,
                   "samples": 6}, 6, "inference")
     metrics(150, {"window_tokens": 50, "window_seconds": 10}, 6, "inference")

@@ -185,45 +185,92 @@ def export_records(records: list[dict[str, Any]], fmt: str) -> str:
 SGLANG_METHODS = {"DFLASH": "dflash", "EAGLE3": "eagle3", "EAGLE": "eagle3", "NEXTN": "mtp"}
 SERVER_INFO_KEEP = ("model_path", "speculative_algorithm", "speculative_draft_model_path", "tp_size",
                     "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-                    "speculative_dflash_block_size", "max_running_requests", "version")
+                    "speculative_dflash_block_size", "max_running_requests", "version", "method", "target", "draft",
+                    "engine", "drafter_version", "hardware")
 
 
 class ImportFormatError(ValueError):
     pass
 
 
+def content_hash(obj: Any) -> str:
+    """The identity of an imported result: SHA-256 of its canonical JSON (the same line imported twice is one
+    result, whatever file it came from)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def builtin_name(value: Any) -> Any:
+    """A built-in target's name for its cached folder (`<cache>/models/<name>`), a built-in drafter's name for
+    its folder, so imported rows carry the names native rows carry; anything else unchanged. (Read from the
+    layout, not from the registry, which would bring torch into the dashboard.)"""
+    if not isinstance(value, str) or not value.startswith(("/", "~", ".")):
+        return value
+    from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS
+    from adaflash.workspace import cache_dir
+
+    path = Path(value).expanduser().resolve()
+    if path.parent == cache_dir() / "models" and (path / ".adaflash-ready").is_file():
+        return path.name
+    for name, drafter in BUILTIN_DRAFTERS.items():
+        if path == drafter.folder:
+            return name
+    return value
+
+
+def _method(obj: dict[str, Any], info: dict[str, Any]) -> str:
+    """The result's own `method` (an adaflash server reports it), else SGLang's speculative_algorithm."""
+    own = obj.get("method") if isinstance(obj.get("method"), str) else info.get("method")
+    if own:
+        if own not in METHODS:
+            raise ImportFormatError(f"method {own!r} is none of {', '.join(METHODS)}: give --method")
+        return str(own)
+    if not info:
+        raise ImportFormatError("cannot tell the method (no method, no server_info.speculative_algorithm): "
+                                "give --method")
+    algorithm = info.get("speculative_algorithm")
+    if algorithm is None:
+        return "vanilla"
+    method = SGLANG_METHODS.get(str(algorithm).upper())
+    if method is None:
+        raise ImportFormatError(
+            f"server_info.speculative_algorithm {algorithm!r} is none of {', '.join(SGLANG_METHODS)} (or null "
+            "for Vanilla): give --method to say which method these results measure")
+    return method
+
+
 def from_sglang(obj: dict[str, Any], *, method: str | None = None, dataset: str | None = None,
-                target: str | None = None, source: str | None = None) -> dict[str, Any]:
+                target: str | None = None, concurrency: int | None = None,
+                source: str | None = None) -> dict[str, Any]:
     """One bench_serving result line → a record: its keys kept, our comparison keys filled in.
 
+    The method is the line's own `method` or server_info's (an adaflash server reports it; its
+    `speculative_algorithm` is DFLASH for dflash, adaflash and osd alike), else SGLang's
+    speculative_algorithm. The target is server_info's target name, else its model_path, with a
+    built-in's cached folder or hub id given as the built-in's name, as native rows have it.
     bench_serving's `concurrency` is the measured average; the configured cap is `max_concurrency`,
     which becomes our `concurrency` (the measured one is kept as `measured_concurrency`).
     """
+    for name in ("completed", "output_throughput"):
+        if name not in obj:
+            raise ImportFormatError(f"no {name!r}: not a bench_serving result")
     info = obj.get("server_info") if isinstance(obj.get("server_info"), dict) else {}
-    if method is None:
-        algorithm = info.get("speculative_algorithm")
-        if info and algorithm is None:
-            method = "vanilla"
-        elif info:
-            method = SGLANG_METHODS.get(str(algorithm).upper())
-            if method is None:
-                raise ImportFormatError(
-                    f"server_info.speculative_algorithm {algorithm!r} is none of {', '.join(SGLANG_METHODS)} (or null "
-                    "for Vanilla): give --method to say which method these results measure")
-    if method is None:
-        raise ImportFormatError("cannot tell the method (no server_info.speculative_algorithm): give --method")
+    method = method or _method(obj, info)
     record = {k: v for k, v in obj.items() if k != "server_info"}
     accept = obj.get("accept_length")
     if accept is None:
         states = info.get("internal_states") or []
         if states and isinstance(states[0], dict):
             accept = states[0].get("avg_spec_accept_length")
+    cap = concurrency if concurrency is not None else obj.get("max_concurrency")
     record.update({
         "method": method,
-        "target": target or info.get("model_path") or obj.get("model_id") or obj.get("model"),
-        "draft": info.get("speculative_draft_model_path"),
+        "target": target or builtin_name(info.get("target") or info.get("model_path") or obj.get("model_id")
+                                         or obj.get("model")),
+        "draft": builtin_name(info.get("draft") or info.get("speculative_draft_model_path")),
         "dataset": dataset or obj.get("dataset_name"),
-        "concurrency": obj.get("max_concurrency"),
+        "concurrency": int(cap) if isinstance(cap, (int, float)) and not isinstance(cap, bool) else cap,
         "max_concurrency": obj.get("max_concurrency"),
         "measured_concurrency": obj.get("concurrency"),
         "num_prompts": obj.get("num_prompts", obj.get("completed")),
@@ -234,18 +281,19 @@ def from_sglang(obj: dict[str, Any], *, method: str | None = None, dataset: str 
         "imported_from": source,
         "server_info": {k: info[k] for k in SERVER_INFO_KEEP if k in info},
     })
-    for name in ("completed", "output_throughput"):
-        if name not in obj:
-            raise ImportFormatError(f"no {name!r}: not a bench_serving result")
+    if info.get("hardware") and "hardware" not in obj:
+        record["hardware"] = info["hardware"]  # the fairness check compares it with the native rows'
     return record
 
 
 def from_export(obj: dict[str, Any], *, method: str | None = None, dataset: str | None = None,
-                target: str | None = None, source: str | None = None) -> dict[str, Any]:
+                target: str | None = None, concurrency: int | None = None,
+                source: str | None = None) -> dict[str, Any]:
     """A record `adaflash runs export` wrote, for another workspace: its keys kept, its old ids as provenance."""
-    record = {k: v for k, v in obj.items() if k not in ("result_id", "run_id")}
-    record.update({"imported_from": source, "imported_run_id": obj.get("run_id")})
-    for key, value in (("method", method), ("dataset", dataset), ("target", target)):
+    record = {k: v for k, v in obj.items() if k not in ("result_id", "run_id", "content_hash")}
+    record.update({"imported_from": source, "imported_run_id": obj.get("run_id"),
+                   "imported_result_id": obj.get("result_id")})
+    for key, value in (("method", method), ("dataset", dataset), ("target", target), ("concurrency", concurrency)):
         if value is not None:
             record[key] = value
     return record
@@ -270,16 +318,25 @@ def _result_objects(path: str | Path) -> Iterator[tuple[str, Any]]:
 
 
 def read_results(path: str | Path, **kw: Any) -> list[dict[str, Any]]:
-    """Benchmark results to import: SGLang bench_serving lines, or records `adaflash runs export` wrote."""
-    records = []
+    """Benchmark results to import: SGLang bench_serving lines, or records `adaflash runs export` wrote.
+
+    Each record gets `content_hash` (of the line as read, before any option changed it), so the run log
+    can tell a result it already holds; a line repeated within the file is kept once."""
+    records, seen = [], set()
     for where, obj in _result_objects(path):
         if not isinstance(obj, dict):
             raise ImportFormatError(f"{where}: expected a JSON object per result")
+        digest = obj.get("content_hash") if isinstance(obj.get("content_hash"), str) else content_hash(obj)
+        if digest in seen:
+            continue
+        seen.add(digest)
         convert = from_export if isinstance(obj.get("method"), str) and "result_id" in obj else from_sglang
         try:
-            records.append(convert(obj, source=str(path), **kw))
+            record = convert(obj, source=str(Path(path).resolve()), **kw)
         except ImportFormatError as err:
             raise ImportFormatError(f"{where}: {err}") from None
+        record["content_hash"] = digest
+        records.append(record)
     if not records:
         raise ImportFormatError(f"{path}: holds no results")
     return records

@@ -111,8 +111,9 @@ class ServerProcess:
 LauncherFactory = Callable[[str, list[str], str, Path, str], Launcher]
 
 
-def local_launcher(name: str, argv: list[str], _run_id: str, run_dir: Path, _url: str) -> ServerProcess:
-    return ServerProcess(argv, run_dir / f"{name}.log")
+def local_launcher(name: str, argv: list[str], run_id: str, run_dir: Path, _url: str) -> ServerProcess:
+    """A server whose run the log records under the matrix run (as the jobs runner does for its jobs)."""
+    return ServerProcess(argv, run_dir / f"{name}.log", env={"ADAFLASH_RUN_ID": run_id, "ADAFLASH_JOB": name})
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -200,7 +201,7 @@ def _run_cell(spec: MatrixSpec, log: Any, matrix_id: str, method: str, dataset: 
         events.cell(method, dataset, concurrency, len(prompts))
     draft = spec.drafts.get(method)
     run_id = log.create_run("bench", name=f"bench-{method}-{dataset}-c{concurrency}", method=method,
-                            target=spec.target, draft=draft, dataset=dataset,
+                            target=spec.target, draft=draft, dataset=dataset, parent_id=matrix_id,
                             config={"matrix_run": matrix_id, "base_url": url, "concurrency": concurrency})
     settings = BenchSettings(url, concurrency=concurrency, max_new_tokens=spec.max_new_tokens,
                              temperature=spec.temperature, warmup=spec.warmup, api_key=spec.api_key)

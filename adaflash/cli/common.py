@@ -34,21 +34,30 @@ def workspace_of(ctx: click.Context) -> str:
     return str(workspace_dir(_workspace_option(ctx)))
 
 
+def say_waiting(message: str) -> None:
+    """What a command prints while another process holds the run log's write lock."""
+    click.secho(f"waiting: {message}", fg="yellow", err=True)
+
+
 def runlog_of(ctx: click.Context) -> RunLog:
-    """The workspace's run log, with runs killed without recording an end marked as such first."""
-    log = RunLog.open(workspace_of(ctx))
+    """The workspace's run log (checked for damage before anything is written), with runs killed without
+    recording an end marked as such first."""
+    log = RunLog.open(workspace_of(ctx), check=True, on_wait=say_waiting)
     log.reap_lost_runs()
     return log
 
 
 def existing_runlog_of(ctx: click.Context) -> RunLog:
-    """`runlog_of` for commands that only read or act on recorded runs: a workspace with no run log
-    (a mistyped --workspace, say) is an error naming it, and nothing is created there."""
+    """The run log for commands that only read or act on recorded runs: a workspace with no run log
+    (a mistyped --workspace, say) is an error naming it, and nothing is created there. Opening it never
+    waits for the write lock: lost runs are marked only when no other process is writing."""
     workspace = workspace_path_of(ctx)
-    if not (workspace / RUNLOG_FILE).is_file():
+    if not (workspace / RUNLOG_FILE).exists():
         fail(f"no run log in workspace {workspace}: nothing has been recorded there (the workspace is "
              f"--workspace, else ${WORKSPACE_ENV}, else ./{DEFAULT_WORKSPACE})")
-    return runlog_of(ctx)
+    log = RunLog.open(workspace, check=True, on_wait=say_waiting)
+    log.reap_lost_runs(wait=False)
+    return log
 
 
 def output_format_option(formats: Sequence[str] = ("table", "json", "csv")):

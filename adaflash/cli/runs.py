@@ -45,7 +45,7 @@ def list_runs(ctx: click.Context, kind, status, method, target, dataset, limit, 
 @output_format_option(("table", "json"))
 @click.pass_context
 def show_run(ctx: click.Context, run_id: str, fmt: str) -> None:
-    """One run: its fields, jobs, latest metrics, checkpoints and benchmark results."""
+    """One run: its fields, jobs, latest metrics, checkpoints, benchmark results and the runs under it."""
     log = existing_runlog_of(ctx)
     run = run_or_fail(log, run_id)
     detail = {
@@ -55,6 +55,8 @@ def show_run(ctx: click.Context, run_id: str, fmt: str) -> None:
         "checkpoints": log.checkpoints(run["id"]),
         "bench_results": [r["data"] for r in log.bench_results([run["id"]])],
         "events": log.events_since(0, run_id=run["id"])[-20:],
+        "children": [{k: c.get(k) for k in ("id", "kind", "name", "status", "parent_id", "job")}
+                     for c in log.child_runs(run)],
     }
     if fmt == "json":
         click.echo(json.dumps(detail, indent=2, default=str))
@@ -68,6 +70,9 @@ def show_run(ctx: click.Context, run_id: str, fmt: str) -> None:
                   "table", title="Jobs")
     if detail["checkpoints"]:
         emit_rows(detail["checkpoints"], ["kind", "version", "step", "path"], "table", title="Checkpoints")
+    if detail["children"]:
+        emit_rows(detail["children"], ["id", "kind", "name", "status", "parent_id", "job"], "table",
+                  title="Runs under it")
     if detail["events"]:
         emit_rows(detail["events"], ["level", "job", "message"], "table", title="Events")
 

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
 
 from adaflash.cli.common import emit_rows, existing_runlog_of, fail, runlog_of
 from adaflash.engine.params import METHODS
+
+
+def plain_table(rows: list[dict], titles: list[str]) -> str:
+    """Columns padded to their widest value, two spaces apart: nothing cut, however wide (for files and pipes)."""
+    cells = [titles] + [["N/A" if row[t] is None else str(row[t]) for t in titles] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(titles))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells)
 
 
 def print_comparison(log, run_ids: list[str] | None, fmt: str) -> None:
@@ -31,10 +39,15 @@ def print_comparison(log, run_ids: list[str] | None, fmt: str) -> None:
     if fmt == "markdown":
         click.echo(compare.markdown_table(rows, warnings), nl=False)
         return
+    shown, titles = compare.display_rows(rows)
+    if not sys.stdout.isatty():  # a file or a pipe: every value whole, no terminal layout
+        click.echo(f"Comparison: {where}")
+        click.echo(plain_table(shown, titles))
+        click.echo(compare.footer(warnings, rows))
+        return
     from rich.console import Console
     from rich.table import Table
 
-    shown, titles = compare.display_rows(rows)
     table = Table(title=f"Comparison: {where}")
     for title in titles:
         table.add_column(title, no_wrap=True, justify="left" if title in ("method", "target", "dataset", "label")
@@ -87,30 +100,54 @@ def export_runs(ctx: click.Context, run_ids: tuple[str, ...], fmt: str, output: 
 @click.command("import")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--method", type=click.Choice(METHODS), default=None,
-              help="Method of every line [default: from server_info.speculative_algorithm].")
+              help="Method of every line [default: the line's own or server_info's `method` (an adaflash server "
+                   "reports it), else server_info.speculative_algorithm].")
 @click.option("--dataset", default=None, help="Dataset of every line [default: dataset_name].")
-@click.option("--target", default=None, help="Target of every line [default: server_info.model_path].")
+@click.option("--target", default=None,
+              help="Target of every line [default: server_info's target, else model_path; a built-in's cached "
+                   "folder is recorded by the built-in's name].")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Concurrency of every line [default: max_concurrency].")
 @click.option("--label", default=None, help="A label for the imported results.")
 @click.pass_context
 def import_runs(ctx: click.Context, path: str, method: str | None, dataset: str | None, target: str | None,
-                label: str | None) -> None:
+                concurrency: int | None, label: str | None) -> None:
     """Import benchmark results as one run: SGLang bench_serving results (JSONL, its key names), or what
-    `adaflash runs export` wrote in another workspace (json or jsonl)."""
+    `adaflash runs export` wrote in another workspace (json or jsonl).
+
+    A result the run log already holds (the same line, by its content) is skipped, so importing a file
+    twice adds nothing the second time."""
     from adaflash.bench.compare import ImportFormatError, read_results
 
     try:
-        records = read_results(path, method=method, dataset=dataset, target=target)
+        records = read_results(path, method=method, dataset=dataset, target=target, concurrency=concurrency)
     except ImportFormatError as err:
         fail(str(err))
     log = runlog_of(ctx)
-    methods = sorted({str(r["method"]) for r in records})
+    held = log.imported_results(r["content_hash"] for r in records)
+    for run in {r.get("imported_run_id") for r in records} - {None}:  # exported from this very log
+        ids = {row["id"] for row in log.bench_results([run])}
+        held.update({r["content_hash"]: run for r in records
+                     if r.get("imported_run_id") == run and r.get("imported_result_id") in ids})
+    fresh = [r for r in records if r["content_hash"] not in held]
+    if not fresh:
+        runs = ", ".join(sorted(set(held.values())))
+        click.echo(f"nothing imported: the run log already holds all {len(records)} result(s) of {path} "
+                   f"(run {runs})")
+        return
+    methods = sorted({str(r["method"]) for r in fresh})
     run_id = log.create_run("bench", name=label or f"import-{Path(path).name}",
                             method=methods[0] if len(methods) == 1 else None,
-                            target=records[0].get("target"), dataset=records[0].get("dataset"),
-                            config={"imported_from": str(Path(path).resolve()), "results": len(records)})
-    for record in records:
+                            target=fresh[0].get("target"), dataset=fresh[0].get("dataset"),
+                            config={"imported_from": str(Path(path).resolve()), "results": len(fresh)})
+    for record in fresh:
         if label:
             record["label"] = label
         log.add_bench_result(run_id, record)
     log.finish_run(run_id)
-    click.echo(f"imported {len(records)} result(s) from {path} as run {run_id}")
+    skipped = f"; {len(records) - len(fresh)} already held were skipped" if len(fresh) < len(records) else ""
+    click.echo(f"imported {len(fresh)} result(s) from {path} as run {run_id}{skipped}")
+    unset = sum(1 for r in fresh if r.get("concurrency") is None)
+    if unset:
+        click.secho(f"note: {unset} result(s) have no max_concurrency, so they compare only with rows that have none "
+                    "either; give --concurrency N to say what they ran at", fg="bright_black", err=True)

@@ -167,11 +167,11 @@ class InferenceWorker:
             "buffer_depth": self.produced - consumed,
             "samples": self.produced,
             "drafter_version": self.engine.drafter_version or 0,
-        }, step=self.produced, job="inference")
+        }, step=self.produced, version=self.engine.drafter_version or 0, job="inference")
         for version, (n, tau_sum, tokens, verify) in sorted(served.items()):
             self.log.log_metrics(self.cfg.run_id, {"served_requests": n, "served_tau_sum": tau_sum,
                                                    "served_tokens": tokens, "served_verify": verify},
-                                 step=version, job="inference")
+                                 version=version, job="inference")
         self.window_tokens, self.window_verify, self.window_start = 0, 0, time.perf_counter()
 
     def _maybe_swap(self) -> None:
@@ -198,7 +198,7 @@ class InferenceWorker:
         self.log.log_metrics(self.cfg.run_id, {
             "swapped_version": version, "swap_load_seconds": swapped - asked,
             "swap_lag_seconds": swapped - float(published) if published else None,
-        }, step=self.produced, job="inference")
+        }, step=self.produced, version=version, job="inference")
         self._event(f"hot-swapped drafter v{version} ({len(self.engine.active)} requests in flight)")
 
     def _event(self, message: str, level: str = "info") -> None:

@@ -2,7 +2,7 @@
 
 What it answers, each from records the workers keep per flush, per step or per version:
 - τ per drafter version: mean over the requests that version finished (`served_*` rows of the
-  inference worker, step = version), with n and the token-weighted τ beside it;
+  inference worker, by their `version`), with n and the token-weighted τ beside it;
 - inference output tokens/s while the trainers were stepping (their first to last step) and
   outside that span (`window_tokens` / `window_seconds` of each flush, split by overlap);
 - training tokens/s per rank (`rank{r}_tokens` / `rank{r}_seconds` of every step);
@@ -55,8 +55,8 @@ def tau_by_window(log: RunLog, run_id: str) -> list[dict[str, Any]]:
 def _versions(rows: list[dict[str, Any]], checkpoints: list[dict[str, Any]], started: float) -> list[dict[str, Any]]:
     served: dict[int, dict[str, float]] = {}
     for row in rows:
-        if row["job"] == "inference" and row["name"] in SERVED and row["step"] is not None:
-            acc = served.setdefault(int(row["step"]), dict.fromkeys(SERVED, 0.0))
+        if row["job"] == "inference" and row["name"] in SERVED and row.get("version") is not None:
+            acc = served.setdefault(int(row["version"]), dict.fromkeys(SERVED, 0.0))
             acc[row["name"]] += row["value"]
     published: dict[int, float] = {}
     for ckpt in checkpoints:

@@ -254,7 +254,7 @@ class TrainingWorker:
                                 pointer_extra={"consumed": state.consumed})
         published_at = float((store.pointer() or {}).get("published_at") or time.time())
         self.log.log_metrics(cfg.run_id, {"published_version": version, "consumed": state.consumed},
-                             step=state.step, job="training")
+                             step=state.step, version=version, job="training")
         self.log.add_checkpoint(cfg.run_id, str(store.folder(version)), kind="drafter", version=version,
                                 step=state.step, metrics={"published_at": published_at, "consumed": state.consumed})
 
