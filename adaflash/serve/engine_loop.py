@@ -4,6 +4,11 @@ The engine is not thread-safe and batches best when it sees every live request, 
 it and loops "take new requests -> engine.step() -> hand out StepEvents". The asyncio side submits
 requests and posted calls through a queue and waits on a per-request asyncio queue that this thread
 feeds through `loop.call_soon_threadsafe`.
+
+Fairness: the prompts of one HTTP request form a group, and the engine's own queue is only topped up
+to its free slots, taking one prompt from each waiting group in turn (round-robin). So a request of
+4,096 prompts shares the engine with a one-prompt request that comes after it instead of making it
+wait for all 4,096.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +65,9 @@ class EngineLoop:
         self.loop = loop
         self.inbox: queue.Queue = queue.Queue()
         self.handles: dict[str, Handle] = {}
+        self.groups: OrderedDict[int, deque[tuple[Request, Handle]]] = OrderedDict()  # waiting, by HTTP request
+        self.pending = 0  # prompts in `groups`
+        self._group_ids = 0
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="adaflash-engine", daemon=True)
         self.error: str | None = None
@@ -82,7 +90,11 @@ class EngineLoop:
         return self.thread.is_alive() and not self.stopping.is_set()
 
     def submit(self, request: Request, handle: Handle) -> None:
-        self.inbox.put(("add", request, handle))
+        self.submit_group([(request, handle)])
+
+    def submit_group(self, pairs: list[tuple[Request, Handle]]) -> None:
+        """The prompts of one HTTP request: they take turns with other requests' prompts for free slots."""
+        self.inbox.put(("group", pairs))
 
     def abort(self, rid: str) -> None:
         """Drop a request whose client left, between two steps."""
@@ -96,7 +108,7 @@ class EngineLoop:
 
     @property
     def queue_depth(self) -> int:
-        return self.inbox.qsize() + len(self.engine.waiting)
+        return self.inbox.qsize() + self.pending + len(self.engine.waiting)
 
     @property
     def running(self) -> int:
@@ -113,9 +125,10 @@ class EngineLoop:
     # -- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         while not self.stopping.is_set():
-            self._drain(block=not self.engine.has_work())
+            self._drain(block=not self.engine.has_work() and not self.groups)
             if self.stopping.is_set():
                 break
+            self._feed()
             if not self.engine.has_work():
                 continue
             try:
@@ -150,18 +163,36 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _handle(self, item: tuple) -> None:
-        if item[0] == "add":
-            _, request, handle = item
+    def _feed(self) -> None:
+        """Top the engine's queue up to its free slots, one prompt from each waiting group in turn."""
+        engine = self.engine
+        free = engine.max_batch - len(engine.active) - len(engine.waiting)
+        while free > 0 and self.groups:
+            key, group = next(iter(self.groups.items()))
+            request, handle = group.popleft()
+            self.pending -= 1
+            if group:
+                self.groups.move_to_end(key)
+            else:
+                del self.groups[key]
             try:
-                self.engine.add(request)
+                engine.add(request)
             except ValueError as err:
                 self._post(handle.queue.put_nowait, Failure(str(err), 400))
-                return
+                continue
             self.handles[request.rid] = handle
+            free -= 1
+
+    def _handle(self, item: tuple) -> None:
+        if item[0] == "group":
+            self._group_ids += 1
+            self.groups[self._group_ids] = deque(item[1])
+            self.pending += len(item[1])
         elif item[0] == "abort":
             if self.handles.pop(item[1], None) is not None:
                 self.engine.abort(item[1])
+            else:
+                self._drop_pending(item[1])
         elif item[0] == "call":
             _, fn, future = item
             try:
@@ -170,6 +201,16 @@ class EngineLoop:
                 self._post(_resolve, future, None, err)
             else:
                 self._post(_resolve, future, result, None)
+
+    def _drop_pending(self, rid: str) -> None:
+        for key, group in self.groups.items():
+            for index, (request, _handle) in enumerate(group):
+                if request.rid == rid:
+                    del group[index]
+                    self.pending -= 1
+                    if not group:
+                        del self.groups[key]
+                    return
 
     def _post(self, fn: Callable, *args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is waiting any more

@@ -19,7 +19,7 @@ from aiohttp import web
 from adaflash.engine.params import Output
 from adaflash.serve.engine_loop import Failure, Handle
 from adaflash.serve.event_stream import EventStream
-from adaflash.serve.http_errors import error_response, json_body
+from adaflash.serve.http_errors import error_response
 from adaflash.serve.openai_protocol import OpenAIInput, parse_chat, parse_completion
 from adaflash.serve.protocol import BadRequest, GenerateItem
 
@@ -45,14 +45,14 @@ class OpenAIRoutes:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         arrived = time.perf_counter()
-        parsed = parse_completion(await json_body(request), max_new_tokens_limit=self.server.max_new_tokens_limit)
+        parsed = parse_completion(await self.server.body(request), max_new_tokens_limit=self.server.max_new_tokens_limit)
         self._check_model(parsed.model)
         assert parsed.prompts is not None
         return await self._answer(request, parsed, parsed.prompts, chat=False, arrived=arrived)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         arrived = time.perf_counter()
-        parsed = parse_chat(await json_body(request), max_new_tokens_limit=self.server.max_new_tokens_limit)
+        parsed = parse_chat(await self.server.body(request), max_new_tokens_limit=self.server.max_new_tokens_limit)
         self._check_model(parsed.model)
         assert parsed.messages is not None
         try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaflash.engine.params import SamplingParams
-from adaflash.serve.protocol import BadRequest
+from adaflash.serve.protocol import MAX_PROMPTS_PER_REQUEST, BadRequest, check_unicode
 
 # OpenAI's documented defaults where they differ from the native API's.
 COMPLETION_MAX_TOKENS = 16
@@ -52,6 +52,10 @@ def parse_completion(body: Any, *, max_new_tokens_limit: int | None = None) -> O
     prompts = raw if isinstance(raw, list) else [raw]
     if not prompts or not all(isinstance(p, str) for p in prompts):
         raise BadRequest("'prompt' must be a string or a non-empty list of strings")
+    if len(prompts) > MAX_PROMPTS_PER_REQUEST:
+        raise BadRequest(f"'prompt' holds at most {MAX_PROMPTS_PER_REQUEST} prompts per request, got {len(prompts)}")
+    for index, prompt in enumerate(prompts):
+        check_unicode(prompt, f"'prompt'[{index}]" if isinstance(raw, list) else "'prompt'")
     return OpenAIInput(prompts, None, *_common(body, COMPLETION_MAX_TOKENS, max_new_tokens_limit))
 
 
@@ -102,6 +106,7 @@ def _message(raw: Any, index: int) -> dict[str, str]:
         content = "".join(texts)
     if not isinstance(content, str):
         raise BadRequest(f"{where}.content must be a string or a list of text parts")
+    check_unicode(content, f"{where}.content")
     return {"role": "system" if role == "developer" else role, "content": content}
 
 
@@ -118,6 +123,8 @@ def _common(body: dict[str, Any], default_tokens: int,
     stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise BadRequest("'stop' must be a non-empty string or a list of them")
+    for stop_text in stops:
+        check_unicode(stop_text, "'stop'")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest(f"'model' must be a string, got {model!r}")

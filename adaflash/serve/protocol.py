@@ -24,6 +24,9 @@ UNSUPPORTED_FIELDS = {
 HARMLESS_FIELDS = {"return_text_in_logprobs", "log_metrics", "no_logs", "routing_key", "priority"}
 KNOWN_FIELDS = {"text", "input_ids", "sampling_params", "stream", "rid"}
 DEFAULTS_OK = (None, False, -1, 0, [], {})
+# Prompts one request may carry (/generate's batch, /v1/completions' list); the engine loop serves
+# several requests' prompts in turn, so a big request shares the engine rather than holding it.
+MAX_PROMPTS_PER_REQUEST = 4096
 
 # Sampling fields SGLang knows that the engine does not implement, with the value that means "off".
 NEUTRAL_SAMPLING = {
@@ -56,7 +59,8 @@ class GenerateInput:
     stream: bool
 
 
-def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None, max_batch: int = 4096) -> GenerateInput:
+def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None,
+                   max_batch: int = MAX_PROMPTS_PER_REQUEST) -> GenerateInput:
     """Check a decoded JSON body; raise BadRequest with the offending field named."""
     if not isinstance(body, dict):
         raise BadRequest(f"the request body must be a JSON object, got {type(body).__name__}")
@@ -83,7 +87,7 @@ def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None, max_ba
         if not all(isinstance(t, str) for t in texts):
             raise BadRequest("'text' must be a string or a list of strings")
         for index, text in enumerate(texts):
-            _check_unicode(text, f"'text'[{index}]" if batch else "'text'")
+            check_unicode(text, f"'text'[{index}]" if batch else "'text'")
         ids = [None] * len(texts)
     else:
         raw = body["input_ids"]
@@ -113,7 +117,7 @@ def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None, max_ba
     return GenerateInput(items, batch, stream)
 
 
-def _check_unicode(text: str, name: str) -> None:
+def check_unicode(text: str, name: str) -> None:
     """JSON may carry lone surrogates (\\ud800) that no tokenizer can encode."""
     try:
         text.encode("utf-8")
@@ -129,9 +133,12 @@ def _rids(raw: Any, batch: bool, count: int) -> list[str | None]:
             raise BadRequest("'rid' of a batch must be a list of non-empty strings, one per prompt")
         if len(set(raw)) != len(raw):
             raise BadRequest("'rid' values must be unique")
+        for rid in raw:
+            check_unicode(rid, "'rid'")
         return list(raw)
     if not isinstance(raw, str) or not raw:
         raise BadRequest("'rid' must be a non-empty string")
+    check_unicode(raw, "'rid'")
     return [raw]
 
 
@@ -160,4 +167,6 @@ def parse_sampling(raw: Any, max_new_tokens_limit: int | None = None) -> Samplin
         params.validate(max_new_tokens_limit=max_new_tokens_limit)
     except (ValueError, TypeError) as err:
         raise BadRequest(str(err)) from None
+    for stop in params.stop:
+        check_unicode(stop, "sampling_params.stop")
     return params

@@ -23,7 +23,9 @@ import dataclasses
 import hmac
 import json
 import re
+import sys
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +38,7 @@ from adaflash.bench.metrics import cpu_model
 from adaflash.engine.detokenize import TextSoFar
 from adaflash.engine.engine import Engine, StepEvent
 from adaflash.engine.params import Output, Request, SamplingParams
+from adaflash.serve.connections import ConnectionGuard, ConnectionLimits
 from adaflash.serve.engine_loop import EngineLoop, Failure, Handle
 from adaflash.serve.event_stream import EventStream
 from adaflash.serve.http_errors import MAX_BODY_BYTES, error_body, error_response, http_error, json_body
@@ -61,8 +64,11 @@ class EmbeddedServer:
         max_new_tokens_limit: int | None = None,
         hardware: str | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self.engine = engine
+        self.limits = limits or ConnectionLimits()
+        self.guard: ConnectionGuard | None = None  # set by `running.serve` once it listens
         self.target_name = target
         self.draft = draft
         self.api_key = api_key or None
@@ -83,7 +89,7 @@ class EmbeddedServer:
 
     # -- application -------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[self._track, self._errors, self._auth], client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/generate", self.generate)
         app.router.add_put("/generate", self.generate)
         app.router.add_get("/health", self.health)
@@ -110,6 +116,22 @@ class EmbeddedServer:
         self.encoding.shutdown(wait=False, cancel_futures=True)
 
     @web.middleware
+    async def _track(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        """Tell the connection guard this connection is inside a request (no idle deadline applies)."""
+        guard, connection = self.guard, request.protocol
+        if guard is None:
+            return await handler(request)
+        guard.mark_busy(connection)
+        try:
+            return await handler(request)
+        finally:
+            guard.mark_idle(connection)
+
+    async def body(self, request: web.Request) -> Any:
+        """The request's JSON body, within the body deadline."""
+        return await json_body(request, self.limits.body_timeout)
+
+    @web.middleware
     async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         try:
             return await handler(request)
@@ -119,6 +141,11 @@ class EmbeddedServer:
             return http_error(request, exc)
         except BadRequest as exc:
             return error_response(str(exc), exc.status)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception as exc:  # a bug: still a JSON error, and one traceback on stderr
+            traceback.print_exc(file=sys.stderr)
+            return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Callable) -> web.StreamResponse:
@@ -137,7 +164,7 @@ class EmbeddedServer:
     # -- /generate ------------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
         arrived = time.perf_counter()
-        body = await json_body(request)
+        body = await self.body(request)
         parsed = parse_generate(body, max_new_tokens_limit=self.max_new_tokens_limit)
         handles = await self.submit(parsed.items, arrived)
         try:
@@ -163,8 +190,7 @@ class EmbeddedServer:
             handle = Handle(req.rid, asyncio.Queue(), arrived, len(req.prompt_ids), stops=req.params.stop)
             self.in_flight.add(req.rid)
             handles.append(handle)
-        for req, handle in zip(requests, handles):
-            self.loop_thread.submit(req, handle)
+        self.loop_thread.submit_group(list(zip(requests, handles)))
         return handles
 
     def release(self, handles: list[Handle]) -> None:
@@ -356,7 +382,7 @@ class EmbeddedServer:
 
     # -- drafter hot swap ---------------------------------------------------------------------------
     async def update_weights(self, request: web.Request) -> web.Response:
-        body = await json_body(request)
+        body = await self.body(request)
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object with 'model_path'")
         path = body.get("model_path")
