@@ -45,6 +45,8 @@ DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longe
               help="Embedded: seconds a connection has to send a whole request head.")
 @click.option("--keepalive-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               help="Embedded: seconds an idle keep-alive connection stays open.")
+@click.option("--served-model-name", default=None,
+              help="Embedded: the model id clients name and /v1/models lists (default: --target as given).")
 @click.option("--max-connections", type=click.IntRange(1), default=None,
               help="Embedded: connections open at once; the oldest idle ones are closed to make room "
                    "(default: what the open-files limit allows).")
@@ -67,7 +69,7 @@ DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longe
 def serve(ctx: click.Context, method: str, target: str, draft: str | None, engine_kind: str, host: str, port: int,
           api_key: str | None, gpus: str | None, max_batch: int | None, admit_batch: int | None, overlap: bool,
           max_new_tokens_limit: int, header_timeout: float, keepalive_timeout: float, max_connections: int | None,
-          context_length: int | None, length_rate: float, length_policy: str, min_length: int, steps: int | None,
+          served_model_name: str | None, context_length: int | None, length_rate: float, length_policy: str, min_length: int, steps: int | None,
           block_size: int | None, device: str, dtype: str, seed: int, sglang_args: tuple[str, ...], dry_run: bool) -> None:
     """Serve a method over HTTP in SGLang's dialect (/generate, /health, /get_server_info, ...).
 
@@ -106,6 +108,7 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
     config = {"engine": "embedded", "method": method, "target": target, "draft": draft, "host": host, "port": port,
               "max_batch": max_batch or 16, "admit_batch": admit_batch, "overlap": overlap, "max_new_tokens_limit": max_new_tokens_limit or None,
               "header_timeout": header_timeout, "keepalive_timeout": keepalive_timeout, "max_connections": max_connections,
+              "served_model_name": served_model_name,
               "context_length": context_length, "length_rate": length_rate, "length_policy": length_policy,
               "min_length": min_length, "steps": steps, "device": device, "dtype": dtype, "gpus": gpus, "api_key": bool(api_key)}
     if dry_run:
@@ -148,6 +151,7 @@ def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed:
 
     server = EmbeddedServer(engine, target=config["target"], draft=config["draft"], api_key=api_key,
                             max_new_tokens_limit=config["max_new_tokens_limit"], hardware=hardware, on_event=on_event,
+                            served_model_name=config["served_model_name"],
                             limits=ConnectionLimits(header_timeout=config["header_timeout"],
                                                     keepalive_timeout=config["keepalive_timeout"],
                                                     max_connections=config["max_connections"]))

@@ -38,7 +38,8 @@ class Failure:
 
     def body(self) -> dict[str, Any]:
         """The error a stream sends for it (a stream has already answered 200)."""
-        return error_body(self.message, "BadRequest" if self.status == 400 else "InternalServerError")
+        return error_body(self.message, "BadRequest" if self.status == 400 else "InternalServerError",
+                          code=self.status)
 
 
 @dataclass
@@ -52,6 +53,8 @@ class Handle:
     ids: list[int] = field(default_factory=list)
     steps: int = 0
     first_at: float | None = None
+    last_at: float | None = None  # when its latest tokens arrived (inter-token latency)
+    probe: bool = False  # a health check's: left out of the metrics
     stops: list[str] = field(default_factory=list)  # stop strings: a stream holds back what may start one
     so_far: TextSoFar | None = None  # a stream's text of `ids`, decoded in windows
     done: bool = False  # its output or failure was taken (else the handler aborts it when it ends)

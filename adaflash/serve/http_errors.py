@@ -13,14 +13,19 @@ from adaflash.serve.protocol import BadRequest
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
-def error_body(message: str, kind: str = "BadRequest") -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind}}
+KINDS = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 408: "RequestTimeout",
+         413: "RequestTooLarge", 503: "ServiceUnavailable"}
 
 
-def error_response(message: str, status: int = 400) -> web.Response:
-    kind = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed",
-            408: "RequestTimeout", 413: "RequestTooLarge", 503: "ServiceUnavailable"}.get(status, "InternalServerError")
-    return web.json_response(error_body(message, kind), status=status)
+def error_body(message: str, kind: str = "BadRequest", *, param: str | None = None,
+               code: int | str | None = None) -> dict[str, Any]:
+    """OpenAI's error object (message, type, param, code); `code` is the HTTP status, as SGLang and vLLM send."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(message: str, status: int = 400, *, param: str | None = None) -> web.Response:
+    kind = KINDS.get(status, "InternalServerError")
+    return web.json_response(error_body(message, kind, param=param, code=status), status=status)
 
 
 def http_error(request: web.Request, exc: web.HTTPException) -> web.Response:

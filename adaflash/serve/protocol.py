@@ -7,6 +7,7 @@ disturb the others being decoded.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,17 +32,36 @@ MAX_PROMPTS_PER_REQUEST = 4096
 # Sampling fields SGLang knows that the engine does not implement, with the value that means "off".
 NEUTRAL_SAMPLING = {
     "n": 1, "min_new_tokens": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-    "min_p": 0.0, "skip_special_tokens": True, "spaces_between_special_tokens": True, "no_stop_trim": False,
+    "skip_special_tokens": True, "spaces_between_special_tokens": True, "no_stop_trim": False,
     "json_schema": None, "regex": None,
 }
 
 
 class BadRequest(ValueError):
-    """A request the server refuses with a 4xx; `status` is the HTTP code."""
+    """A request the server refuses with a 4xx; `status` is the HTTP code, `param` the field at fault
+    (OpenAI's error `param`; by default the first field the message names)."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: int = 400, *, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.param = param if param is not None else field_named(message)
+
+
+FIELD_PATTERNS = (
+    re.compile(r"(?:sampling_params|messages\[\d+\](?:\.content\[\d+\])?)(?:\.[a-z_]+)?"),
+    re.compile(r"'([A-Za-z_][A-Za-z0-9_.]*)'"),
+    re.compile(r"^([a-z_]+)="),
+)
+
+
+def field_named(message: str) -> str | None:
+    """The request field an error message names first: `sampling_params.top_k`, `messages[2].role`,
+    `'prompt'` (as prompt), `n=2 ...` (as n)."""
+    for pattern in FIELD_PATTERNS:
+        match = pattern.search(message)
+        if match:
+            return match.group(1) if match.groups() else match.group(0)
+    return None
 
 
 @dataclass
@@ -160,6 +180,16 @@ def parse_sampling(raw: Any, max_new_tokens_limit: int | None = None) -> Samplin
                                  or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids)):
         raise BadRequest("sampling_params.stop_token_ids must be a list of integers")
     cleaned = {k: v for k, v in raw.items() if k not in NEUTRAL_SAMPLING}
+    if cleaned.get("sampling_seed") is not None:  # SGLang's name for the per-request seed
+        if cleaned.get("seed") is not None and cleaned["seed"] != cleaned["sampling_seed"]:
+            raise BadRequest("give 'sampling_params.seed' or 'sampling_params.sampling_seed', not both",
+                             param="sampling_params.seed")
+        cleaned["seed"] = cleaned["sampling_seed"]
+    cleaned.pop("sampling_seed", None)
+    for key in ("seed", "min_p"):
+        if isinstance(cleaned.get(key), bool):
+            raise BadRequest(f"sampling_params.{key} must be a number, got {cleaned[key]!r}",
+                             param=f"sampling_params.{key}")
     if cleaned.get("stop_token_ids") is None:
         cleaned.pop("stop_token_ids", None)
     try:
