@@ -180,6 +180,9 @@ def parse_sampling(raw: Any, max_new_tokens_limit: int | None = None) -> Samplin
                                  or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids)):
         raise BadRequest("sampling_params.stop_token_ids must be a list of integers")
     cleaned = {k: v for k, v in raw.items() if k not in NEUTRAL_SAMPLING}
+    default_tokens = SamplingParams.max_new_tokens
+    if cleaned.get("max_new_tokens") is None and max_new_tokens_limit is not None:
+        cleaned["max_new_tokens"] = min(default_tokens, max_new_tokens_limit)  # the default, capped: not refused
     if cleaned.get("sampling_seed") is not None:  # SGLang's name for the per-request seed
         if cleaned.get("seed") is not None and cleaned["seed"] != cleaned["sampling_seed"]:
             raise BadRequest("give 'sampling_params.seed' or 'sampling_params.sampling_seed', not both",
