@@ -46,7 +46,7 @@ DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longe
 @click.option("--keepalive-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               help="Embedded: seconds an idle keep-alive connection stays open.")
 @click.option("--served-model-name", default=None,
-              help="Embedded: the model id clients name and /v1/models lists (default: --target as given).")
+              help="The model id clients name and /v1/models lists (default: --target as given).")
 @click.option("--max-connections", type=click.IntRange(1), default=None,
               help="Embedded: connections open at once; the oldest idle ones are closed to make room "
                    "(default: what the open-files limit allows).")
@@ -87,7 +87,8 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
     if engine_kind == "sglang":
         if admit_batch is not None:
             fail("--admit-batch applies to the embedded engine (SGLang schedules its own prefills)")
-        extra = [*sglang_args, *([] if overlap else ["--disable-overlap-schedule"])]
+        extra = [*sglang_args, *([] if overlap else ["--disable-overlap-schedule"]),
+                 *(["--served-model-name", served_model_name] if served_model_name else [])]
         _serve_sglang(ctx, method, target, draft, host, port, api_key, gpus, max_batch, length_rate, min_length, steps,
                       block_size, extra, dry_run)
         return

@@ -11,8 +11,9 @@ same thread and runs between two steps.
 
 Endpoints: POST /generate, GET /health, GET /health_generate, GET /get_server_info,
 GET /get_model_info, POST /update_weights_from_disk (swaps the DRAFTER, the part the pipeline
-retrains), POST /flush_cache; and in OpenAI's dialect GET /v1/models, POST /v1/completions and
-POST /v1/chat/completions (`openai_api`).
+retrains), POST /flush_cache, GET /metrics (`metrics`), GET /version; and in OpenAI's dialect
+GET /v1/models[/{id}], POST /v1/completions, POST /v1/chat/completions (`openai_api`) and
+POST /v1/tokenize, /v1/detokenize (`tokenize`). docs/http-api.md describes them all.
 """
 
 from __future__ import annotations
