@@ -325,3 +325,64 @@ async def test_a_big_request_does_not_starve_a_small_one(tiny_llama):
     finally:
         running.stop()
     assert finished == ["small", "big"]
+
+
+def test_deadlines_never_cut_a_request_in_progress_and_a_slow_body_gets_408(tiny_llama):
+    from adaflash.serve.connections import ConnectionLimits
+
+    running = _start(tiny_llama, limits=ConnectionLimits(header_timeout=0.3, keepalive_timeout=0.3, body_timeout=0.5))
+    engine = running.server.engine
+    real = engine.step
+
+    def slow_step():
+        time.sleep(0.2)
+        return real()
+
+    engine.step = slow_step
+    host, port = running.url.removeprefix("http://").split(":")
+
+    async def long_answer() -> dict:
+        body = {"text": "Hello", "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}
+        async with aiohttp.ClientSession() as session, session.post(running.url + "/generate", json=body) as r:
+            assert r.status == 200
+            return await r.json()
+
+    try:
+        out = asyncio.run(long_answer())  # about 1.2 s, four times the idle deadlines
+        assert out["meta_info"]["completion_tokens"] == 6
+        with socket.create_connection((host, int(port)), timeout=20) as sock:
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"text\": ")
+            reply = sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+        assert b"did not arrive within 0.5 s" in reply
+    finally:
+        running.stop()
+
+
+async def test_a_big_request_whose_client_leaves_frees_its_waiting_prompts(tiny_llama):
+    running = _start(tiny_llama, max_batch=2)
+    big = {"text": [f"Story number {i}" for i in range(400)],
+           "sampling_params": {"max_new_tokens": 128, "temperature": 0, "ignore_eos": True}}
+
+    async def info(session: aiohttp.ClientSession) -> dict:
+        async with session.get(running.url + "/get_server_info") as response:
+            return await response.json()
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            leaving = asyncio.ensure_future(session.post(running.url + "/generate", json=big))
+            for _ in range(200):
+                if (await info(session))["queue_depth"] > 0:
+                    break
+                await asyncio.sleep(0.01)
+            leaving.cancel()
+            for _ in range(200):
+                state = await info(session)
+                if state["queue_depth"] == 0 and state["running_requests"] == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert state["queue_depth"] == 0 and state["running_requests"] == 0, state
+            assert state["requests_served"] < 400
+    finally:
+        running.stop()

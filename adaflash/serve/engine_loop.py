@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,7 +69,8 @@ class EngineLoop:
         self.inbox: queue.Queue = queue.Queue()
         self.handles: dict[str, Handle] = {}
         self.groups: OrderedDict[int, deque[tuple[Request, Handle]]] = OrderedDict()  # waiting, by HTTP request
-        self.pending = 0  # prompts in `groups`
+        self.waiting_rids: Counter[str] = Counter()  # rids in `groups` not aborted (a rid may come back)
+        self.dropped: Counter[str] = Counter()  # rids in `groups` whose client left: skipped at their turn
         self._group_ids = 0
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="adaflash-engine", daemon=True)
@@ -111,7 +112,7 @@ class EngineLoop:
 
     @property
     def queue_depth(self) -> int:
-        return self.inbox.qsize() + self.pending + len(self.engine.waiting)
+        return self.inbox.qsize() + self.waiting_rids.total() + len(self.engine.waiting)
 
     @property
     def running(self) -> int:
@@ -173,11 +174,14 @@ class EngineLoop:
         while free > 0 and self.groups:
             key, group = next(iter(self.groups.items()))
             request, handle = group.popleft()
-            self.pending -= 1
             if group:
                 self.groups.move_to_end(key)
             else:
                 del self.groups[key]
+            if self.dropped[request.rid] > 0:
+                _take(self.dropped, request.rid)
+                continue
+            _take(self.waiting_rids, request.rid)
             try:
                 engine.add(request)
             except ValueError as err:
@@ -190,12 +194,13 @@ class EngineLoop:
         if item[0] == "group":
             self._group_ids += 1
             self.groups[self._group_ids] = deque(item[1])
-            self.pending += len(item[1])
+            self.waiting_rids.update(request.rid for request, _ in item[1])
         elif item[0] == "abort":
             if self.handles.pop(item[1], None) is not None:
                 self.engine.abort(item[1])
-            else:
-                self._drop_pending(item[1])
+            elif self.waiting_rids[item[1]] > 0:
+                _take(self.waiting_rids, item[1])
+                self.dropped[item[1]] += 1
         elif item[0] == "call":
             _, fn, future = item
             try:
@@ -204,16 +209,6 @@ class EngineLoop:
                 self._post(_resolve, future, None, err)
             else:
                 self._post(_resolve, future, result, None)
-
-    def _drop_pending(self, rid: str) -> None:
-        for key, group in self.groups.items():
-            for index, (request, _handle) in enumerate(group):
-                if request.rid == rid:
-                    del group[index]
-                    self.pending -= 1
-                    if not group:
-                        del self.groups[key]
-                    return
 
     def _post(self, fn: Callable, *args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is waiting any more
@@ -227,6 +222,12 @@ class EngineLoop:
         self.handles.clear()
         self.engine.waiting.clear()
         self.engine.active.clear()
+
+
+def _take(counts: Counter, key: str) -> None:
+    counts[key] -= 1
+    if counts[key] <= 0:
+        del counts[key]
 
 
 def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
