@@ -386,3 +386,29 @@ async def test_a_big_request_whose_client_leaves_frees_its_waiting_prompts(tiny_
             assert state["requests_served"] < 400
     finally:
         running.stop()
+
+
+def test_running_out_of_file_descriptors_is_one_line_a_minute(capsys):
+    import errno
+
+    from adaflash.serve.connections import ConnectionLimits, QuietAcceptErrors, connection_cap
+
+    loop = asyncio.new_event_loop()
+    try:
+        quiet = QuietAcceptErrors(loop)
+        passed_on = []
+        quiet.previous = lambda _loop, context: passed_on.append(context["message"])
+        for _ in range(500):
+            quiet(loop, {"message": "socket.accept() out of system resource",
+                         "exception": OSError(errno.EMFILE, "Too many open files")})
+        quiet(loop, {"message": "something else"})
+    finally:
+        loop.close()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "out of file descriptors" in lines[0]
+    assert quiet.suppressed == 499 and passed_on == ["something else"]
+    assert connection_cap(ConnectionLimits(), 4096) == 4096 - 512
+    assert connection_cap(ConnectionLimits(max_connections=100), 4096) == 100
+    assert connection_cap(ConnectionLimits(max_connections=10**6), 4096) == 4096 - 512
+    with pytest.raises(ValueError, match="header_timeout"):
+        ConnectionLimits(header_timeout=0)
