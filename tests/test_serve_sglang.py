@@ -124,6 +124,23 @@ def test_serve_dry_run_prints_the_command(workspace):
         assert bad.exit_code == 2 and message in bad.output, bad.output
 
 
+def test_serve_limits_and_the_served_name_reach_both_engines(workspace):
+    from adaflash.cli.main import cli
+
+    embedded = CliRunner().invoke(cli, ["serve", "--dry-run", "--served-model-name", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                        "--header-timeout", "5", "--max-connections", "100",
+                                        "--max-new-tokens-limit", "0"])
+    config = json.loads(embedded.stdout)
+    assert config["served_model_name"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and config["header_timeout"] == 5
+    assert config["max_connections"] == 100 and config["max_new_tokens_limit"] is None
+    assert json.loads(CliRunner().invoke(cli, ["serve", "--dry-run"]).stdout)["max_new_tokens_limit"] == 2048
+    sglang = CliRunner().invoke(cli, ["serve", "--engine", "sglang", "--method", "vanilla", "--dry-run",
+                                      "--served-model-name", "smol"])
+    assert _flag(shlex.split(sglang.stdout.strip().splitlines()[-1]), "--served-model-name") == "smol"
+    refused = CliRunner().invoke(cli, ["serve", "--dry-run", "--header-timeout", "0"])
+    assert refused.exit_code == 2 and "--header-timeout" in refused.output
+
+
 def test_serve_without_sglang_installed_says_how_to_get_it(workspace):
     import importlib.util
 

@@ -16,6 +16,8 @@ import click
 from adaflash.cli.common import chosen_drafter, fail, length_policy_option, overlap_option, runlog_of
 from adaflash.engine.params import METHODS
 
+DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longer than this many tokens
+
 
 @click.command()
 @click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
@@ -37,7 +39,17 @@ from adaflash.engine.params import METHODS
                    "(default: max-batch/8 on a GPU, 1 on a CPU). 1 admits each request at once: lowest time to "
                    "first token, but on a GPU a full batch then spends much of its time in eager prefills.")
 @overlap_option(" With --engine sglang it passes SGLang's --disable-overlap-schedule.")
-@click.option("--max-new-tokens-limit", type=click.IntRange(1), default=None, help="Refuse requests asking for more.")
+@click.option("--max-new-tokens-limit", type=click.IntRange(0), default=DEFAULT_MAX_NEW_TOKENS_LIMIT, show_default=True,
+              help="Embedded: refuse requests asking for more new tokens (0: only the context limits them).")
+@click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Embedded: seconds a connection has to send a whole request head.")
+@click.option("--keepalive-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="Embedded: seconds an idle keep-alive connection stays open.")
+@click.option("--served-model-name", default=None,
+              help="The model id clients name and /v1/models lists (default: --target as given).")
+@click.option("--max-connections", type=click.IntRange(1), default=None,
+              help="Embedded: connections open at once; the oldest idle ones are closed to make room "
+                   "(default: what the open-files limit allows).")
 @click.option("--context-length", type=click.IntRange(16), default=None,
               help="Embedded: tokens per sequence slot (prompt + answer); default min(model context, 4096).")
 @click.option("--length-rate", type=float, default=1.0, show_default=True, help="AdaFlash: scale on the predicted length.")
@@ -56,8 +68,8 @@ from adaflash.engine.params import METHODS
 @click.pass_context
 def serve(ctx: click.Context, method: str, target: str, draft: str | None, engine_kind: str, host: str, port: int,
           api_key: str | None, gpus: str | None, max_batch: int | None, admit_batch: int | None, overlap: bool,
-          max_new_tokens_limit: int | None,
-          context_length: int | None, length_rate: float, length_policy: str, min_length: int, steps: int | None,
+          max_new_tokens_limit: int, header_timeout: float, keepalive_timeout: float, max_connections: int | None,
+          served_model_name: str | None, context_length: int | None, length_rate: float, length_policy: str, min_length: int, steps: int | None,
           block_size: int | None, device: str, dtype: str, seed: int, sglang_args: tuple[str, ...], dry_run: bool) -> None:
     """Serve a method over HTTP in SGLang's dialect (/generate, /health, /get_server_info, ...).
 
@@ -75,7 +87,8 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
     if engine_kind == "sglang":
         if admit_batch is not None:
             fail("--admit-batch applies to the embedded engine (SGLang schedules its own prefills)")
-        extra = [*sglang_args, *([] if overlap else ["--disable-overlap-schedule"])]
+        extra = [*sglang_args, *([] if overlap else ["--disable-overlap-schedule"]),
+                 *(["--served-model-name", served_model_name] if served_model_name else [])]
         _serve_sglang(ctx, method, target, draft, host, port, api_key, gpus, max_batch, length_rate, min_length, steps,
                       block_size, extra, dry_run)
         return
@@ -94,7 +107,9 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
             if len(gpu_ids) > 1:
                 click.secho(f"note: the embedded engine uses one GPU; serving on GPU {gpu_ids[0]}", fg="yellow", err=True)
     config = {"engine": "embedded", "method": method, "target": target, "draft": draft, "host": host, "port": port,
-              "max_batch": max_batch or 16, "admit_batch": admit_batch, "overlap": overlap, "max_new_tokens_limit": max_new_tokens_limit,
+              "max_batch": max_batch or 16, "admit_batch": admit_batch, "overlap": overlap, "max_new_tokens_limit": max_new_tokens_limit or None,
+              "header_timeout": header_timeout, "keepalive_timeout": keepalive_timeout, "max_connections": max_connections,
+              "served_model_name": served_model_name,
               "context_length": context_length, "length_rate": length_rate, "length_policy": length_policy,
               "min_length": min_length, "steps": steps, "device": device, "dtype": dtype, "gpus": gpus, "api_key": bool(api_key)}
     if dry_run:
@@ -108,6 +123,7 @@ def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed:
 
     from adaflash.engine.build import build_engine
     from adaflash.models.drafter_io import DrafterError
+    from adaflash.serve.connections import ConnectionLimits
     from adaflash.serve.running import serve
     from adaflash.serve.server import READY_LINE, EmbeddedServer, hardware_name
 
@@ -135,7 +151,11 @@ def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed:
         log.log_event(run_id, f"{kind}: {json.dumps(data)}")
 
     server = EmbeddedServer(engine, target=config["target"], draft=config["draft"], api_key=api_key,
-                            max_new_tokens_limit=config["max_new_tokens_limit"], hardware=hardware, on_event=on_event)
+                            max_new_tokens_limit=config["max_new_tokens_limit"], hardware=hardware, on_event=on_event,
+                            served_model_name=config["served_model_name"],
+                            limits=ConnectionLimits(header_timeout=config["header_timeout"],
+                                                    keepalive_timeout=config["keepalive_timeout"],
+                                                    max_connections=config["max_connections"]))
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -179,6 +199,7 @@ async def _log_metrics(server, log, run_id: str, stop) -> None:
     import asyncio
 
     last = None
+    failing = False
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         with contextlib.suppress(asyncio.TimeoutError):
@@ -189,8 +210,14 @@ async def _log_metrics(server, log, run_id: str, stop) -> None:
                   "running_requests": info["running_requests"]}
         key = (values["requests_served"], values["queue_depth"], values["running_requests"])
         if key != last:
-            last = key
-            await loop.run_in_executor(None, lambda v=values: log.log_metrics(run_id, v, job="server"))
+            try:
+                await loop.run_in_executor(None, lambda v=values: log.log_metrics(run_id, v, job="server"))
+            except Exception as err:  # out of file descriptors, a locked log: try again next time
+                if not failing:
+                    click.echo(f"adaflash serve: cannot write metrics to the run log ({err}); retrying", err=True)
+                failing = True
+                continue
+            last, failing = key, False
 
 
 def _serve_sglang(ctx: click.Context, method: str, target: str, draft: str | None, host: str, port: int,

@@ -129,7 +129,7 @@ class Admitting:
         rows = torch.tensor([s.slot for s in admitted], device=self.device)
         length = torch.tensor(lens, device=self.device)
         logits = self.passes.prefill(ids, rows, length)
-        first = sample_for(logits, [s.request.params for s in admitted], self.generator)
+        first = sample_for(logits, [s.request.params for s in admitted], self.generator, positions=[0] * len(admitted))
         self.passes.admit(rows, length, first, ids.shape[1])
         return first
 

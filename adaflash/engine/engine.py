@@ -368,7 +368,7 @@ class Engine(Admitting, VerifyLengths):
             t2 = t3 = time.perf_counter()
         else:
             packed, t1, t2, t3 = self._draft_then_verify(rows, pending, lens, longest, params, greedy, steps, chooser,
-                                                         t0, in_order)
+                                                         t0, in_order, positions=[len(s.output_ids) for s in seqs])
         if len(slots) != len(seqs):
             index = {slot: i for i, slot in enumerate(slots)}
             packed = [packed[index[s.slot]] for s in seqs]
@@ -416,7 +416,8 @@ class Engine(Admitting, VerifyLengths):
 
     def _draft_then_verify(self, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor, longest: int,
                            params: list, greedy: bool, steps: int | None, chooser: LengthChooser | None,
-                           t0: float, in_order: bool) -> tuple[list[list[int]], float, float, float]:
+                           t0: float, in_order: bool,
+                           positions: list[int] | None = None) -> tuple[list[list[int]], float, float, float]:
         """A step whose drafts the host must see (the head chooses lengths, or rows sample): the packed
         host rows, and when drafting, verifying and extending ended. `in_order`: rows are slots 0..b-1."""
         drafts, verify_n = self.passes.draft(rows, pending, lens, longest, steps=steps, choose=chooser,
@@ -427,7 +428,8 @@ class Engine(Admitting, VerifyLengths):
             packed = self.passes.greedy_step(rows, pending, drafts, verify_n, lens, longest, in_order=in_order).tolist()
             t2 = t3 = time.perf_counter()
         else:
-            accepted, packed = self._verify(rows, pending, drafts, verify_n, lens, longest, params, greedy, in_order)
+            accepted, packed = self._verify(rows, pending, drafts, verify_n, lens, longest, params, greedy, in_order,
+                                            positions)
             t2 = time.perf_counter()
             if self.drafter is not None:
                 self.passes.extend_drafter(rows, lens, accepted + 1, longest, max(r[0] for r in packed) + 1,
@@ -437,15 +439,17 @@ class Engine(Admitting, VerifyLengths):
 
     def _verify(self, rows: torch.Tensor, pending: torch.Tensor, drafts: torch.Tensor, verify_n: torch.Tensor,
                 lens: torch.Tensor, longest: int, params: list, greedy: bool,
-                in_order: bool) -> tuple[torch.Tensor, list[list[int]]]:
-        """The general verify (any sampling, exact shapes): accepted [b] and the packed host rows."""
+                in_order: bool, positions: list[int] | None = None) -> tuple[torch.Tensor, list[list[int]]]:
+        """The general verify (any sampling, exact shapes): accepted [b] and the packed host rows.
+        `positions`: each row's output position of its block's first target token (seeded sampling)."""
         k = drafts.shape[1]
         block = torch.cat([pending[:, None], drafts], dim=1)
         out, feats = self.passes.verify(rows, block, lens, longest, greedy=greedy, in_order=in_order)
         if greedy:
             posterior = out
         else:
-            posterior = sample_for(out.reshape(-1, out.shape[-1]), params, self.generator, repeat=k + 1)
+            posterior = sample_for(out.reshape(-1, out.shape[-1]), params, self.generator, repeat=k + 1,
+                                   positions=positions)
             posterior = posterior.view(len(params), k + 1)
         accepted, emitted = accept(drafts, posterior, verify_n)
         self.passes.commit(rows, lens, accepted, emitted, feats, longest)

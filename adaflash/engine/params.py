@@ -19,6 +19,7 @@ DRAFT_MARGIN = 72
 # top_k goes into an int64 tensor and is clamped to the vocabulary there: any larger value means "all".
 MAX_TOP_K = 2**31 - 1
 MAX_EXACT_FLOAT_INT = 2**53
+MAX_SEED = 2**64 - 1
 
 
 @dataclass
@@ -30,6 +31,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    min_p: float = 0.0  # drop tokens less likely than min_p × the likeliest one (after top-k/top-p)
+    seed: int | None = None  # sampled tokens depend only on the seed and their position (sampling.py)
 
     def validate(self, *, max_new_tokens_limit: int | None = None) -> None:
         """Raise ValueError naming the field; the server turns it into a 400."""
@@ -49,6 +52,11 @@ class SamplingParams:
             raise ValueError("sampling_params.stop must be a list of non-empty strings")
         if not all(isinstance(t, int) for t in self.stop_token_ids):
             raise ValueError("sampling_params.stop_token_ids must be a list of integers")
+        if not _finite(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"sampling_params.min_p must be in [0, 1], got {_shown(self.min_p)}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not -MAX_SEED <= self.seed <= MAX_SEED):
+            raise ValueError(f"sampling_params.seed must be an integer of at most 64 bits, got {_shown(self.seed)}")
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> SamplingParams:
@@ -62,7 +70,7 @@ class SamplingParams:
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(raw) - known - {"n", "skip_special_tokens", "spaces_between_special_tokens",
                                       "min_new_tokens", "frequency_penalty", "presence_penalty",
-                                      "repetition_penalty", "min_p", "no_stop_trim", "json_schema", "regex"}
+                                      "repetition_penalty", "no_stop_trim", "json_schema", "regex"}
         if unknown:
             raise ValueError(f"sampling_params has unknown field(s): {', '.join(sorted(unknown))}")
         params = cls(**{k: v for k, v in raw.items() if k in known}, stop=stop)

@@ -4,6 +4,11 @@ The engine is not thread-safe and batches best when it sees every live request, 
 it and loops "take new requests -> engine.step() -> hand out StepEvents". The asyncio side submits
 requests and posted calls through a queue and waits on a per-request asyncio queue that this thread
 feeds through `loop.call_soon_threadsafe`.
+
+Fairness: the prompts of one HTTP request form a group, and the engine's own queue is only topped up
+to its free slots, taking one prompt from each waiting group in turn (round-robin). So a request of
+4,096 prompts shares the engine with a one-prompt request that comes after it instead of making it
+wait for all 4,096.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +38,8 @@ class Failure:
 
     def body(self) -> dict[str, Any]:
         """The error a stream sends for it (a stream has already answered 200)."""
-        return error_body(self.message, "BadRequest" if self.status == 400 else "InternalServerError")
+        return error_body(self.message, "BadRequest" if self.status == 400 else "InternalServerError",
+                          code=self.status)
 
 
 @dataclass
@@ -47,6 +53,8 @@ class Handle:
     ids: list[int] = field(default_factory=list)
     steps: int = 0
     first_at: float | None = None
+    last_at: float | None = None  # when its latest tokens arrived (inter-token latency)
+    probe: bool = False  # a health check's: left out of the metrics
     stops: list[str] = field(default_factory=list)  # stop strings: a stream holds back what may start one
     so_far: TextSoFar | None = None  # a stream's text of `ids`, decoded in windows
     done: bool = False  # its output or failure was taken (else the handler aborts it when it ends)
@@ -60,6 +68,10 @@ class EngineLoop:
         self.loop = loop
         self.inbox: queue.Queue = queue.Queue()
         self.handles: dict[str, Handle] = {}
+        self.groups: OrderedDict[int, deque[tuple[Request, Handle]]] = OrderedDict()  # waiting, by HTTP request
+        self.waiting_rids: Counter[str] = Counter()  # rids in `groups` not aborted (a rid may come back)
+        self.dropped: Counter[str] = Counter()  # rids in `groups` whose client left: skipped at their turn
+        self._group_ids = 0
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="adaflash-engine", daemon=True)
         self.error: str | None = None
@@ -82,7 +94,11 @@ class EngineLoop:
         return self.thread.is_alive() and not self.stopping.is_set()
 
     def submit(self, request: Request, handle: Handle) -> None:
-        self.inbox.put(("add", request, handle))
+        self.submit_group([(request, handle)])
+
+    def submit_group(self, pairs: list[tuple[Request, Handle]]) -> None:
+        """The prompts of one HTTP request: they take turns with other requests' prompts for free slots."""
+        self.inbox.put(("group", pairs))
 
     def abort(self, rid: str) -> None:
         """Drop a request whose client left, between two steps."""
@@ -96,7 +112,7 @@ class EngineLoop:
 
     @property
     def queue_depth(self) -> int:
-        return self.inbox.qsize() + len(self.engine.waiting)
+        return self.inbox.qsize() + self.waiting_rids.total() + len(self.engine.waiting)
 
     @property
     def running(self) -> int:
@@ -113,9 +129,10 @@ class EngineLoop:
     # -- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         while not self.stopping.is_set():
-            self._drain(block=not self.engine.has_work())
+            self._drain(block=not self.engine.has_work() and not self.groups)
             if self.stopping.is_set():
                 break
+            self._feed()
             if not self.engine.has_work():
                 continue
             try:
@@ -150,18 +167,40 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _handle(self, item: tuple) -> None:
-        if item[0] == "add":
-            _, request, handle = item
+    def _feed(self) -> None:
+        """Top the engine's queue up to its free slots, one prompt from each waiting group in turn."""
+        engine = self.engine
+        free = engine.max_batch - len(engine.active) - len(engine.waiting)
+        while free > 0 and self.groups:
+            key, group = next(iter(self.groups.items()))
+            request, handle = group.popleft()
+            if group:
+                self.groups.move_to_end(key)
+            else:
+                del self.groups[key]
+            if self.dropped[request.rid] > 0:
+                _take(self.dropped, request.rid)
+                continue
+            _take(self.waiting_rids, request.rid)
             try:
-                self.engine.add(request)
+                engine.add(request)
             except ValueError as err:
                 self._post(handle.queue.put_nowait, Failure(str(err), 400))
-                return
+                continue
             self.handles[request.rid] = handle
+            free -= 1
+
+    def _handle(self, item: tuple) -> None:
+        if item[0] == "group":
+            self._group_ids += 1
+            self.groups[self._group_ids] = deque(item[1])
+            self.waiting_rids.update(request.rid for request, _ in item[1])
         elif item[0] == "abort":
             if self.handles.pop(item[1], None) is not None:
                 self.engine.abort(item[1])
+            elif self.waiting_rids[item[1]] > 0:
+                _take(self.waiting_rids, item[1])
+                self.dropped[item[1]] += 1
         elif item[0] == "call":
             _, fn, future = item
             try:
@@ -183,6 +222,12 @@ class EngineLoop:
         self.handles.clear()
         self.engine.waiting.clear()
         self.engine.active.clear()
+
+
+def _take(counts: Counter, key: str) -> None:
+    counts[key] -= 1
+    if counts[key] <= 0:
+        del counts[key]
 
 
 def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

@@ -19,9 +19,10 @@ from aiohttp import web
 from adaflash.engine.params import Output
 from adaflash.serve.engine_loop import Failure, Handle
 from adaflash.serve.event_stream import EventStream
-from adaflash.serve.http_errors import error_response, json_body
+from adaflash.serve.http_errors import error_response
 from adaflash.serve.openai_protocol import OpenAIInput, parse_chat, parse_completion
 from adaflash.serve.protocol import BadRequest, GenerateItem
+from adaflash.serve.tokenize import TokenRoutes
 
 if TYPE_CHECKING:
     from adaflash.serve.server import EmbeddedServer
@@ -32,27 +33,53 @@ class OpenAIRoutes:
 
     def register(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
+        tokens = TokenRoutes(self.server, self.names)
+        for prefix in ("/v1", ""):  # SGLang serves them under /v1, vLLM at the root
+            app.router.add_post(f"{prefix}/tokenize", tokens.tokenize)
+            app.router.add_post(f"{prefix}/detokenize", tokens.detokenize)
 
     @property
     def model_id(self) -> str:
-        return self.server.target_name
+        return self.server.served_model_name
+
+    @property
+    def names(self) -> set[str]:
+        """What a request's `model` may say: the served name, the target as given, its hub id, its folder."""
+        server = self.server
+        return {n for n in (self.model_id, server.target_name, server.hub_id, str(server.engine.target.folder),
+                            "default") if n}
+
+    def card(self) -> dict[str, Any]:
+        """The model object; `root` is where its weights and tokenizer come from (the hub id when known, as a
+        tokenizer name for clients such as aiperf), `tokenizer_path` the folder this server loaded."""
+        server = self.server
+        return {"id": self.model_id, "object": "model", "created": int(server.started), "owned_by": "adaflash",
+                "root": server.hub_id or str(server.engine.target.folder), "parent": None,
+                "max_model_len": server.engine.max_len, "tokenizer_path": str(server.engine.target.folder)}
 
     async def models(self, _request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model_id, "object": "model", "created": int(self.server.started), "owned_by": "adaflash"}]})
+        return web.json_response({"object": "list", "data": [self.card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        if name not in self.names:
+            raise BadRequest(f"model {name!r} is not served here; this server serves {self.model_id!r}", 404,
+                             param="model")
+        return web.json_response(self.card())
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         arrived = time.perf_counter()
-        parsed = parse_completion(await json_body(request), max_new_tokens_limit=self.server.max_new_tokens_limit)
+        parsed = parse_completion(await self.server.body(request), max_new_tokens_limit=self.server.max_new_tokens_limit)
         self._check_model(parsed.model)
         assert parsed.prompts is not None
         return await self._answer(request, parsed, parsed.prompts, chat=False, arrived=arrived)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         arrived = time.perf_counter()
-        parsed = parse_chat(await json_body(request), max_new_tokens_limit=self.server.max_new_tokens_limit)
+        parsed = parse_chat(await self.server.body(request), max_new_tokens_limit=self.server.max_new_tokens_limit)
         self._check_model(parsed.model)
         assert parsed.messages is not None
         try:
@@ -62,15 +89,21 @@ class OpenAIRoutes:
         return await self._answer(request, parsed, [prompt], chat=True, arrived=arrived)
 
     def _check_model(self, model: str | None) -> None:
-        if model is not None and model not in (self.model_id, "default"):
+        if model is not None and model not in self.names:
             raise BadRequest(f"model {model!r} is not served here; this server serves {self.model_id!r} "
-                             f"(GET /v1/models)", 404)
+                             f"(GET /v1/models)", 404, param="model")
 
-    async def _answer(self, request: web.Request, parsed: OpenAIInput, prompts: list[str], *, chat: bool,
+    async def _answer(self, request: web.Request, parsed: OpenAIInput, prompts: list[str | list[int]], *, chat: bool,
                       arrived: float) -> web.StreamResponse:
-        items = [GenerateItem(p, None, dataclasses.replace(parsed.params, stop=list(parsed.params.stop)))
+        items = [GenerateItem(p if isinstance(p, str) else None, None if isinstance(p, str) else list(p),
+                              dataclasses.replace(parsed.params, stop=list(parsed.params.stop)))
                  for p in prompts]
-        handles = await self.server.submit(items, arrived)
+        try:
+            handles = await self.server.submit(items, arrived)
+        except BadRequest as err:  # the engine's checks name the native field
+            if "input_ids" not in str(err):
+                raise
+            raise BadRequest(str(err).replace("input_ids", "'prompt' token ids"), err.status, param="prompt") from None
         reply = Reply(chat, self.model_id)
         try:
             if parsed.stream:

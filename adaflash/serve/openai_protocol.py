@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaflash.engine.params import SamplingParams
-from adaflash.serve.protocol import BadRequest
+from adaflash.serve.protocol import MAX_PROMPTS_PER_REQUEST, BadRequest, check_unicode
 
 # OpenAI's documented defaults where they differ from the native API's.
 COMPLETION_MAX_TOKENS = 16
@@ -24,20 +24,21 @@ DEFAULT_TEMPERATURE = 1.0
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
     "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},), "suffix": (),
-    "seed": (), "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "repetition_penalty": (1, 1.0), "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
     "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},),
 }
 # The engine's messages name the native fields; these requests name them at the top level.
 RENAMED = {"sampling_params.max_new_tokens": "'max_tokens'", "sampling_params.temperature": "'temperature'",
-           "sampling_params.top_p": "'top_p'", "sampling_params.top_k": "'top_k'"}
+           "sampling_params.top_p": "'top_p'", "sampling_params.top_k": "'top_k'", "sampling_params.min_p": "'min_p'",
+           "sampling_params.seed": "'seed'"}
 HARMLESS = {"user", "metadata", "store", "service_tier", "stream_options", "model"}
-COMMON = {"max_tokens", "temperature", "top_p", "top_k", "stop", "stream", "ignore_eos"}
+COMMON = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "ignore_eos"}
 ROLES = ("system", "user", "assistant", "developer")
 
 
 @dataclass
 class OpenAIInput:
-    prompts: list[str] | None  # /v1/completions: the raw prompts (no chat template)
+    prompts: list[str | list[int]] | None  # /v1/completions: the raw prompts (no chat template), text or token ids
     messages: list[dict[str, str]] | None  # /v1/chat/completions: one conversation, roles and text
     params: SamplingParams
     stream: bool
@@ -49,24 +50,40 @@ def parse_completion(body: Any, *, max_new_tokens_limit: int | None = None) -> O
     body = _object(body)
     _check_fields(body, COMMON | {"prompt"})
     raw = body.get("prompt")
-    prompts = raw if isinstance(raw, list) else [raw]
-    if not prompts or not all(isinstance(p, str) for p in prompts):
-        raise BadRequest("'prompt' must be a string or a non-empty list of strings")
+    prompts: list = [raw] if isinstance(raw, str) or (isinstance(raw, list) and raw and all(map(_token, raw))) \
+        else raw if isinstance(raw, list) else [raw]
+    if not prompts or not all(isinstance(p, str) or (isinstance(p, list) and p and all(map(_token, p)))
+                              for p in prompts):
+        raise BadRequest("'prompt' must be a string, a list of strings, a list of token ids (integers >= 0) "
+                         "or a list of such lists, none empty", param="prompt")
+    if len(prompts) > MAX_PROMPTS_PER_REQUEST:
+        raise BadRequest(f"'prompt' holds at most {MAX_PROMPTS_PER_REQUEST} prompts per request, got {len(prompts)}")
+    for index, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            check_unicode(prompt, f"'prompt'[{index}]" if len(prompts) > 1 else "'prompt'")
     return OpenAIInput(prompts, None, *_common(body, COMPLETION_MAX_TOKENS, max_new_tokens_limit))
 
 
 def parse_chat(body: Any, *, max_new_tokens_limit: int | None = None) -> OpenAIInput:
     body = _object(body)
     _check_fields(body, COMMON | {"messages", "max_completion_tokens"})
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
-    messages = [_message(m, i) for i, m in enumerate(raw)]
+    messages = parse_messages(body.get("messages"))
     if body.get("max_completion_tokens") is not None:
         if body.get("max_tokens") is not None and body["max_tokens"] != body["max_completion_tokens"]:
             raise BadRequest("give 'max_completion_tokens' or 'max_tokens', not both")
         body = {**body, "max_tokens": body["max_completion_tokens"]}
     return OpenAIInput(None, messages, *_common(body, CHAT_MAX_TOKENS, max_new_tokens_limit))
+
+
+def _token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def parse_messages(raw: Any) -> list[dict[str, str]]:
+    """A chat conversation: a non-empty list of {role, content} objects, content text only."""
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
+    return [_message(m, i) for i, m in enumerate(raw)]
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -102,6 +119,7 @@ def _message(raw: Any, index: int) -> dict[str, str]:
         content = "".join(texts)
     if not isinstance(content, str):
         raise BadRequest(f"{where}.content must be a string or a list of text parts")
+    check_unicode(content, f"{where}.content")
     return {"role": "system" if role == "developer" else role, "content": content}
 
 
@@ -118,10 +136,12 @@ def _common(body: dict[str, Any], default_tokens: int,
     stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise BadRequest("'stop' must be a non-empty string or a list of them")
+    for stop_text in stops:
+        check_unicode(stop_text, "'stop'")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest(f"'model' must be a string, got {model!r}")
-    for key in ("max_tokens", "temperature", "top_p", "top_k"):
+    for key in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed"):
         if isinstance(body.get(key), bool):
             raise BadRequest(f"'{key}' must be a number, got {body[key]!r}")
     max_tokens = body.get("max_tokens")
@@ -132,6 +152,8 @@ def _common(body: dict[str, Any], default_tokens: int,
         top_k=-1 if body.get("top_k") is None else body["top_k"],
         stop=list(stops),
         ignore_eos=False if body.get("ignore_eos") is None else body["ignore_eos"],
+        min_p=0.0 if body.get("min_p") is None else body["min_p"],
+        seed=body.get("seed"),
     )
     if not isinstance(params.ignore_eos, bool):
         raise BadRequest(f"'ignore_eos' must be a boolean, got {params.ignore_eos!r}")

@@ -7,6 +7,7 @@ disturb the others being decoded.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,21 +25,43 @@ UNSUPPORTED_FIELDS = {
 HARMLESS_FIELDS = {"return_text_in_logprobs", "log_metrics", "no_logs", "routing_key", "priority"}
 KNOWN_FIELDS = {"text", "input_ids", "sampling_params", "stream", "rid"}
 DEFAULTS_OK = (None, False, -1, 0, [], {})
+# Prompts one request may carry (/generate's batch, /v1/completions' list); the engine loop serves
+# several requests' prompts in turn, so a big request shares the engine rather than holding it.
+MAX_PROMPTS_PER_REQUEST = 4096
 
 # Sampling fields SGLang knows that the engine does not implement, with the value that means "off".
 NEUTRAL_SAMPLING = {
     "n": 1, "min_new_tokens": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-    "min_p": 0.0, "skip_special_tokens": True, "spaces_between_special_tokens": True, "no_stop_trim": False,
+    "skip_special_tokens": True, "spaces_between_special_tokens": True, "no_stop_trim": False,
     "json_schema": None, "regex": None,
 }
 
 
 class BadRequest(ValueError):
-    """A request the server refuses with a 4xx; `status` is the HTTP code."""
+    """A request the server refuses with a 4xx; `status` is the HTTP code, `param` the field at fault
+    (OpenAI's error `param`; by default the first field the message names)."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: int = 400, *, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.param = param if param is not None else field_named(message)
+
+
+FIELD_PATTERNS = (
+    re.compile(r"(?:sampling_params|messages\[\d+\](?:\.content\[\d+\])?)(?:\.[a-z_]+)?"),
+    re.compile(r"'([A-Za-z_][A-Za-z0-9_.]*)'"),
+    re.compile(r"^([a-z_]+)="),
+)
+
+
+def field_named(message: str) -> str | None:
+    """The request field an error message names first: `sampling_params.top_k`, `messages[2].role`,
+    `'prompt'` (as prompt), `n=2 ...` (as n)."""
+    for pattern in FIELD_PATTERNS:
+        match = pattern.search(message)
+        if match:
+            return match.group(1) if match.groups() else match.group(0)
+    return None
 
 
 @dataclass
@@ -56,7 +79,8 @@ class GenerateInput:
     stream: bool
 
 
-def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None, max_batch: int = 4096) -> GenerateInput:
+def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None,
+                   max_batch: int = MAX_PROMPTS_PER_REQUEST) -> GenerateInput:
     """Check a decoded JSON body; raise BadRequest with the offending field named."""
     if not isinstance(body, dict):
         raise BadRequest(f"the request body must be a JSON object, got {type(body).__name__}")
@@ -83,7 +107,7 @@ def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None, max_ba
         if not all(isinstance(t, str) for t in texts):
             raise BadRequest("'text' must be a string or a list of strings")
         for index, text in enumerate(texts):
-            _check_unicode(text, f"'text'[{index}]" if batch else "'text'")
+            check_unicode(text, f"'text'[{index}]" if batch else "'text'")
         ids = [None] * len(texts)
     else:
         raw = body["input_ids"]
@@ -113,7 +137,7 @@ def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None, max_ba
     return GenerateInput(items, batch, stream)
 
 
-def _check_unicode(text: str, name: str) -> None:
+def check_unicode(text: str, name: str) -> None:
     """JSON may carry lone surrogates (\\ud800) that no tokenizer can encode."""
     try:
         text.encode("utf-8")
@@ -129,9 +153,12 @@ def _rids(raw: Any, batch: bool, count: int) -> list[str | None]:
             raise BadRequest("'rid' of a batch must be a list of non-empty strings, one per prompt")
         if len(set(raw)) != len(raw):
             raise BadRequest("'rid' values must be unique")
+        for rid in raw:
+            check_unicode(rid, "'rid'")
         return list(raw)
     if not isinstance(raw, str) or not raw:
         raise BadRequest("'rid' must be a non-empty string")
+    check_unicode(raw, "'rid'")
     return [raw]
 
 
@@ -153,6 +180,19 @@ def parse_sampling(raw: Any, max_new_tokens_limit: int | None = None) -> Samplin
                                  or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids)):
         raise BadRequest("sampling_params.stop_token_ids must be a list of integers")
     cleaned = {k: v for k, v in raw.items() if k not in NEUTRAL_SAMPLING}
+    default_tokens = SamplingParams.max_new_tokens
+    if cleaned.get("max_new_tokens") is None and max_new_tokens_limit is not None:
+        cleaned["max_new_tokens"] = min(default_tokens, max_new_tokens_limit)  # the default, capped: not refused
+    if cleaned.get("sampling_seed") is not None:  # SGLang's name for the per-request seed
+        if cleaned.get("seed") is not None and cleaned["seed"] != cleaned["sampling_seed"]:
+            raise BadRequest("give 'sampling_params.seed' or 'sampling_params.sampling_seed', not both",
+                             param="sampling_params.seed")
+        cleaned["seed"] = cleaned["sampling_seed"]
+    cleaned.pop("sampling_seed", None)
+    for key in ("seed", "min_p"):
+        if isinstance(cleaned.get(key), bool):
+            raise BadRequest(f"sampling_params.{key} must be a number, got {cleaned[key]!r}",
+                             param=f"sampling_params.{key}")
     if cleaned.get("stop_token_ids") is None:
         cleaned.pop("stop_token_ids", None)
     try:
@@ -160,4 +200,6 @@ def parse_sampling(raw: Any, max_new_tokens_limit: int | None = None) -> Samplin
         params.validate(max_new_tokens_limit=max_new_tokens_limit)
     except (ValueError, TypeError) as err:
         raise BadRequest(str(err)) from None
+    for stop in params.stop:
+        check_unicode(stop, "sampling_params.stop")
     return params

@@ -3,29 +3,62 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Callable
 
 from aiohttp import web
 
+from adaflash.serve.connections import ConnectionGuard, QuietAcceptErrors, connection_cap, raise_fd_limit
 from adaflash.serve.server import EmbeddedServer
+
+ACCEPT_BURST = 128  # asyncio accepts up to this many sockets per wake-up, before the guard sees any
+KERNEL_BACKLOG = 4096  # connections the kernel queues for accept (a short queue makes clients retry after 1 s)
 
 
 async def serve(server: EmbeddedServer, host: str, port: int, stop: asyncio.Event,
                 ready: Callable[[str], None] | None = None) -> None:
-    """Serve until `stop` is set; `ready(url)` once the socket listens and the engine thread runs."""
+    """Serve until `stop` is set; `ready(url)` once the socket listens and the engine thread runs.
+
+    The listening socket's protocol factory is a `ConnectionGuard` (deadlines and a cap on idle
+    connections, `connections.py`) around aiohttp's."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(QuietAcceptErrors(loop))
+    limits = server.limits
     # handler_cancellation: a client that disconnects cancels its handler, which aborts its requests.
-    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=5.0, handler_cancellation=True)
+    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=5.0, handler_cancellation=True,
+                           keepalive_timeout=limits.keepalive_timeout + limits.header_timeout)
     await runner.setup()
+    listening = None
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0][1] if runner.addresses else port
+        assert runner.server is not None
+        server.guard = ConnectionGuard(runner.server, limits, connection_cap(limits, raise_fd_limit()))
+        sock = _listening_socket(host, port)
+        listening = await loop.create_server(server.guard, sock=sock, backlog=ACCEPT_BURST)
+        sock.listen(KERNEL_BACKLOG)  # asyncio listened with its burst size; the kernel may queue more
+        bound = sock.getsockname()[1]
         if ready is not None:
             ready(f"http://{host}:{bound}")
         await stop.wait()
     finally:
+        if listening is not None:
+            listening.close()
         await runner.cleanup()
+        loop.set_exception_handler(previous)
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
 
 
 class RunningServer:

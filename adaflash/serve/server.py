@@ -11,8 +11,9 @@ same thread and runs between two steps.
 
 Endpoints: POST /generate, GET /health, GET /health_generate, GET /get_server_info,
 GET /get_model_info, POST /update_weights_from_disk (swaps the DRAFTER, the part the pipeline
-retrains), POST /flush_cache; and in OpenAI's dialect GET /v1/models, POST /v1/completions and
-POST /v1/chat/completions (`openai_api`).
+retrains), POST /flush_cache, GET /metrics (`metrics`), GET /version; and in OpenAI's dialect
+GET /v1/models[/{id}], POST /v1/completions, POST /v1/chat/completions (`openai_api`) and
+POST /v1/tokenize, /v1/detokenize (`tokenize`). docs/http-api.md describes them all.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import dataclasses
 import hmac
 import json
 import re
+import sys
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,9 +39,11 @@ from adaflash.bench.metrics import cpu_model
 from adaflash.engine.detokenize import TextSoFar
 from adaflash.engine.engine import Engine, StepEvent
 from adaflash.engine.params import Output, Request, SamplingParams
+from adaflash.serve.connections import ConnectionGuard, ConnectionLimits
 from adaflash.serve.engine_loop import EngineLoop, Failure, Handle
 from adaflash.serve.event_stream import EventStream
 from adaflash.serve.http_errors import MAX_BODY_BYTES, error_body, error_response, http_error, json_body
+from adaflash.serve.metrics import CONTENT_TYPE, ServerMetrics
 from adaflash.serve.openai_api import OpenAIRoutes
 from adaflash.serve.protocol import BadRequest, GenerateItem, parse_generate
 from adaflash.serve.stream_text import shown_text
@@ -61,8 +66,13 @@ class EmbeddedServer:
         max_new_tokens_limit: int | None = None,
         hardware: str | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        limits: ConnectionLimits | None = None,
+        served_model_name: str | None = None,
     ) -> None:
         self.engine = engine
+        self.served_model_name = served_model_name or target
+        self.limits = limits or ConnectionLimits()
+        self.guard: ConnectionGuard | None = None  # set by `running.serve` once it listens
         self.target_name = target
         self.draft = draft
         self.api_key = api_key or None
@@ -80,10 +90,11 @@ class EmbeddedServer:
         self.started = time.time()
         self.in_flight: set[str] = set()
         self.swaps = 0
+        self.metrics = ServerMetrics(self.served_model_name, self.info)
 
     # -- application -------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[self._track, self._errors, self._auth], client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/generate", self.generate)
         app.router.add_put("/generate", self.generate)
         app.router.add_get("/health", self.health)
@@ -95,6 +106,8 @@ class EmbeddedServer:
         app.router.add_post("/update_weights_from_disk", self.update_weights)
         app.router.add_post("/flush_cache", self.flush_cache)
         app.router.add_get("/flush_cache", self.flush_cache)
+        app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get("/version", self.version)
         OpenAIRoutes(self).register(app)
         app.on_startup.append(self._startup)
         app.on_shutdown.append(self._shutdown)
@@ -110,6 +123,22 @@ class EmbeddedServer:
         self.encoding.shutdown(wait=False, cancel_futures=True)
 
     @web.middleware
+    async def _track(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        """Tell the connection guard this connection is inside a request (no idle deadline applies)."""
+        guard, connection = self.guard, request.protocol
+        if guard is None:
+            return await handler(request)
+        guard.mark_busy(connection)
+        try:
+            return await handler(request)
+        finally:
+            guard.mark_idle(connection)
+
+    async def body(self, request: web.Request) -> Any:
+        """The request's JSON body, within the body deadline."""
+        return await json_body(request, self.limits.body_timeout)
+
+    @web.middleware
     async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         try:
             return await handler(request)
@@ -118,7 +147,12 @@ class EmbeddedServer:
                 raise
             return http_error(request, exc)
         except BadRequest as exc:
-            return error_response(str(exc), exc.status)
+            return error_response(str(exc), exc.status, param=exc.param)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception as exc:  # a bug: still a JSON error, and one traceback on stderr
+            traceback.print_exc(file=sys.stderr)
+            return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Callable) -> web.StreamResponse:
@@ -137,7 +171,7 @@ class EmbeddedServer:
     # -- /generate ------------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
         arrived = time.perf_counter()
-        body = await json_body(request)
+        body = await self.body(request)
         parsed = parse_generate(body, max_new_tokens_limit=self.max_new_tokens_limit)
         handles = await self.submit(parsed.items, arrived)
         try:
@@ -163,8 +197,7 @@ class EmbeddedServer:
             handle = Handle(req.rid, asyncio.Queue(), arrived, len(req.prompt_ids), stops=req.params.stop)
             self.in_flight.add(req.rid)
             handles.append(handle)
-        for req, handle in zip(requests, handles):
-            self.loop_thread.submit(req, handle)
+        self.loop_thread.submit_group(list(zip(requests, handles)))
         return handles
 
     def release(self, handles: list[Handle]) -> None:
@@ -173,6 +206,7 @@ class EmbeddedServer:
             self.in_flight.discard(handle.rid)
             if not handle.done:
                 self.loop_thread.abort(handle.rid)
+                self.metrics.aborted.inc()
 
     def _encode(self, items: list[GenerateItem]) -> list[list[int]]:
         """Token ids of each item (on the tokenizing thread)."""
@@ -182,7 +216,7 @@ class EmbeddedServer:
     def _to_request(self, item: GenerateItem, ids: list[int]) -> Request:
         rid = item.rid or uuid.uuid4().hex
         if rid in self.in_flight:
-            raise BadRequest(f"rid {rid!r} is already in flight")
+            raise BadRequest(f"rid {rid!r} is already in flight", param="rid")
         req = Request(ids, item.params, prompt_text=item.text, rid=rid)
         try:
             self.engine.check(req)
@@ -208,8 +242,16 @@ class EmbeddedServer:
     def note(self, handle: Handle, event: StepEvent) -> None:
         handle.steps += 1
         handle.ids.extend(event.new_ids)
-        if handle.first_at is None and event.new_ids:
-            handle.first_at = time.perf_counter()
+        if not event.new_ids:
+            return
+        now = time.perf_counter()
+        if not handle.probe:
+            if handle.first_at is None:
+                self.metrics.first_token(now - handle.arrived)
+            self.metrics.tokens(len(event.new_ids), None if handle.last_at is None else now - handle.last_at)
+        if handle.first_at is None:
+            handle.first_at = now
+        handle.last_at = now
 
     def finish(self, handle: Handle, output: Output) -> Output:
         handle.done = True
@@ -221,6 +263,8 @@ class EmbeddedServer:
         if handle.first_at is not None:
             meta["ttft"] = handle.first_at - handle.arrived
         meta["drafter_version"] = self.engine.drafter_version
+        if not handle.probe:
+            self.metrics.finished(int(meta.get("prompt_tokens") or 0), meta["e2e_latency"])
         return dataclasses.replace(output, meta_info=meta)
 
     async def _stream(self, request: web.Request, handles: list[Handle], batch: bool) -> web.StreamResponse:
@@ -283,7 +327,7 @@ class EmbeddedServer:
         self._check_live()
         ids = self.text.encode("Hi") or [0]
         req = Request(ids, SamplingParams(max_new_tokens=1), rid=f"health-{uuid.uuid4().hex}", probe=True)
-        handle = Handle(req.rid, asyncio.Queue(), time.perf_counter())
+        handle = Handle(req.rid, asyncio.Queue(), time.perf_counter(), probe=True)
         self.loop_thread.submit(req, handle)
         try:
             result = await asyncio.wait_for(self.collect(handle), timeout=60)
@@ -331,6 +375,9 @@ class EmbeddedServer:
             "uptime": time.time() - self.started,
             "drafter_swaps": self.swaps,
             "engine_error": loop.error if loop else None,
+            "open_connections": len(self.guard.open) if self.guard else None,
+            "served_model_name": self.served_model_name,
+            "tokenizer_path": str(engine.target.folder),
             "internal_states": [{"avg_spec_accept_length": avg, "last_gen_throughput": throughput}],
             "version": _version(),
         }
@@ -338,10 +385,27 @@ class EmbeddedServer:
     async def server_info(self, _request: web.Request) -> web.Response:
         return web.json_response(self.info())
 
+    async def prometheus(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def version(self, _request: web.Request) -> web.Response:
+        return web.json_response({"version": _version(), "engine": "embedded"})
+
+    @property
+    def hub_id(self) -> str | None:
+        """The target's hub id: a built-in's known id, or the target as given when it is not a path."""
+        from adaflash.models.registry import BUILTINS
+
+        if self.target_name in BUILTINS:
+            return BUILTINS[self.target_name].hub_id
+        return None if Path(self.target_name).expanduser().exists() else self.target_name
+
     async def model_info(self, _request: web.Request) -> web.Response:
         return web.json_response({
             "model_path": str(self.engine.target.folder),
             "tokenizer_path": str(self.engine.target.folder),
+            "hub_id": self.hub_id,
+            "served_model_name": self.served_model_name,
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": self.engine.drafter_version,
@@ -356,7 +420,7 @@ class EmbeddedServer:
 
     # -- drafter hot swap ---------------------------------------------------------------------------
     async def update_weights(self, request: web.Request) -> web.Response:
-        body = await json_body(request)
+        body = await self.body(request)
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object with 'model_path'")
         path = body.get("model_path")
@@ -389,7 +453,8 @@ class EmbeddedServer:
 
 
 def _swap_refused(message: str) -> web.Response:
-    return web.json_response({"success": False, "message": message, **error_body(message)}, status=400)
+    return web.json_response({"success": False, "message": message, **error_body(message, param="model_path", code=400)},
+                             status=400)
 
 
 def _weight_version(raw: Any, path: str) -> int | None:

@@ -1,0 +1,107 @@
+"""`GET /metrics`: the server's counters in Prometheus' text format, under SGLang's metric names.
+
+Why SGLang's names: dashboards and alerts built for SGLang (its Grafana board, `sglang:` queries) then
+work on the embedded engine unchanged. Names without an SGLang counterpart use the `adaflash:` prefix.
+Each server has its own registry (tests run several servers in one process), and gauges are read from
+the server at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# SGLang's default TTFT / latency buckets reach a few minutes; ITL buckets are finer.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 15.0,
+                20.0, 25.0, 30.0, 60.0, 120.0, 300.0)
+ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.08,
+               0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ServerMetrics:
+    """Counters and histograms the handlers feed, plus gauges read from `state()` when scraped."""
+
+    def __init__(self, model_name: str, state: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.labels = {"model_name": model_name}
+        names = ["model_name"]
+        r = self.registry
+        self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", names,
+                                     registry=r).labels(**self.labels)
+        self.generation_tokens = Counter("sglang:generation_tokens", "Number of generation tokens processed.", names,
+                                         registry=r).labels(**self.labels)
+        self.requests = Counter("sglang:num_requests", "The number of finished requests.", names,
+                                registry=r).labels(**self.labels)
+        self.aborted = Counter("sglang:num_aborted_requests", "The number of requests whose client left.", names,
+                               registry=r).labels(**self.labels)
+        self.ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              names, buckets=TTFT_BUCKETS, registry=r).labels(**self.labels)
+        self.itl = Histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             names, buckets=ITL_BUCKETS, registry=r).labels(**self.labels)
+        self.e2e = Histogram("sglang:e2e_request_latency_seconds",
+                             "Histogram of End-to-end request latency in seconds", names, buckets=E2E_BUCKETS,
+                             registry=r).labels(**self.labels)
+        r.register(_Gauges(self.labels, state))
+
+    def tokens(self, count: int, since_last: float | None) -> None:
+        """A step's `count` new tokens of one request, `since_last` seconds after its previous ones
+        (None for its first); each token counts once in the inter-token latency."""
+        if count <= 0:
+            return
+        self.generation_tokens.inc(count)
+        if since_last is not None:
+            each = since_last / count
+            for _ in range(count):
+                self.itl.observe(each)
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def finished(self, prompt_tokens: int, e2e_seconds: float) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.requests.inc()
+        self.e2e.observe(e2e_seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Gauges:
+    """Gauges computed from the server's state at each scrape."""
+
+    GAUGES = (
+        ("sglang:num_running_reqs", "The number of running requests", "running_requests"),
+        ("sglang:num_queue_reqs", "The number of requests in the waiting queue", "queue_depth"),
+        ("sglang:gen_throughput", "The generate throughput (token/s)", "last_gen_throughput"),
+        ("sglang:spec_accept_length", "The average acceptance length of speculative decoding",
+         "avg_spec_accept_length"),
+        ("sglang:max_running_requests", "Maximum running requests", "max_running_requests"),
+        ("sglang:context_len", "The context length", "context_length"),
+        ("adaflash:drafter_version", "The version of the drafter in use (-1: none or unversioned)", "drafter_version"),
+        ("adaflash:drafter_swaps", "Drafter hot swaps since the server started", "drafter_swaps"),
+        ("adaflash:open_connections", "HTTP connections open now", "open_connections"),
+    )
+
+    def __init__(self, labels: dict[str, str], state: Callable[[], dict[str, Any]]) -> None:
+        self.labels = labels
+        self.state = state
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self):
+        state = self.state()
+        for name, text, key in self.GAUGES:
+            family = GaugeMetricFamily(name, text, labels=list(self.labels))
+            value = state.get(key)
+            if value is None and key == "drafter_version":
+                value = -1
+            if value is not None:
+                family.add_metric(list(self.labels.values()), float(value))
+            yield family
