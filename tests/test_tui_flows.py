@@ -22,6 +22,7 @@ from tests.test_tui_fixtures import (
     RECIPE_RUN,
     SERVE_RUN,
     FakeInventory,
+    fake_pipeline_recipe,
     fill_runlog,
     screen_text,
     settle,
@@ -522,3 +523,36 @@ async def test_history_says_when_it_lists_only_the_newest_runs_and_searches_them
         await pilot.press("slash", *"needle")
         await settle(pilot)
         assert [r["id"] for r in pane.shown] == [needle]
+
+
+async def test_stop_lets_a_pipeline_finish_its_step_and_publish(ws: Path) -> None:
+    """Stop killed a pipeline after its job's short grace while a training step ran: the run failed, no final
+    version, rows "running" for minutes. It asks the pipeline to stop as `adaflash pipeline stop` does."""
+    recipe = fake_pipeline_recipe(ws / "pipe.toml", step_seconds=3.0, stop_grace=0.5)
+    run_id = launch_detached(recipe, workspace=ws)
+    try:
+        app = make_app(ws, inventory=FakeInventory(available=False), live=True, interval_scale=0.2, run_id=run_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await pilot.press("3")
+            jobs = app.pane("jobs")
+            await wait_for(pilot, lambda: jobs.state is not None and jobs.state.children
+                           and jobs.state.children[0]["status"] == "running", 30, "the pipeline running")
+            pipeline_id = jobs.state.children[0]["id"]
+            jobs.focus_primary()
+            await pilot.press("x")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
+            await pilot.press("y")
+            await wait_for(pilot, lambda: "stopping" in screen_text(app), 10, "the stopping note")
+            await wait_for(pilot, lambda: jobs.state.run["status"] not in LIVE_RUN_STATUSES, 60, "the run's end")
+            await settle(pilot)
+            # the rows show the end at the next refresh, no job still "running"
+            await wait_for(pilot, lambda: all(r.job["status"] != "running" for r in jobs.rows.values()), 5,
+                           "the rows updated")
+        log = RunLog.open(ws)
+        run, pipeline = log.get_run(run_id), log.get_run(pipeline_id)
+        assert (run["status"], pipeline["status"]) == ("finished", "finished")
+        assert run["note"].startswith("stopped by the user") and "final version published" in pipeline["note"]
+        assert log.last_metrics(pipeline_id).get("published_version") is not None
+    finally:
+        stop_leftovers(ws)

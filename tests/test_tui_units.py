@@ -31,6 +31,7 @@ def test_pipeline_choice_becomes_a_launcher_job_on_both_roles() -> None:
     assert job.command == ["adaflash", "pipeline", "--target", "smollm2-135m", "--draft", "d", "--data", "f.jsonl",
                            "--infer-gpus", "0", "--train-gpus", "1,2", "--preset", "osd", "--max-samples", "8"]
     assert job.argv(sys.executable)[:3] == [sys.executable, "-m", "adaflash.cli.main"]
+    assert job.stop_grace == 120  # a stop lets the step in flight finish and a final version be published
 
 
 def test_server_choice_is_a_service_with_a_readiness_check() -> None:

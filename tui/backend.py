@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from adaflash.bench import compare
+from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.runlog import RunLog
 from jobs.assign import GpuLeases
 from jobs.control import LIVE_RUN_STATUSES, request_job_action, stop_run, supervisor_pid
@@ -32,6 +33,9 @@ METRICS_PAGE = 20_000  # rows per read: bounds one UI-thread fold to ~0.1 s whil
 EXPORTS_DIR = "exports"
 HISTORY_LIMIT = 1000  # runs History lists at once (newest first); the filters and search reach every run
 RUN_FILTERS = ("method", "target", "dataset", "status")
+# How long a stop waits for a pipeline to finish its step and publish: a CPU training step takes ~45 s and
+# the pipeline's own grace before it kills its workers is 60 s; past this the run is stopped outright.
+PIPELINE_STOP_WAIT = 150.0
 
 
 @dataclass
@@ -217,26 +221,70 @@ class Backend:
         with self.fresh_log() as log:
             return self._job_action(log, run_id, action, job)
 
-    @staticmethod
-    def _job_action(log: RunLog, run_id: str, action: str, job: str | None) -> str:
+    def _job_action(self, log: RunLog, run_id: str, action: str, job: str | None) -> str:
         run = log.get_run(run_id)
         alive = supervisor_pid(run) is not None
         if action == "stop-run":
-            result = stop_run(log, run["id"], grace=5.0)
-            return f"run {result.run_id} {result.status} ({result.how})"
+            return self._stop_run(log, run["id"])
         if not alive or not run.get("run_dir"):
             raise RuntimeError(f"run {run['id']} has no live supervisor to {action} job {job}; "
                                "stop the run instead (x)")
         request_job_action(run["run_dir"], action, job)
         return f"{action} of job {job} requested"
 
-    def stop_runs(self, run_ids: list[str], grace: float = 5.0) -> list[str]:
+    pipeline_stop_wait = PIPELINE_STOP_WAIT
+
+    def _stop_run(self, log: RunLog, run_id: str) -> str:
+        """Stop a run the way `adaflash pipeline stop` stops a pipeline, then the rest as `runs stop` does.
+
+        Each live pipeline in the run (the run itself, or one its jobs started) is asked to stop through its
+        swap dir: both workers finish the step in flight, a final version is published and the pipeline
+        records its end. Only then is whatever still runs stopped with signals; a run that ended on its own
+        meanwhile ends `finished`, its note saying the user stopped it.
+        """
+        run = log.get_run(run_id)
+        pipelines = [r for r in [run, *log.child_runs(run)] if r.get("kind") == "pipeline"
+                     and r["status"] in LIVE_RUN_STATUSES and (r.get("config") or {}).get("swap_dir")]
+        for pipeline in pipelines:
+            SwapBuffer(pipeline["config"]["swap_dir"]).request_stop()
+            log.log_event(pipeline["id"], "stop requested by the user (adaflash-tui): finishing the step in flight")
+        ended = self._wait_ended(log, [p["id"] for p in pipelines], self.pipeline_stop_wait)
+        if pipelines and run["id"] not in ended:
+            self._wait_ended(log, [run["id"]], 15.0)  # its supervisor records the end of its last job
+        current = log.get_run(run["id"])
+        if current["status"] in LIVE_RUN_STATUSES:
+            result = stop_run(log, run["id"], grace=5.0)
+            return f"run {result.run_id} {result.status} ({result.how})"
+        how = (log.get_run(ended[0])["note"] or "") if ended else ""
+        how = how.removeprefix("stopped on request: ") or "the pipeline finished its step"
+        for rid in dict.fromkeys([*ended, *([run["id"]] if pipelines else [])]):
+            if log.get_run(rid)["status"] == "finished":
+                log.update_run(rid, note=f"stopped by the user: {how}")
+        current = log.get_run(run["id"])
+        return f"run {run['id']} {current['status']}" + (f", {current['note']}" if current.get("note") else "")
+
+    @staticmethod
+    def _wait_ended(log: RunLog, run_ids: list[str], timeout: float) -> list[str]:
+        """Until each run records its end (or its process is gone, then it is reaped); returns those ended."""
+        deadline = time.monotonic() + timeout
+        pending = list(run_ids)
+        while pending and time.monotonic() < deadline:
+            for rid in list(pending):
+                run = log.get_run(rid)
+                if run["status"] not in LIVE_RUN_STATUSES:
+                    pending.remove(rid)
+                elif run.get("pid_start_time") is not None and supervisor_pid(run) is None:
+                    log.reap_lost_runs()
+            if pending:
+                time.sleep(0.2)
+        return [rid for rid in run_ids if rid not in pending]
+
+    def stop_runs(self, run_ids: list[str]) -> list[str]:
         done = []
         with self.fresh_log() as log:
             for run_id in run_ids:
                 with contextlib.suppress(KeyError):
-                    result = stop_run(log, run_id, grace=grace)
-                    done.append(f"{result.run_id}: {result.status}")
+                    done.append(self._stop_run(log, run_id))
         return done
 
     # -- logs -----------------------------------------------------------------------------------

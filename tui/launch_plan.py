@@ -26,6 +26,8 @@ SERVER_METHODS = (("vanilla", "Vanilla"), ("eagle3", "EAGLE-3"), ("dflash", "DFl
 DEFAULT_ROLES = ("inference", "training", "server")
 ROLES_OF_MODE = {"pipeline": ("inference", "training"), "server": ("server",), "bench": ("server",)}
 
+PIPELINE_STOP_GRACE = 120.0  # seconds a pipeline job gets to stop cleanly when its run is stopped
+
 Roles = dict[str, "tuple[int, ...] | None"]
 
 
@@ -164,7 +166,10 @@ def method_recipe(choice: LaunchChoice, workspace: Path | None = None) -> tuple[
                    "--infer-gpus", "{gpus.inference}", "--train-gpus", "{gpus.training}", "--preset", choice.preset]
         if samples:
             command += ["--max-samples", str(samples)]
-        job = [f"command = [{', '.join(toml_str(c) for c in command)}]", 'gpus = ["inference", "training"]']
+        # A stop lets the workers finish the step in flight and publish (a CPU training step takes ~45 s,
+        # the pipeline's own grace is 60 s) before anything is killed.
+        job = [f"command = [{', '.join(toml_str(c) for c in command)}]", 'gpus = ["inference", "training"]',
+               f"stop_grace = {PIPELINE_STOP_GRACE:g}"]
     elif choice.mode == "server":
         name = f"tui-serve-{choice.method}"
         description = f"{dict(SERVER_METHODS).get(choice.method, choice.method)} server from adaflash-tui"

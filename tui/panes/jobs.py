@@ -62,6 +62,7 @@ class JobsPane(Pane):
         self.selected: str | None = None
         self.log_path: str | None = None
         self.log_offset = 0
+        self.stopping: set[str] = set()  # runs whose stop is under way (a pipeline finishing its step)
 
     def compose(self) -> ComposeResult:
         yield Static("No run yet: launch one (2) or open one from History (6).", id="run-header",
@@ -140,6 +141,8 @@ class JobsPane(Pane):
             return
         text = Text.assemble(("run ", "dim"), (run["id"], "bold"), f"  {run.get('name') or run.get('kind')}  ",
                              status_text(run["status"]))
+        if run["id"] in self.stopping and run["status"] in LIVE_RUN_STATUSES:
+            text.append("  stopping: the step in flight finishes, a final version is published…", style="yellow")
         if run["status"] in ("pending", "running", "detached"):
             text.append("  supervisor " + (f"pid {run.get('pid')} alive" if state.supervisor_alive else "gone"),
                         style="green" if state.supervisor_alive else "bold red")
@@ -240,7 +243,13 @@ class JobsPane(Pane):
             lambda ok: ok and self._control(run["id"], "stop-run", None))
 
     def _control(self, run_id: str, action: str, job: str | None) -> None:
-        self.app.notify(f"{action} {job or run_id}…", timeout=2)
+        if action == "stop-run":
+            self.stopping.add(run_id)
+            self.app.notify(f"Stopping run {run_id}: a pipeline finishes its step and publishes a final version "
+                            "first (a CPU training step may take a minute)", timeout=8)
+            self.refresh_data()
+        else:
+            self.app.notify(f"{action} {job or run_id}…", timeout=2)
         self.run_worker(lambda: self._control_work(run_id, action, job), thread=True, group="jobs-control",
                         name=f"{action} {job or run_id}", exit_on_error=False)
 
@@ -248,19 +257,20 @@ class JobsPane(Pane):
         try:
             done = self.adaflash.backend.job_action(run_id, action, job)
         except Exception as err:  # noqa: BLE001 - shown, never a crash
-            self.post_message(self.Controlled(self, f"{action} failed: {err}", error=True))
+            self.post_message(self.Controlled(self, f"{action} failed: {err}", run_id, error=True))
         else:
-            self.post_message(self.Controlled(self, done))
+            self.post_message(self.Controlled(self, done, run_id))
 
     class Controlled(Message):
         """A stop/restart request came back (done, or why not)."""
 
-        def __init__(self, pane: Pane, text: str, error: bool = False) -> None:
+        def __init__(self, pane: Pane, text: str, run_id: str, error: bool = False) -> None:
             super().__init__()
-            self.pane, self.text, self.error = pane, text, error
+            self.pane, self.text, self.run_id, self.error = pane, text, run_id, error
 
     def on_jobs_pane_controlled(self, message: JobsPane.Controlled) -> None:
         message.stop()
+        self.stopping.discard(message.run_id)
         self.app.notify(message.text, severity="error" if message.error else "information")
         self.refresh_data()
 
