@@ -556,3 +556,29 @@ async def test_stop_lets_a_pipeline_finish_its_step_and_publish(ws: Path) -> Non
         assert log.last_metrics(pipeline_id).get("published_version") is not None
     finally:
         stop_leftovers(ws)
+
+
+async def test_launch_form_takes_pipeline_sizes_and_monitor_shows_progress_at_once(ws: Path, leases: Path) -> None:
+    """The form offered only "samples", and a CPU pipeline showed "no data yet" for minutes."""
+    log = RunLog.open(ws)
+    run_id = log.create_run("pipeline")
+    log.log_metrics(run_id, {"prompts_in_flight": 16, "tokens_so_far": 120, "answers_so_far": 0}, step=0,
+                    job="inference")
+    log.log_metrics(run_id, {"training_step": 1}, step=1, job="training")
+    app = make_app(ws, inventory=FakeInventory(2), live=False, run_id=run_id)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("4")
+        await settle(pilot)
+        assert "16 prompts in flight · 120 tokens · 0 answers" in screen_text(app)
+        assert "training: step 1" in screen_text(app)
+        await pilot.press("2")
+        await pilot.click("#mode-pipeline")
+        await settle(pilot)
+        for widget, value in (("#draft", "d"), ("#dataset", "f.jsonl"), ("#max-new-tokens", "64"),
+                              ("#batch-size", "4"), ("#max-minutes", "3")):
+            app.query_one(widget, Input).value = value
+        await settle(pilot)
+        launch = app.pane("launch")
+        plan = launch.plan.plan_text.replace("\n", " ")
+        assert "--max-new-tokens 64 --batch-size 4 --max-minutes 3" in plan, plan

@@ -34,6 +34,19 @@ def test_pipeline_choice_becomes_a_launcher_job_on_both_roles() -> None:
     assert job.stop_grace == 120  # a stop lets the step in flight finish and a final version be published
 
 
+def test_pipeline_choice_takes_new_tokens_batch_size_and_a_time_budget() -> None:
+    text, errors, _ = method_recipe(choice(mode="pipeline", draft="d", dataset="f.jsonl", max_samples="16",
+                                           max_new_tokens="64", batch_size="4", max_minutes="2.5"))
+    assert errors == []
+    (job,) = parse_recipe(text, "tui.toml").jobs.values()
+    assert job.command[-8:] == ["--max-samples", "16", "--max-new-tokens", "64", "--batch-size", "4",
+                                "--max-minutes", "2.5"]
+    _, errors, _ = method_recipe(choice(mode="pipeline", draft="d", dataset="f.jsonl", max_new_tokens="0",
+                                        batch_size="many", max_minutes="-1"))
+    assert errors == ["max new tokens: expected 1..∞, got 0", "batch size: expected an integer, got 'many'",
+                      "max minutes: expected a number > 0, got -1"]
+
+
 def test_server_choice_is_a_service_with_a_readiness_check() -> None:
     text, errors, _ = method_recipe(choice(mode="server", method="eagle3", draft="e3", port="31000",
                                            roles={"server": None}))
@@ -170,6 +183,20 @@ def test_formatting_never_raises() -> None:
     assert fmt(None) == "N/A" and fmt(float("nan")) == "N/A" and fmt(3.0) == "3" and fmt(2.345) == "2.35"
     assert fmt(0.01234) == "0.0123" and fmt(123.45) == "123.5" and fmt(2.5e7) == "2.5e+07"
     assert spark([]) == "" and spark([1, 1, 1]) == "▄▄▄" and spark([0, 1]) == "▁█"
+
+
+def test_monitor_progress_line_from_the_workers_progress_records() -> None:
+    model = MonitorModel("r")
+    assert model.progress() == ""
+    rows = [{"id": 1, "run_id": "c", "job": "inference", "step": 0, "name": "prompts_in_flight", "value": 16.0,
+             "time": 1.0},
+            {"id": 2, "run_id": "c", "job": "inference", "step": 0, "name": "tokens_so_far", "value": 1234.0,
+             "time": 1.0},
+            {"id": 3, "run_id": "c", "job": "inference", "step": 0, "name": "answers_so_far", "value": 0.0, "time": 1.0},
+            {"id": 4, "run_id": "c", "job": "training", "step": 1, "name": "training_step", "value": 1.0, "time": 2.0}]
+    model.ingest("r", {"c": "pipeline"}, {"c": rows})
+    assert model.progress() == ("inference: 16 prompts in flight · 1,234 tokens · 0 answers │ "
+                                "training: step 1")
 
 
 def test_compare_filter_and_sort_keys() -> None:

@@ -166,6 +166,22 @@ class MonitorModel:
                     out.append((item.label, xs, ys))
         return out
 
+    def progress(self) -> str:
+        """What is under way, from the workers' progress records: shown before any τ or loss exists."""
+        def last(name: str) -> float | None:
+            found = [s for (_, metric), s in self.series.items() if metric == name and s.last is not None]
+            return max(found, key=lambda s: s.points[-1][0] if s.points else 0.0).last if found else None
+
+        parts = []
+        in_flight, tokens, answers = last("prompts_in_flight"), last("tokens_so_far"), last("answers_so_far")
+        if in_flight is not None or tokens is not None:
+            parts.append(f"inference: {fmt_count(in_flight)} prompts in flight · {fmt_count(tokens)} tokens"
+                         f" · {fmt_count(answers)} answers")
+        step = last("training_step")
+        if step is not None:
+            parts.append(f"training: step {fmt_count(step)}")
+        return " │ ".join(parts)
+
     def table(self) -> list[Series]:
         return sorted(self.series.values(), key=lambda s: (s.source, s.name))
 
@@ -183,6 +199,11 @@ def spark(values: Iterable[float], width: int = 16) -> str:
         return SPARK[3] * len(data)
     scale = (len(SPARK) - 1) / (high - low)
     return "".join(SPARK[int((v - low) * scale)] for v in data)
+
+
+def fmt_count(value: float | None) -> str:
+    """A count with thousands separators; N/A when missing."""
+    return "N/A" if value is None or not math.isfinite(value) else f"{int(value):,}"
 
 
 def fmt(value: float | None, digits: int = 3) -> str:

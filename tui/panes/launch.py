@@ -106,6 +106,12 @@ class LaunchPane(Pane):
                             yield RadioButton(title, value=value == "adaflash", id=f"preset-{value}")
                     yield from field("samples", Input(placeholder="max samples (empty: all)", id="max-samples",
                                                       compact=True))
+                    yield from field("new tokens", Input(placeholder="per answer (256)",
+                                                         id="max-new-tokens", compact=True))
+                    yield from field("batch size", Input(placeholder="inference (16)", id="batch-size",
+                                                         compact=True))
+                    yield from field("max minutes", Input(placeholder="budget (none)", id="max-minutes",
+                                                          compact=True))
                 with Vertical(id="server-fields", classes="fields hidden"):
                     yield from field("method", Select([(t, v) for v, t in SERVER_METHODS], value="vanilla",
                                                       allow_blank=False, id="server-method", compact=True))
@@ -179,7 +185,8 @@ class LaunchPane(Pane):
             method=str(method) if method is not Select.NULL else "vanilla",
             bench_methods=tuple(self.query_one("#bench-methods", SelectionList).selected),
             target=value("target"), draft=value("draft"), dataset=value("dataset"),
-            max_samples=value("max-samples"), port=value("port"), concurrency=value("concurrency"),
+            max_samples=value("max-samples"), max_new_tokens=value("max-new-tokens"), batch_size=value("batch-size"),
+            max_minutes=value("max-minutes"), port=value("port"), concurrency=value("concurrency"),
             num_prompts=value("num-prompts"), roles=tuple(sorted(roles.items())),
             edited=tuple(sorted(edited)), share=self.share,
         )

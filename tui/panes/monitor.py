@@ -37,6 +37,7 @@ class MonitorPane(Pane):
     def compose(self) -> ComposeResult:
         yield Static("No run yet: launch one (2) or open one from History (6).", id="monitor-header",
                      classes="pane-status")
+        yield Static("", id="monitor-progress", classes="hidden")
         with VerticalScroll(id="monitor-body"):
             with Grid(id="charts"):
                 for i in range(len(CHARTS)):
@@ -108,6 +109,10 @@ class MonitorPane(Pane):
     def _header(self) -> None:
         model = self.model
         header = self.query_one("#monitor-header", Static)
+        progress = self.query_one("#monitor-progress", Static)
+        line = model.progress()
+        progress.update(line)
+        progress.set_class(not line, "hidden")
         if not model.run_id:
             header.update("No run yet: launch one (2) or open one from History (6).")
             return
@@ -117,7 +122,7 @@ class MonitorPane(Pane):
         if children:
             text.append(f"  (with runs of {', '.join(sorted(set(children)))})", style="dim")
         if not model.rows_seen:
-            text.append("  waiting for metrics…", style="yellow")
+            text.append("  waiting for the first metrics (the workers load their models)…", style="yellow")
         elif self._again:
             text.append("  catching up…", style="yellow")
         header.update(text)
