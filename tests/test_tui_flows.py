@@ -582,3 +582,32 @@ async def test_launch_form_takes_pipeline_sizes_and_monitor_shows_progress_at_on
         launch = app.pane("launch")
         plan = launch.plan.plan_text.replace("\n", " ")
         assert "--max-new-tokens 64 --batch-size 4 --max-minutes 3" in plan, plan
+
+
+async def test_a_port_another_process_holds_is_refused_before_launch(ws: Path, leases: Path) -> None:
+    """The form accepted a busy port; the job then showed "ready" because the other server answered."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    app = make_app(ws, inventory=FakeInventory(2), live=False)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await pilot.press("2")
+            await pilot.click("#mode-server")
+            app.query_one("#port", Input).value = str(port)
+            await settle(pilot)
+            launch = app.pane("launch")
+            assert any(f"port {port}: another process already listens" in e for e in launch.errors), launch.errors
+            await pilot.press("ctrl+l")
+            await pilot.pause()
+            assert app.launched == [] and RunLog.open(ws).list_runs() == []
+            server.close()
+            launch.replan()
+            await settle(pilot)
+            assert launch.errors == []
+    finally:
+        server.close()

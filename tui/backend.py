@@ -25,6 +25,7 @@ from jobs.control import LIVE_RUN_STATUSES, request_job_action, stop_run, superv
 from jobs.detached import start_detached
 from jobs.gpus import Inventory, Snapshot
 from jobs.plan import prepare
+from jobs.ports import port_problem
 from jobs.recipe import RecipeError, shipped_recipes
 from jobs.supervisor import ACTIVE, tail_text
 
@@ -362,6 +363,11 @@ class Backend:
                                       f"(pid {lease.pid})")
         roles = {name: role.gpus for name, role in recipe.assignment.roles.items()}
         return LaunchPlan(prepared.plan_text(), roles, recipe.assignment.share, errors, warns, str(recipe_path), prepared.run_id, overrides)
+
+    @staticmethod
+    def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
+        """Why a server cannot listen on the port (another process holds it), else None."""
+        return port_problem(host, port)
 
     def launch(self, recipe_path: str | os.PathLike, overrides: list[str], snapshot: Snapshot | None,
                *, recipe_text: str | None = None, run_id: str | None = None) -> str:

@@ -205,11 +205,20 @@ class LaunchPane(Pane):
         backend = self.adaflash.backend
         recipes = backend.recipes()
         built = build(choice, backend.workspace / RECIPES_DIR, workspace=backend.workspace)
+        problem = self._port_problem(choice)
+        if problem:
+            built.errors.append(problem)
         if built.recipe_path is None:
             return built, None, recipes
         plan = backend.plan(built.recipe_path, built.overrides, snapshot, recipe_text=built.recipe_text,
                             warnings=built.warnings)
         return built, plan, recipes
+
+    def _port_problem(self, choice: LaunchChoice) -> str | None:
+        """A server's port held by another process (its health check would answer for our job): blocking."""
+        if choice.mode != "server" or not choice.port.strip().isdigit() or not 0 < int(choice.port) < 65536:
+            return None
+        return self.adaflash.backend.port_problem(int(choice.port))
 
     def _set_recipes(self, recipes: list[tuple[str, str]]) -> None:
         """The recipe list (shipped and the workspace's); the first time, pick the local default."""
@@ -405,10 +414,14 @@ class LaunchPane(Pane):
         self.query_one("#launch-button", Button).disabled = True
         self.query_one("#launch-status", Static).update(f"[yellow]launching {plan.run_id}…[/yellow]")
         snapshot = self.snapshot
-        self.run_worker(lambda: self._launch(final, plan.run_id, snapshot), thread=True, group="launch",
+        self.run_worker(lambda: self._launch(final, plan.run_id, snapshot, choice), thread=True, group="launch",
                         name="launch", exit_on_error=False)
 
-    def _launch(self, built: Built, run_id: str | None, snapshot: Snapshot | None) -> None:
+    def _launch(self, built: Built, run_id: str | None, snapshot: Snapshot | None, choice: LaunchChoice) -> None:
+        problem = self._port_problem(choice)  # taken since the plan was checked
+        if problem:
+            self.post_message(self.Launched(None, problem))
+            return
         try:
             launched = self.adaflash.backend.launch(built.recipe_path or "", built.overrides, snapshot,
                                                     recipe_text=built.recipe_text, run_id=run_id)
