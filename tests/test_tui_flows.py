@@ -611,3 +611,63 @@ async def test_a_port_another_process_holds_is_refused_before_launch(ws: Path, l
             assert launch.errors == []
     finally:
         server.close()
+
+
+async def test_focus_never_traps_keys_in_a_filter_or_the_previous_field(ws: Path) -> None:
+    """Esc in a filter kept focus there; Compare kept a filter after "compare selected"; a Tab pressed before
+    a new tab's first refresh was undone; tables lacked j/k and Home/End."""
+    fill_runlog(ws)
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=RECIPE_RUN)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("5")
+        await settle(pilot)
+        compare = app.pane("compare")
+        table = app.query_one("#compare-table", DataTable)
+        await pilot.press("slash", *"humaneval")
+        await pilot.pause()
+        assert len(compare.shown) == 2
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.query_one("#compare-filter", Input).value == "" and len(compare.shown) == 8
+        assert app.focused is table
+        # tables move like lists: j/k, Home/End
+        await pilot.press("j", "j")
+        assert table.cursor_coordinate.row == 2
+        await pilot.press("k")
+        assert table.cursor_coordinate.row == 1
+        await pilot.press("end")
+        assert table.cursor_coordinate.row == 7
+        await pilot.press("home")
+        assert table.cursor_coordinate.row == 0
+        # History: Esc in the text filter clears it and hands the keys back to the table
+        await pilot.press("6")
+        await settle(pilot)
+        history = app.pane("history")
+        runs = app.query_one("#runs-table", DataTable)
+        await pilot.press("slash", *"gen")
+        await settle(pilot)
+        assert [r["id"] for r in history.shown] == [GENERATE_RUN]
+        await pilot.press("escape")
+        await settle(pilot)
+        assert app.focused is runs and app.query_one("#f-text", Input).value == "" and len(history.shown) == 5
+        await pilot.press("j")
+        assert runs.cursor_coordinate.row == 1
+        # a filter typed in Compare does not hide the runs compared next
+        await pilot.press("5", "slash", *"humaneval", "enter")
+        await pilot.pause()
+        assert len(compare.shown) == 2
+        await pilot.press("6")
+        await settle(pilot)
+        runs.move_cursor(row=1)
+        await pilot.press("space", "c")
+        await settle(pilot)
+        assert app.active_tab == "compare" and compare.run_ids == [PIPELINE_RUN]
+        assert app.query_one("#compare-filter", Input).value == "" and compare.query_text == ""
+        assert app.focused is table
+        # the user moves focus before the new tab's first refresh: it stays where they put it
+        app.show_tab("history")
+        app.query_one("#f-text", Input).focus()
+        await pilot.press("a", "b")
+        await settle(pilot)
+        assert app.query_one("#f-text", Input).value == "ab"

@@ -76,6 +76,8 @@ REGISTRY: tuple[Command, ...] = (
     Command("compare.markdown", "e", "Export .md", "Export the table to Markdown in the workspace", "export('markdown')",
             scope="compare"),
     Command("compare.csv", "v", "Export .csv", "Export the table to CSV in the workspace", "export('csv')", scope="compare"),
+    Command("compare.clear", "escape", "Clear filter", "Clear the filter and go back to the table", "clear_filter",
+            scope="compare", show=False),
     Command("compare.all", "a", "All results", "Compare every benchmark result (or the latest matrix)", "show_all",
             scope="compare"),
     # -- History -------------------------------------------------------------------------------
@@ -85,7 +87,8 @@ REGISTRY: tuple[Command, ...] = (
             scope="history"),
     Command("history.compare", "c", "Compare", "Compare the selected runs", "compare_selected", scope="history"),
     Command("history.filter", "slash", "Filter", "Filter runs by text", "focus_filter", scope="history"),
-    Command("history.clear", "escape", "Clear", "Clear filters and selection", "clear_filters", scope="history"),
+    Command("history.clear", "escape", "Clear", "Clear filters and selection, back to the table", "clear_filters",
+            scope="history"),
 )
 
 BY_ID = {c.id: c for c in REGISTRY}

@@ -241,9 +241,15 @@ class AdaflashApp(App[None]):
         self.call_after_refresh(self._focus_pane, tab)
 
     def _focus_pane(self, tab: str) -> None:
+        """Focus the pane's primary widget, unless the user moved focus into the pane meanwhile (a Tab
+        pressed before this refresh): taking it back would send the next keys to the previous field."""
         pane = self.pane(tab)
-        if pane is not None and self.active_tab == tab:
-            pane.focus_primary()
+        if pane is None or self.active_tab != tab:
+            return
+        focused = self.focused
+        if focused is not None and pane in focused.ancestors:
+            return
+        pane.focus_primary()
 
     def action_show_tab(self, tab: str) -> None:
         self.show_tab(tab)

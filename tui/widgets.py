@@ -31,6 +31,17 @@ def bar(percent: float | None, width: int = 12) -> Text:
     return Text("█" * filled, style=style) + Text("░" * (width - filled), style="dim")
 
 
+class Table(DataTable):
+    """A DataTable with the keys of a list: j/k move the cursor, Home/End go to the first/last row."""
+
+    BINDINGS = [
+        Binding("j", "cursor_down", "Down", show=False),
+        Binding("k", "cursor_up", "Up", show=False),
+        Binding("home", "scroll_top", "First row", show=False),
+        Binding("end", "scroll_bottom", "Last row", show=False),
+    ]
+
+
 # -- the assignment grid ---------------------------------------------------------------------------
 
 

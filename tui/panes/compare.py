@@ -19,7 +19,7 @@ from tui.actions import bindings_for
 from tui.backend import Comparison
 from tui.monitor_model import fmt
 from tui.panes.base import Pane
-from tui.widgets import BarChart
+from tui.widgets import BarChart, Table
 
 TEXT_KEYS = ("method", "target", "dataset", "label", "run_id", "group")
 
@@ -76,16 +76,32 @@ class ComparePane(Pane):
             yield Input(placeholder="filter: text or key=value (method=adaflash dataset=gsm8k)", id="compare-filter",
                         compact=True)
             yield Static("", id="compare-source", classes="pane-status")
-        yield DataTable(id="compare-table", cursor_type="cell", zebra_stripes=True)
+        yield Table(id="compare-table", cursor_type="cell", zebra_stripes=True)
         with Horizontal(id="compare-bottom"):
             yield BarChart("speed-up vs Vanilla", id="speedup-chart")
             yield Static("", id="compare-notes")
 
     # -- data -----------------------------------------------------------------------------------------
     def set_runs(self, run_ids: list[str] | None) -> None:
+        """Compare these runs (None: every result); a filter typed for the previous view is dropped."""
         self.run_ids = list(run_ids) if run_ids else None
         self.data = None
+        self._clear_filter()
         self.refresh_data()
+
+    def _clear_filter(self) -> None:
+        box = self.query_one("#compare-filter", Input)
+        if box.value:
+            with box.prevent(Input.Changed):
+                box.value = ""
+        self.query_text = ""
+        if box.has_focus:
+            self.query_one("#compare-table").focus()
+
+    def action_clear_filter(self) -> None:
+        self._clear_filter()
+        self.render_table()
+        self.query_one("#compare-table").focus()
 
     def request(self) -> Any:
         return tuple(self.run_ids or ())

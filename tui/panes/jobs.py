@@ -18,6 +18,7 @@ from tui.actions import bindings_for
 from tui.backend import LogChunk, RunState, is_active
 from tui.modals import ConfirmScreen
 from tui.panes.base import Pane
+from tui.widgets import Table
 
 STATUS_STYLE = {
     "pending": "dim", "starting": "yellow", "running": "cyan", "ready": "bold green", "finished": "green",
@@ -67,7 +68,7 @@ class JobsPane(Pane):
     def compose(self) -> ComposeResult:
         yield Static("No run yet: launch one (2) or open one from History (6).", id="run-header",
                      classes="pane-status")
-        table = DataTable(id="jobs-table", cursor_type="row", zebra_stripes=True)
+        table = Table(id="jobs-table", cursor_type="row", zebra_stripes=True)
         for key, title in COLUMNS:
             table.add_column(title, key=key)
         yield table

@@ -15,6 +15,7 @@ from tui.actions import bindings_for
 from tui.backend import MetricsBatch
 from tui.monitor_model import CHARTS, MonitorModel, fmt, spark
 from tui.panes.base import Pane
+from tui.widgets import Table
 
 MAX_LINES = 4  # series per chart
 # Fixed line colours (the theme's blue, amber, green, red): the same chart always looks the same.
@@ -46,11 +47,11 @@ class MonitorPane(Pane):
 
     def _tables(self) -> ComposeResult:
         with Horizontal(id="monitor-tables"):
-            versions = DataTable(id="versions", cursor_type="row", zebra_stripes=True)
+            versions = Table(id="versions", cursor_type="row", zebra_stripes=True)
             versions.border_title = "τ per drafter version"
             versions.add_columns("version", "n", "τ", "tok/s", "samples")
             yield versions
-            metrics = DataTable(id="metrics", cursor_type="row", zebra_stripes=True)
+            metrics = Table(id="metrics", cursor_type="row", zebra_stripes=True)
             metrics.border_title = "latest metrics"
             metrics.add_columns("metric", "last", "mean", "min", "max", "n", "trend")
             yield metrics
