@@ -671,3 +671,26 @@ async def test_focus_never_traps_keys_in_a_filter_or_the_previous_field(ws: Path
         await pilot.press("a", "b")
         await settle(pilot)
         assert app.query_one("#f-text", Input).value == "ab"
+
+
+async def test_at_80x24_the_version_table_and_compare_keep_their_key_columns(ws: Path) -> None:
+    """At 80×24 the τ-per-version table collapsed below the charts, and Compare scrolled method and dataset
+    off screen as the cursor went right."""
+    fill_runlog(ws)
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=PIPELINE_RUN, tab="monitor")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        lines = screen_text(app).splitlines()
+        version_rows = [line for line in lines if line.lstrip("│ ").startswith(("v0 ", "v3 "))]
+        assert len(version_rows) == 2 and all("2.04" in r or "3.09" in r for r in version_rows), lines
+        await pilot.press("5")
+        await settle(pilot)
+        table = app.query_one("#compare-table", DataTable)
+        table.focus()
+        table.move_cursor(row=2, column=len(table.columns) - 1)
+        await pilot.pause()
+        assert table.scroll_x > 0  # it did scroll sideways
+        row = next(line for line in screen_text(app).splitlines() if line.startswith(" adaflash "))
+        assert "gsm8k" in row, row
+        header = next(line for line in screen_text(app).splitlines() if line.startswith(" method "))
+        assert "dataset" in header

@@ -251,3 +251,20 @@ def test_registry_feeds_bindings_and_help() -> None:
     for scope, keys in keys_per_scope.items():
         if scope != "app":
             assert not keys & app_keys, scope
+
+
+def test_training_and_generation_speeds_never_share_an_axis() -> None:
+    """Training tok/s (thousands) and generation tok/s (tens) were drawn on one axis."""
+    from tui.monitor_model import CHARTS
+
+    model = MonitorModel("r")
+    rows = [{"id": 1, "run_id": "a", "job": "inference", "step": 1, "name": "tokens_per_s", "value": 40.0, "time": 1.0},
+            {"id": 2, "run_id": "b", "job": "train", "step": 1, "name": "tokens_per_s", "value": 5000.0, "time": 1.0},
+            {"id": 3, "run_id": "a", "job": "training", "step": 1, "name": "train_tokens_per_s", "value": 3000.0,
+             "time": 2.0}]
+    model.ingest("r", {"a": "pipeline", "b": "train"}, {"a": [rows[0], rows[2]], "b": [rows[1]]})
+    (_, left, right), = [c for c in CHARTS if "tokens_per_s" in c[1]]
+    assert [(label, ys) for label, _, ys in model.chart(left)] == [("pipeline:tokens_per_s", [40.0])]
+    assert sorted((label, ys) for label, _, ys in model.chart(right)) == [
+        ("pipeline:train_tokens_per_s", [3000.0]), ("train:train_tokens_per_s", [5000.0])]
+    assert not set(left) & set(right)

@@ -100,7 +100,7 @@ class AdaflashApp(App[None]):
         yield from (command for command in super().get_system_commands(screen) if command.title != "Quit")
     ENABLE_COMMAND_PALETTE = True
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+    VERTICAL_BREAKPOINTS = [(0, "-tiny"), (30, "-short"), (36, "-tall")]
 
     current_run_id: reactive[str | None] = reactive(None, init=False)
 

@@ -17,13 +17,16 @@ from typing import Any
 HISTORY = 600  # points kept per series for the charts
 SPARK = "▁▂▃▄▅▆▇█"
 
-# Chart families: (title, metric names plotted, unit). Names the pipeline, trainers and servers record.
+# Chart families: (title, metric names on the left axis, names on the right axis). Generation speed (tens of
+# tokens/s) and training speed (thousands) never share an axis: the smaller would lie flat on the floor.
 CHARTS = (
-    ("acceptance length τ", ("tau", "eval_tau", "block_accept_len", "avg_spec_accept_length", "accept_length")),
-    ("throughput tok/s", ("tokens_per_s", "gen_throughput", "output_throughput")),
-    ("training losses", ("loss", "loss_ce", "loss_rkl", "loss_fkl")),
-    ("buffer depth", ("buffer_depth", "queue_depth", "consumed")),
+    ("acceptance length τ", ("tau", "eval_tau", "block_accept_len", "avg_spec_accept_length", "accept_length"), ()),
+    ("tok/s: generation ◂ · ▸ training", ("tokens_per_s", "gen_throughput", "output_throughput"),
+     ("train_tokens_per_s",)),
+    ("training losses", ("loss", "loss_ce", "loss_rkl", "loss_fkl"), ()),
+    ("buffer depth", ("buffer_depth", "queue_depth", "consumed"), ()),
 )
+TRAINING_JOBS = ("train", "training")  # jobs whose `tokens_per_s` is training speed (offline `adaflash train`)
 VERSION_METRICS = ("tau", "tokens_per_s", "samples")
 
 
@@ -125,6 +128,8 @@ class MonitorModel:
             name, value, t = row["name"], row["value"], row["time"]
             if value is None:
                 continue
+            if name == "tokens_per_s" and row.get("job") in TRAINING_JOBS:
+                name = "train_tokens_per_s"
             if self.start is None or (t is not None and t < self.start):
                 self.start = t
             key = (source, name)

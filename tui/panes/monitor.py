@@ -42,7 +42,7 @@ class MonitorPane(Pane):
         with VerticalScroll(id="monitor-body"):
             with Grid(id="charts"):
                 for i in range(len(CHARTS)):
-                    yield PlotextPlot(id=f"chart-{i}", classes="chart")
+                    yield PlotextPlot(id=f"chart-{i}", classes="chart" if i < 2 else "chart chart-secondary")
             yield from self._tables()
 
     def _tables(self) -> ComposeResult:
@@ -135,14 +135,16 @@ class MonitorPane(Pane):
         if model.generation == self.drawn:
             return
         self.drawn = model.generation
-        for i, (title, names) in enumerate(CHARTS):
+        for i, (title, names, right_names) in enumerate(CHARTS):
             plot = self.query_one(f"#chart-{i}", PlotextPlot)
             plt = plot.plt
             plt.clear_data()
             plt.title(title)
-            lines = model.chart(names)[:MAX_LINES]
-            for (label, xs, ys), color in zip(lines, LINE_COLORS):
-                plt.plot(xs, ys, label=label, marker="braille", color=color)
+            lines = [(*line, "left") for line in model.chart(names)]
+            lines += [(*line, "right") for line in model.chart(right_names)]
+            lines = lines[:MAX_LINES]
+            for (label, xs, ys, side), color in zip(lines, LINE_COLORS):
+                plt.plot(xs, ys, label=label, marker="braille", color=color, yside=side)
             if not lines:
                 plt.title(f"{title}: no data yet")
             plot.refresh()
