@@ -694,3 +694,25 @@ async def test_at_80x24_the_version_table_and_compare_keep_their_key_columns(ws:
         assert "gsm8k" in row, row
         header = next(line for line in screen_text(app).splitlines() if line.startswith(" method "))
         assert "dataset" in header
+
+
+async def test_the_job_log_opens_full_screen_and_back(ws: Path) -> None:
+    """The log pane showed 5-9 lines with no full-screen view."""
+    fill_runlog(ws)
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=RECIPE_RUN, tab="jobs")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        log = app.query_one("#job-log")
+        assert log.size.height < 10
+        app.pane("jobs").focus_primary()
+        await pilot.press("l")
+        await settle(pilot)
+        assert app.screen.maximized is log and log.size.height >= SIZE[1] - 4
+        text = screen_text(app)
+        assert "[prepare] step 11: ok" in text and "log · prepare" in text
+        await pilot.press("escape")
+        await settle(pilot)
+        assert app.screen.maximized is None and log.size.height < 10
+        await pilot.press("l", "l")  # l toggles back as well
+        await settle(pilot)
+        assert app.screen.maximized is None and app.focused is app.query_one("#jobs-table")

@@ -66,6 +66,8 @@ REGISTRY: tuple[Command, ...] = (
     Command("jobs.stop", "s", "Stop job", "Stop the selected job (asks first)", "stop_job", scope="jobs"),
     Command("jobs.restart", "r", "Restart job", "Restart the selected job (asks first)", "restart_job", scope="jobs"),
     Command("jobs.stop_run", "x", "Stop run", "Stop the whole run (asks first)", "stop_run", scope="jobs"),
+    Command("jobs.log", "l", "Full log", "The selected job's log full screen (l or esc: back)", "toggle_log",
+            scope="jobs"),
     Command("jobs.monitor", "m", "Monitor", "Monitor this run", "app.show_tab('monitor')", scope="jobs"),
     # -- Monitor -------------------------------------------------------------------------------
     Command("monitor.reload", "ctrl+o", "Reload", "Re-read every metric of the run from the start", "reload",

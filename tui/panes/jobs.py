@@ -98,7 +98,9 @@ class JobsPane(Pane):
         if path != self.log_path:
             self.log_path, self.log_offset = path, 0
             self.query_one("#job-log", Log).clear()
-            self.query_one("#log-title", Label).update(f"log · {row.label} · {path}" if row and path else "log")
+            title = f"log · {row.label} · {path}" if row and path else "log"
+            self.query_one("#log-title", Label).update(title)
+            self.query_one("#job-log", Log).border_title = title  # shown when full screen
 
     # -- reading ------------------------------------------------------------------------------------
     def request(self) -> Any:
@@ -274,6 +276,17 @@ class JobsPane(Pane):
         self.stopping.discard(message.run_id)
         self.app.notify(message.text, severity="error" if message.error else "information")
         self.refresh_data()
+
+    def action_toggle_log(self) -> None:
+        """The log pane is a few lines: show it full screen, or back."""
+        log = self.query_one("#job-log", Log)
+        if self.screen.maximized is log:
+            self.screen.minimize()
+            self.query_one("#jobs-table").focus()
+            return
+        if self.screen.maximize(log, container=False):
+            log.focus()
+            log.scroll_end(animate=False)
 
     def focus_primary(self) -> None:
         self.query_one("#jobs-table").focus()
