@@ -416,11 +416,38 @@ def test_main_parses_workspace_and_env(tmp_path, monkeypatch) -> None:
         seen["run"] = self._initial_run
 
     monkeypatch.setattr(app_module.AdaflashApp, "run", fake_run)
-    app_module.main(["--workspace", str(tmp_path / "a"), "--run", "X"])
-    assert seen == {"workspace": (tmp_path / "a").resolve(), "run": "X"}
+    (tmp_path / "a").mkdir()
+    app_module.main(["--workspace", str(tmp_path / "a")])
+    assert seen == {"workspace": (tmp_path / "a").resolve(), "run": None}
     monkeypatch.setenv("ADAFLASH_WORKSPACE", str(tmp_path / "b"))
     app_module.main([])
     assert seen["workspace"] == (tmp_path / "b").resolve() and (tmp_path / "b").is_dir()
+
+
+def test_main_refuses_a_mistyped_workspace_and_an_unknown_run(tmp_path, monkeypatch, capsys) -> None:
+    """A mistyped --workspace became a new, empty workspace; `--run ID` opened the GPUs tab."""
+    from tui import app as app_module
+
+    seen = {}
+
+    def fake_run(self):
+        seen.update(workspace=self.workspace, run=self._initial_run, tab=self._initial_tab)
+
+    monkeypatch.setattr(app_module.AdaflashApp, "run", fake_run)
+    typo = tmp_path / "wrokspace"
+    with pytest.raises(SystemExit) as exit_info:
+        app_module.main(["--workspace", str(typo)])
+    assert exit_info.value.code == 2 and not typo.exists() and seen == {}
+    assert f"--workspace {typo}: no such folder" in capsys.readouterr().err
+    ws = tmp_path / "ws"
+    fill_runlog(ws).close()
+    app_module.main(["--workspace", str(ws), "--run", PIPELINE_RUN[:22]])  # a unique prefix
+    assert seen == {"workspace": ws.resolve(), "run": PIPELINE_RUN, "tab": "jobs"}
+    app_module.main(["--workspace", str(ws), "--run", SERVE_RUN, "--tab", "monitor"])
+    assert seen["run"] == SERVE_RUN and seen["tab"] == "monitor"
+    with pytest.raises(SystemExit) as exit_info:
+        app_module.main(["--workspace", str(ws), "--run", "2099"])
+    assert exit_info.value.code == 2 and "no run '2099'" in capsys.readouterr().err
 
 
 def test_tui_never_imports_torch() -> None:

@@ -323,23 +323,54 @@ class AdaflashApp(App[None]):
 
 def main(argv: list[str] | None = None) -> None:
     """`adaflash-tui [--workspace DIR] [--run RUN_ID] [--tab TAB]`."""
-    from adaflash.workspace import DEFAULT_WORKSPACE, WORKSPACE_ENV, workspace_dir
+    from adaflash.workspace import (
+        DEFAULT_WORKSPACE,
+        RUNLOG_FILE,
+        WORKSPACE_ENV,
+        workspace_dir,
+        workspace_path,
+    )
 
     parser = argparse.ArgumentParser(
         prog="adaflash-tui", description="The adaflash dashboard: GPUs, launch, jobs, live metrics, comparison, "
                                          "history. Press F1 inside for every key.")
     parser.add_argument("--workspace", metavar="DIR", default=None,
-                        help=f"workspace folder holding the run log [env {WORKSPACE_ENV}; "
-                             f"default ./{DEFAULT_WORKSPACE}]")
-    parser.add_argument("--run", metavar="RUN_ID", default=None, help="follow this run first (default: the newest "
-                                                                      "live run, else the newest run)")
-    parser.add_argument("--tab", choices=list(PANES), default="gpus", help="the tab shown first")
+                        help=f"an existing workspace folder holding the run log [env {WORKSPACE_ENV}; "
+                             f"default ./{DEFAULT_WORKSPACE}, created when missing]")
+    parser.add_argument("--run", metavar="RUN_ID", default=None, help="open this run (id or unique prefix) in Jobs "
+                                                                      "[default: the newest live run, else the newest "
+                                                                      "run]")
+    parser.add_argument("--tab", choices=list(PANES), default=None,
+                        help="the tab shown first [default: jobs with --run, else gpus]")
     args = parser.parse_args(argv)
+    if args.workspace is not None and not workspace_path(args.workspace).is_dir():
+        # A typo must not become a new, empty workspace (the CLI refuses it the same way).
+        parser.exit(2, f"adaflash-tui: --workspace {workspace_path(args.workspace)}: no such folder, so no run log "
+                       "(a mistyped path?). Give an existing workspace, or create the folder first to start a new "
+                       "workspace there.\n")
     workspace = workspace_dir(args.workspace)
-    app = AdaflashApp(workspace, run_id=args.run, tab=args.tab)
+    run_id = args.run
+    if run_id is not None:
+        run_id = _resolve_run(parser, workspace / RUNLOG_FILE, run_id)
+    app = AdaflashApp(workspace, run_id=run_id, tab=args.tab or ("jobs" if run_id else "gpus"))
     app.run()
     if app.return_code:
         sys.exit(app.return_code)
+
+
+def _resolve_run(parser: argparse.ArgumentParser, runlog: Path, run_id: str) -> str:
+    """The full id of --run (an id or a unique prefix), or exit 2 naming what is wrong."""
+    from adaflash.runlog import RunLog
+
+    if not runlog.is_file():
+        parser.exit(2, f"adaflash-tui: --run {run_id}: no run log in {runlog.parent} (nothing recorded there yet)\n")
+    log = RunLog.open(runlog.parent)
+    try:
+        return str(log.get_run(run_id)["id"])
+    except KeyError as err:
+        parser.exit(2, f"adaflash-tui: --run: {err.args[0]}\n")
+    finally:
+        log.close()
 
 
 if __name__ == "__main__":
