@@ -268,3 +268,26 @@ def test_training_and_generation_speeds_never_share_an_axis() -> None:
     assert sorted((label, ys) for label, _, ys in model.chart(right)) == [
         ("pipeline:train_tokens_per_s", [3000.0]), ("train:train_tokens_per_s", [5000.0])]
     assert not set(left) & set(right)
+
+
+def test_backend_status_names_match_the_run_log_and_the_supervisor() -> None:
+    """tui.backend keeps its own copies so the first paint needs neither module."""
+    from adaflash.runlog import LIVE_RUN_STATUSES
+    from jobs.supervisor import ACTIVE
+    from tui import backend
+
+    assert backend.LIVE_RUN_STATUSES == LIVE_RUN_STATUSES
+    assert (*ACTIVE, "restarting") == backend.ACTIVE_JOB_STATUSES
+
+
+def test_the_first_screen_imports_neither_the_run_log_nor_the_other_panes() -> None:
+    """Startup to first paint took 2-3 s, most of it importing what only later reads need."""
+    import os
+    import subprocess
+
+    code = ("import sys, tui.app, tui.panes.gpus; "
+            "print(sorted(m for m in ('adaflash.runlog', 'sqlite_utils', 'jobs.plan', 'tui.panes.monitor', "
+            "'tui.panes.launch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.stdout.strip() == "[]"

@@ -8,34 +8,65 @@ with runs still going (they are detached: leaving them is safe, the next start s
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.command import DiscoveryHit, Hit, Hits, Provider
-from textual.lazy import Lazy
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.theme import Theme
+from textual.widget import MountError, Widget
 from textual.widgets import Footer, Header, TabbedContent, TabPane
 
 from tui.actions import BY_ID, REGISTRY, SCOPE_TITLES, TABS, Command, bindings_for
 from tui.backend import Backend, InventoryLike
 from tui.modals import HelpScreen, QuitScreen
 from tui.panes.base import Pane
-from tui.panes.compare import ComparePane
-from tui.panes.gpus import GpusPane
-from tui.panes.history import HistoryPane
-from tui.panes.jobs import JobsPane
-from tui.panes.launch import LaunchPane
-from tui.panes.monitor import MonitorPane
 
-PANES: dict[str, type[Pane]] = {"gpus": GpusPane, "launch": LaunchPane, "jobs": JobsPane, "monitor": MonitorPane,
-                                "compare": ComparePane, "history": HistoryPane}
+if TYPE_CHECKING:
+    from tui.panes.gpus import GpusPane
+
+# Each tab's pane, imported when it is first shown or mounted: the first paint imports only its own.
+PANES: dict[str, tuple[str, str]] = {
+    "gpus": ("tui.panes.gpus", "GpusPane"), "launch": ("tui.panes.launch", "LaunchPane"),
+    "jobs": ("tui.panes.jobs", "JobsPane"), "monitor": ("tui.panes.monitor", "MonitorPane"),
+    "compare": ("tui.panes.compare", "ComparePane"), "history": ("tui.panes.history", "HistoryPane"),
+}
+
+
+def pane_class(tab: str) -> type[Pane]:
+    module, name = PANES[tab]
+    return getattr(importlib.import_module(module), name)
+
+
+class LazyPane(Widget):
+    """Stands in for a tab's pane until the first paint is done, then imports and mounts it in its place
+    (textual's Lazy takes a built widget, whose module is then imported before the first paint)."""
+
+    DEFAULT_CSS = "LazyPane { display: none; }"
+
+    def __init__(self, tab: str) -> None:
+        super().__init__()
+        self.tab = tab
+
+    def on_mount(self) -> None:
+        self.call_after_refresh(self._replace)
+
+    async def _replace(self) -> None:
+        parent = self.parent
+        if not isinstance(parent, Widget) or not parent.is_attached:
+            return
+        try:
+            await parent.mount(pane_class(self.tab)(id=f"{self.tab}-pane"), after=self)
+        except MountError:
+            return  # the app quit before its first refresh was over
+        await self.remove()
 
 DARK = Theme(
     name="adaflash", primary="#5FA8D3", secondary="#9D7CD8", accent="#F2B84B", warning="#F2B84B",
@@ -144,17 +175,16 @@ class AdaflashApp(App[None]):
         with TabbedContent(id="tabs", initial=self._initial_tab):
             for tab, title, key in TABS:
                 with TabPane(f"{title} {key}", id=tab):
-                    pane = PANES[tab](id=f"{tab}-pane")
                     # Only the tab shown first is in the first paint; the others mount right after it.
-                    yield pane if tab == self._initial_tab else Lazy(pane)
+                    yield pane_class(tab)(id=f"{tab}-pane") if tab == self._initial_tab else LazyPane(tab)
         yield Footer()
 
     def on_mount(self) -> None:
         if self._initial_run:
             self.current_run_id = self._initial_run
-        else:
-            self.run_worker(self._find_initial_run, thread=True, group="init", name="initial run",
-                            exit_on_error=False)
+        else:  # after the first paint: the read imports the run log, which the first screen does not wait for
+            self.call_after_refresh(self.run_worker, self._find_initial_run, thread=True, group="init",
+                                    name="initial run", exit_on_error=False)
         self.call_after_refresh(self._focus_pane, self._initial_tab)
 
     def _find_initial_run(self) -> None:

@@ -15,19 +15,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from adaflash.bench import compare
-from adaflash.pipeline.buffer import SwapBuffer
-from adaflash.runlog import RunLog
-from jobs.assign import GpuLeases
-from jobs.control import LIVE_RUN_STATUSES, request_job_action, stop_run, supervisor_pid
-from jobs.detached import start_detached
-from jobs.gpus import Inventory, Snapshot
-from jobs.plan import prepare
-from jobs.ports import port_problem
-from jobs.recipe import RecipeError, shipped_recipes
-from jobs.supervisor import ACTIVE, tail_text
+if TYPE_CHECKING:
+    from adaflash.runlog import RunLog
+    from jobs.assign import GpuLeases
+    from jobs.gpus import Snapshot
+
+# The run log, `jobs` and the comparison are imported where first used, in a worker: importing them (SQLite
+# helpers, numpy) took longer than drawing the first screen, which needs none of them.
+LIVE_RUN_STATUSES = ("pending", "running", "detached")  # adaflash.runlog's, checked by a test
+ACTIVE_JOB_STATUSES = ("starting", "running", "ready", "restarting")  # jobs.supervisor's ACTIVE and restarting
 
 LOG_TAIL_BYTES = 32 * 1024
 METRICS_PAGE = 20_000  # rows per read: bounds one UI-thread fold to ~0.1 s while catching up
@@ -126,6 +124,8 @@ class Backend:
 
     # -- plumbing -------------------------------------------------------------------------------
     def log(self, group: str = "default") -> RunLog:
+        from adaflash.runlog import RunLog
+
         with self._lock:
             log = self._logs.get(group)
             if log is None:
@@ -135,6 +135,8 @@ class Backend:
     @contextlib.contextmanager
     def fresh_log(self) -> Iterator[RunLog]:
         """A connection of its own, for rare actions that may run alongside each other (stops)."""
+        from adaflash.runlog import RunLog
+
         log = RunLog.open(self.workspace)
         try:
             yield log
@@ -147,11 +149,13 @@ class Backend:
                 with contextlib.suppress(Exception):
                     log.close()
             self._logs.clear()
-        if isinstance(self._inventory, Inventory):
+        if self._inventory is not None and hasattr(self._inventory, "close"):
             self._inventory.close()
 
     # -- GPUs -----------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
+        from jobs.gpus import Inventory
+
         if self._inventory is None:
             self._inventory = Inventory(runlog=self.log("gpus"))
         if isinstance(self._inventory, Inventory):
@@ -159,6 +163,8 @@ class Backend:
         return self._inventory.snapshot()
 
     def leases(self) -> GpuLeases:
+        from jobs.assign import GpuLeases
+
         if self._leases is None:
             self._leases = GpuLeases()
         return self._leases
@@ -166,6 +172,8 @@ class Backend:
     # -- runs -----------------------------------------------------------------------------------
     def initial_run(self) -> str | None:
         """The run to show first: the newest live run, else the newest run."""
+        from jobs.control import supervisor_pid
+
         log = self.log("default")
         for status in LIVE_RUN_STATUSES:
             rows = log.list_runs(status=status, limit=1)
@@ -175,6 +183,8 @@ class Backend:
         return rows[0]["id"] if rows else None
 
     def run_state(self, run_id: str | None, group: str = "jobs") -> RunState:
+        from jobs.control import supervisor_pid
+
         if not run_id:
             return RunState(None, [], [], False, False)
         log = self.log(group)
@@ -191,6 +201,8 @@ class Backend:
 
     def live_runs(self, run_ids: list[str]) -> list[dict[str, Any]]:
         """Which of these runs still run (recorded live and supervised by a live process)."""
+        from jobs.control import supervisor_pid
+
         log = self.log("quit")
         out = []
         for run_id in run_ids:
@@ -223,6 +235,8 @@ class Backend:
             return self._job_action(log, run_id, action, job)
 
     def _job_action(self, log: RunLog, run_id: str, action: str, job: str | None) -> str:
+        from jobs.control import request_job_action, supervisor_pid
+
         run = log.get_run(run_id)
         alive = supervisor_pid(run) is not None
         if action == "stop-run":
@@ -243,6 +257,9 @@ class Backend:
         records its end. Only then is whatever still runs stopped with signals; a run that ended on its own
         meanwhile ends `finished`, its note saying the user stopped it.
         """
+        from adaflash.pipeline.buffer import SwapBuffer
+        from jobs.control import stop_run
+
         run = log.get_run(run_id)
         pipelines = [r for r in [run, *log.child_runs(run)] if r.get("kind") == "pipeline"
                      and r["status"] in LIVE_RUN_STATUSES and (r.get("config") or {}).get("swap_dir")]
@@ -267,6 +284,8 @@ class Backend:
     @staticmethod
     def _wait_ended(log: RunLog, run_ids: list[str], timeout: float) -> list[str]:
         """Until each run records its end (or its process is gone, then it is reaped); returns those ended."""
+        from jobs.control import supervisor_pid
+
         deadline = time.monotonic() + timeout
         pending = list(run_ids)
         while pending and time.monotonic() < deadline:
@@ -327,6 +346,8 @@ class Backend:
     # -- launch ---------------------------------------------------------------------------------
     def recipes(self) -> list[tuple[str, str]]:
         """(label, path) of the shipped recipes and of the workspace's recipes/ folder."""
+        from jobs.recipe import shipped_recipes
+
         out = [(p.stem, str(p)) for p in shipped_recipes()]
         folder = self.workspace / RECIPES_DIR
         if folder.is_dir():
@@ -338,6 +359,9 @@ class Backend:
              *, recipe_text: str | None = None, run_id: str | None = None,
              warnings: list[str] | None = None) -> LaunchPlan:
         """Validate a recipe (written first when `recipe_text` is given) with these overrides."""
+        from jobs.plan import prepare
+        from jobs.recipe import RecipeError
+
         if recipe_text is not None:
             write_text(Path(recipe_path), recipe_text)
         errors: list[str] = []
@@ -367,6 +391,8 @@ class Backend:
     @staticmethod
     def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
         """Why a server cannot listen on the port (another process holds it), else None."""
+        from jobs.ports import port_problem
+
         return port_problem(host, port)
 
     def launch(self, recipe_path: str | os.PathLike, overrides: list[str], snapshot: Snapshot | None,
@@ -375,6 +401,9 @@ class Backend:
 
         `run_id`: the one the plan showed, so the started command lines are exactly those shown.
         """
+        from jobs.detached import start_detached
+        from jobs.plan import prepare
+
         if recipe_text is not None:
             write_text(Path(recipe_path), recipe_text)
         prepared = prepare(recipe_path, overrides, workspace=self.workspace, run_id=run_id)
@@ -383,6 +412,8 @@ class Backend:
 
     # -- compare --------------------------------------------------------------------------------
     def comparison(self, run_ids: list[str] | None) -> Comparison:
+        from adaflash.bench import compare
+
         log = self.log("compare")
         records, source = compare.select_records(log, run_ids or None)
         rows, warnings = compare.comparison_rows(records)
@@ -393,6 +424,8 @@ class Backend:
 
     def export(self, rows: list[dict[str, Any]], warnings: list[str], fmt: str) -> Path:
         """The comparison table as shown (filtered, sorted) into <workspace>/exports/."""
+        from adaflash.bench import compare
+
         if fmt == "markdown":
             return self._export_file("compare", "md", compare.markdown_table(rows, warnings))
         if fmt == "csv":
@@ -429,6 +462,8 @@ def rows_csv(rows: list[dict[str, Any]]) -> str:
     import csv
     import io
 
+    from adaflash.bench import compare
+
     columns = ["group", "run_id", *compare.columns_for(rows), "fair"]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
@@ -454,7 +489,7 @@ def unique_path(path: Path) -> Path:
 
 
 def is_active(job: dict[str, Any]) -> bool:
-    return job.get("status") in (*ACTIVE, "restarting")
+    return job.get("status") in ACTIVE_JOB_STATUSES
 
 
-__all__ = ["Backend", "Comparison", "LaunchPlan", "LogChunk", "MetricsBatch", "RunState", "is_active", "tail_text"]
+__all__ = ["Backend", "Comparison", "LaunchPlan", "LogChunk", "MetricsBatch", "RunState", "is_active"]

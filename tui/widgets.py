@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -15,7 +15,8 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import DataTable, Label, Static
 
-from jobs.gpus import GpuInfo, HostInfo, fmt_bytes, fmt_num
+if TYPE_CHECKING:
+    from jobs.gpus import GpuInfo, HostInfo
 
 CPU = "cpu"
 HISTORY = 120  # samples of GPU history kept for the sparklines
@@ -185,6 +186,8 @@ class GpuCard(Vertical):
         yield Static("", classes="card-procs")
 
     def update_info(self, gpu: GpuInfo, history: History) -> None:
+        from jobs.gpus import fmt_bytes, fmt_num  # here: a first paint without the inventory's imports
+
         power = fmt_num(gpu.power, " W")
         if gpu.power_limit is not None:
             power += f"/{gpu.power_limit:.0f} W"
@@ -220,6 +223,8 @@ class HostCard(Vertical):
         yield Gauge("ram ", classes="gauge ram")
 
     def update_info(self, host: HostInfo, history: History) -> None:
+        from jobs.gpus import fmt_bytes, fmt_num
+
         load = "N/A" if not host.load_average else " ".join(f"{v:.2f}" for v in host.load_average)
         self.query_one(".card-title", Static).update(Text.assemble(
             ("Host", "bold"), f"  {fmt_num(host.cpu_count)} CPUs  load {load}"))

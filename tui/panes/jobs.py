@@ -13,9 +13,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Label, Log, Static
 
-from adaflash.runlog import LIVE_RUN_STATUSES
 from tui.actions import bindings_for
-from tui.backend import LogChunk, RunState, is_active
+from tui.backend import LIVE_RUN_STATUSES, LogChunk, RunState, is_active
 from tui.modals import ConfirmScreen
 from tui.panes.base import Pane
 from tui.widgets import Table

@@ -8,7 +8,7 @@ while there is one, and nothing here can raise into the app.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -26,7 +26,6 @@ from textual.widgets import (
     Static,
 )
 
-from jobs.gpus import Snapshot
 from tui.actions import bindings_for
 from tui.backend import RECIPES_DIR, LaunchPlan
 from tui.launch_plan import (
@@ -42,6 +41,9 @@ from tui.launch_plan import (
 )
 from tui.panes.base import Pane
 from tui.widgets import CPU, AssignGrid
+
+if TYPE_CHECKING:
+    from jobs.gpus import Snapshot
 
 FIELDS_OF_MODE = {
     "recipe": ("recipe-fields",),
