@@ -743,3 +743,29 @@ async def test_the_job_log_opens_full_screen_and_back(ws: Path) -> None:
         await pilot.press("l", "l")  # l toggles back as well
         await settle(pilot)
         assert app.screen.maximized is None and app.focused is app.query_one("#jobs-table")
+
+
+async def test_jobs_shows_progress_and_a_killed_pipeline_ends_at_once(ws: Path) -> None:
+    """After a launch the user lands in Jobs: it shows the progress too. A pipeline run killed without
+    recording its end (SIGKILL) showed "running" for good."""
+    import subprocess
+    import sys
+
+    log = RunLog.open(ws)
+    run_id = log.create_run("pipeline")
+    log.add_job(run_id, "training", ["train"], role="training", status="running")
+    log.log_metrics(run_id, {"prompts_in_flight": 4, "tokens_so_far": 99, "answers_so_far": 1}, step=0,
+                    job="inference")
+    app = make_app(ws, inventory=FakeInventory(available=False), live=True, interval_scale=0.2, run_id=run_id,
+                   tab="jobs")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        jobs = app.pane("jobs")
+        await wait_for(pilot, lambda: "4 prompts in flight · 99 tokens" in screen_text(app), 10, "the progress")
+        assert jobs.state.run["status"] == "running"  # this very process is its pid: alive
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+        log.update_run(run_id, pid=int(dead.stdout), pid_start_time=1.0)  # a process that is gone
+        await wait_for(pilot, lambda: jobs.state.run["status"] == "failed", 10, "the run reaped")
+        await wait_for(pilot, lambda: all(r.job["status"] != "running" for r in jobs.rows.values()), 10,
+                       "the rows updated")

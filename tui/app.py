@@ -253,6 +253,11 @@ class AdaflashApp(App[None]):
         if pane is not None:  # else it reads app.snapshot when it mounts
             pane.set_snapshot(message.snapshot)
 
+    def on_monitor_pane_progress(self, message: Any) -> None:
+        jobs = self.pane("jobs")
+        if jobs is not None:
+            jobs.show_progress(message.run_id, message.line)
+
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         tab = event.pane.id or ""
         pane = self.pane(tab) if tab in PANES else None

@@ -194,6 +194,10 @@ class Backend:
             return RunState(None, [], [], False, False)
         jobs = log.jobs(run["id"])
         children = log.child_runs(run, jobs)
+        lost = [r for r in [run, *children] if r["status"] in LIVE_RUN_STATUSES
+                and r.get("pid_start_time") is not None and supervisor_pid(r) is None]
+        if lost and log.reap_lost_runs():  # killed without recording their end: failed now, not "running" forever
+            return self.run_state(run["id"], group)
         for child in children:
             child["jobs"] = log.jobs(child["id"])
         alive = supervisor_pid(run) is not None

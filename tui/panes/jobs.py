@@ -67,6 +67,7 @@ class JobsPane(Pane):
     def compose(self) -> ComposeResult:
         yield Static("No run yet: launch one (2) or open one from History (6).", id="run-header",
                      classes="pane-status")
+        yield Static("", id="jobs-progress", classes="hidden")
         table = Table(id="jobs-table", cursor_type="row", zebra_stripes=True)
         for key, title in COLUMNS:
             table.add_column(title, key=key)
@@ -77,6 +78,9 @@ class JobsPane(Pane):
 
     def on_mount(self) -> None:
         self.run_id = self.adaflash.current_run_id
+        monitor = self.adaflash.pane("monitor")
+        if monitor is not None:  # mounted after the Monitor already showed some progress
+            self.show_progress(monitor.model.run_id, monitor.progress_shown)
 
     # -- run selection ----------------------------------------------------------------------------
     def set_run(self, run_id: str | None) -> None:
@@ -88,7 +92,15 @@ class JobsPane(Pane):
         self.selected = None
         self._select_log(None)
         self.query_one("#jobs-table", DataTable).clear()
+        self.show_progress(None, "")
         self.refresh_data()
+
+    def show_progress(self, run_id: str | None, line: str) -> None:
+        """The Monitor's progress line of the run shown here (prompts in flight, tokens, training step)."""
+        progress = self.query_one("#jobs-progress", Static)
+        shown = line if run_id == self.run_id else ""
+        progress.update(shown)
+        progress.set_class(not shown, "hidden")
 
     def _select_log(self, key: str | None) -> None:
         row = self.rows.get(key) if key else None

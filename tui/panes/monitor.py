@@ -8,6 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.message import Message
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
@@ -27,8 +28,16 @@ class MonitorPane(Pane):
     INTERVAL = 1.0
     BINDINGS = bindings_for("monitor")
 
+    class Progress(Message):
+        """The progress line changed (Jobs shows it too: a launch lands there)."""
+
+        def __init__(self, run_id: str | None, line: str) -> None:
+            super().__init__()
+            self.run_id, self.line = run_id, line
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.progress_shown = ""
         self.model = MonitorModel()
         self.drawn = -1  # the model generation on screen
         # Bumped by every reset: a read begun before it carries old cursors and must not land in the
@@ -114,6 +123,9 @@ class MonitorPane(Pane):
         line = model.progress()
         progress.update(line)
         progress.set_class(not line, "hidden")
+        if line != self.progress_shown:
+            self.progress_shown = line
+            self.post_message(self.Progress(model.run_id, line))
         if not model.run_id:
             header.update("No run yet: launch one (2) or open one from History (6).")
             return
