@@ -31,6 +31,7 @@ from tui.panes.base import Pane
 
 if TYPE_CHECKING:
     from tui.panes.gpus import GpusPane
+    from tui.panes.monitor import MonitorPane
 
 # Each tab's pane, imported when it is first shown or mounted: the first paint imports only its own.
 PANES: dict[str, tuple[str, str]] = {
@@ -253,7 +254,7 @@ class AdaflashApp(App[None]):
         if pane is not None:  # else it reads app.snapshot when it mounts
             pane.set_snapshot(message.snapshot)
 
-    def on_monitor_pane_progress(self, message: Any) -> None:
+    def on_monitor_pane_progress(self, message: MonitorPane.Progress) -> None:
         jobs = self.pane("jobs")
         if jobs is not None:
             jobs.show_progress(message.run_id, message.line)
@@ -340,7 +341,8 @@ class AdaflashApp(App[None]):
         if answer == "leave":
             self.exit(message=f"left running: {', '.join(run_ids)} (adaflash runs attach RUN follows one)")
         elif answer == "stop":
-            self.notify(f"stopping {len(run_ids)} run(s)…", timeout=10)
+            self.notify(f"stopping {len(run_ids)} run(s)… (a pipeline first finishes its step and publishes a "
+                        "final version: on a CPU that may take a minute or two)", timeout=30)
             self._quitting = True
             self.run_worker(partial(self._stop_and_exit, run_ids), thread=True, group="quit", name="stop runs",
                             exit_on_error=False)
