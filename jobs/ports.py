@@ -89,6 +89,11 @@ def busy_message(host: str, port: int, what: str) -> str:
     return f"{what}: port {port} on {host} is already in use{held}; choose another port or stop that process"
 
 
+def port_problem(host: str, port: int, what: str = "server") -> str | None:
+    """A sentence for a form or a CLI when the port is taken (naming who holds it), else None."""
+    return None if port_free(host, port) else busy_message(host, port, what)
+
+
 def check_port(host: str, port: int, what: str) -> None:
     """PortBusyError (naming who holds it, when visible) unless host:port is free."""
     if not port_free(host, port):

@@ -102,3 +102,19 @@ def test_a_recipe_whose_service_port_is_taken_is_refused_before_anything_is_reco
             else:
                 start_detached(prepared, log)
         assert log.list_runs() == []
+
+
+def test_port_problem_names_a_taken_port_and_is_none_once_it_is_free() -> None:
+    import socket
+
+    from jobs.ports import port_problem
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        assert f"port {port} on 127.0.0.1 is already in use" in (port_problem("127.0.0.1", port) or "")
+    finally:
+        server.close()
+    assert port_problem("127.0.0.1", port) is None

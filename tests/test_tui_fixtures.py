@@ -187,6 +187,45 @@ def tiny_recipe(path: Path, *, seconds: float = 60.0) -> Path:
     return path
 
 
+def fake_pipeline_recipe(path: Path, *, step_seconds: float = 4.0, stop_grace: float = 1.0) -> Path:
+    """A one-job recipe whose job behaves as `adaflash pipeline` does when asked to stop: it records a pipeline
+    run with a swap dir, takes SIGTERM as a stop request (the STOP file), finishes the training step in flight
+    (`step_seconds`, longer than the job's `stop_grace`), publishes a final version and records its end."""
+    code = (
+        "import os, signal, time\n"
+        "from pathlib import Path\n"
+        "from adaflash.runlog import RunLog\n"
+        "from adaflash.pipeline.buffer import SwapBuffer\n"
+        "ws = os.environ['ADAFLASH_WORKSPACE']\n"
+        "log = RunLog.open(ws)\n"
+        "swap = Path(ws) / ('swap-' + os.environ['ADAFLASH_RUN_ID'])\n"
+        "rid = log.create_run('pipeline', config={'swap_dir': str(swap)}, run_dir=str(swap), method='adaflash')\n"
+        "buffer = SwapBuffer(swap)\n"
+        "signal.signal(signal.SIGTERM, lambda *_: buffer.request_stop())\n"
+        "job = log.add_job(rid, 'training', ['train'], role='training', status='running')\n"
+        "step = 0\n"
+        "while not buffer.stop_requested():\n"
+        "    step += 1\n"
+        "    log.log_metrics(rid, {'training_step': step}, step=step, job='training')\n"
+        "    print('pipeline step', step, flush=True)\n"
+        "    time.sleep(0.2)\n"
+        f"time.sleep({step_seconds})  # the training step in flight\n"
+        "log.log_metrics(rid, {'published_version': step}, step=step, job='training')\n"
+        "log.update_job(job, status='finished', exit_code=0, ended_at=time.time())\n"
+        "log.finish_run(rid, 'finished', note='stopped on request: both workers finished their step, "
+        "a final version published')\n"
+        "print('pipeline stopped cleanly', flush=True)\n"
+    )
+    path.write_text(
+        "[run]\nname = \"fake-pipeline\"\ndescription = \"a pipeline stand-in for the TUI tests\"\n\n"
+        "[gpus]\ninference = \"cpu\"\n\n"
+        "[jobs.pipeline]\n"
+        f"command = [\"python\", \"-c\", {json.dumps(code)}]\n"
+        f"role = \"inference\"\nstop_grace = {stop_grace:g}\n"
+    )
+    return path
+
+
 async def settle(pilot: Any, rounds: int = 20) -> None:
     """Let every read land: await the workers, then the messages they posted, until all is quiet.
 

@@ -22,6 +22,7 @@ from tests.test_tui_fixtures import (
     RECIPE_RUN,
     SERVE_RUN,
     FakeInventory,
+    fake_pipeline_recipe,
     fill_runlog,
     screen_text,
     settle,
@@ -415,11 +416,38 @@ def test_main_parses_workspace_and_env(tmp_path, monkeypatch) -> None:
         seen["run"] = self._initial_run
 
     monkeypatch.setattr(app_module.AdaflashApp, "run", fake_run)
-    app_module.main(["--workspace", str(tmp_path / "a"), "--run", "X"])
-    assert seen == {"workspace": (tmp_path / "a").resolve(), "run": "X"}
+    (tmp_path / "a").mkdir()
+    app_module.main(["--workspace", str(tmp_path / "a")])
+    assert seen == {"workspace": (tmp_path / "a").resolve(), "run": None}
     monkeypatch.setenv("ADAFLASH_WORKSPACE", str(tmp_path / "b"))
     app_module.main([])
     assert seen["workspace"] == (tmp_path / "b").resolve() and (tmp_path / "b").is_dir()
+
+
+def test_main_refuses_a_mistyped_workspace_and_an_unknown_run(tmp_path, monkeypatch, capsys) -> None:
+    """A mistyped --workspace became a new, empty workspace; `--run ID` opened the GPUs tab."""
+    from tui import app as app_module
+
+    seen = {}
+
+    def fake_run(self):
+        seen.update(workspace=self.workspace, run=self._initial_run, tab=self._initial_tab)
+
+    monkeypatch.setattr(app_module.AdaflashApp, "run", fake_run)
+    typo = tmp_path / "wrokspace"
+    with pytest.raises(SystemExit) as exit_info:
+        app_module.main(["--workspace", str(typo)])
+    assert exit_info.value.code == 2 and not typo.exists() and seen == {}
+    assert f"--workspace {typo}: no such folder" in capsys.readouterr().err
+    ws = tmp_path / "ws"
+    fill_runlog(ws).close()
+    app_module.main(["--workspace", str(ws), "--run", PIPELINE_RUN[:22]])  # a unique prefix
+    assert seen == {"workspace": ws.resolve(), "run": PIPELINE_RUN, "tab": "jobs"}
+    app_module.main(["--workspace", str(ws), "--run", SERVE_RUN, "--tab", "monitor"])
+    assert seen["run"] == SERVE_RUN and seen["tab"] == "monitor"
+    with pytest.raises(SystemExit) as exit_info:
+        app_module.main(["--workspace", str(ws), "--run", "2099"])
+    assert exit_info.value.code == 2 and "no run '2099'" in capsys.readouterr().err
 
 
 def test_tui_never_imports_torch() -> None:
@@ -522,3 +550,222 @@ async def test_history_says_when_it_lists_only_the_newest_runs_and_searches_them
         await pilot.press("slash", *"needle")
         await settle(pilot)
         assert [r["id"] for r in pane.shown] == [needle]
+
+
+async def test_stop_lets_a_pipeline_finish_its_step_and_publish(ws: Path) -> None:
+    """Stop killed a pipeline after its job's short grace while a training step ran: the run failed, no final
+    version, rows "running" for minutes. It asks the pipeline to stop as `adaflash pipeline stop` does."""
+    recipe = fake_pipeline_recipe(ws / "pipe.toml", step_seconds=3.0, stop_grace=0.5)
+    run_id = launch_detached(recipe, workspace=ws)
+    try:
+        app = make_app(ws, inventory=FakeInventory(available=False), live=True, interval_scale=0.2, run_id=run_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await pilot.press("3")
+            jobs = app.pane("jobs")
+            await wait_for(pilot, lambda: jobs.state is not None and jobs.state.children
+                           and jobs.state.children[0]["status"] == "running", 30, "the pipeline running")
+            pipeline_id = jobs.state.children[0]["id"]
+            jobs.focus_primary()
+            await pilot.press("x")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10, "the confirmation")
+            await pilot.press("y")
+            await wait_for(pilot, lambda: "stopping" in screen_text(app), 10, "the stopping note")
+            await wait_for(pilot, lambda: jobs.state.run["status"] not in LIVE_RUN_STATUSES, 60, "the run's end")
+            await settle(pilot)
+            # the rows show the end at the next refresh, no job still "running"
+            await wait_for(pilot, lambda: all(r.job["status"] != "running" for r in jobs.rows.values()), 5,
+                           "the rows updated")
+        log = RunLog.open(ws)
+        run, pipeline = log.get_run(run_id), log.get_run(pipeline_id)
+        assert (run["status"], pipeline["status"]) == ("finished", "finished")
+        assert run["note"].startswith("stopped by the user") and "final version published" in pipeline["note"]
+        assert log.last_metrics(pipeline_id).get("published_version") is not None
+    finally:
+        stop_leftovers(ws)
+
+
+async def test_launch_form_takes_pipeline_sizes_and_monitor_shows_progress_at_once(ws: Path, leases: Path) -> None:
+    """The form offered only "samples", and a CPU pipeline showed "no data yet" for minutes."""
+    log = RunLog.open(ws)
+    run_id = log.create_run("pipeline")
+    log.log_metrics(run_id, {"prompts_in_flight": 16, "tokens_so_far": 120, "answers_so_far": 0}, step=0,
+                    job="inference")
+    log.log_metrics(run_id, {"training_step": 1}, step=1, job="training")
+    app = make_app(ws, inventory=FakeInventory(2), live=False, run_id=run_id)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("4")
+        await settle(pilot)
+        assert "16 prompts in flight · 120 tokens · 0 answers" in screen_text(app)
+        assert "training: step 1" in screen_text(app)
+        await pilot.press("2")
+        await pilot.click("#mode-pipeline")
+        await settle(pilot)
+        for widget, value in (("#draft", "d"), ("#dataset", "f.jsonl"), ("#max-new-tokens", "64"),
+                              ("#batch-size", "4"), ("#max-minutes", "3")):
+            app.query_one(widget, Input).value = value
+        await settle(pilot)
+        launch = app.pane("launch")
+        plan = launch.plan.plan_text.replace("\n", " ")
+        assert "--max-new-tokens 64 --batch-size 4 --max-minutes 3" in plan, plan
+
+
+async def test_a_port_another_process_holds_is_refused_before_launch(ws: Path, leases: Path) -> None:
+    """The form accepted a busy port; the job then showed "ready" because the other server answered."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    app = make_app(ws, inventory=FakeInventory(2), live=False)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+            await pilot.press("2")
+            await pilot.click("#mode-server")
+            app.query_one("#port", Input).value = str(port)
+            await settle(pilot)
+            launch = app.pane("launch")
+            assert any(f"port {port} on 127.0.0.1 is already in use" in e for e in launch.errors), launch.errors
+            await pilot.press("ctrl+l")
+            await pilot.pause()
+            assert app.launched == [] and RunLog.open(ws).list_runs() == []
+            server.close()
+            launch.replan()
+            await settle(pilot)
+            assert launch.errors == []
+    finally:
+        server.close()
+
+
+async def test_focus_never_traps_keys_in_a_filter_or_the_previous_field(ws: Path) -> None:
+    """Esc in a filter kept focus there; Compare kept a filter after "compare selected"; a Tab pressed before
+    a new tab's first refresh was undone; tables lacked j/k and Home/End."""
+    fill_runlog(ws)
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=RECIPE_RUN)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("5")
+        await settle(pilot)
+        compare = app.pane("compare")
+        table = app.query_one("#compare-table", DataTable)
+        await pilot.press("slash", *"humaneval")
+        await pilot.pause()
+        assert len(compare.shown) == 2
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.query_one("#compare-filter", Input).value == "" and len(compare.shown) == 8
+        assert app.focused is table
+        # tables move like lists: j/k, Home/End
+        await pilot.press("j", "j")
+        assert table.cursor_coordinate.row == 2
+        await pilot.press("k")
+        assert table.cursor_coordinate.row == 1
+        await pilot.press("end")
+        assert table.cursor_coordinate.row == 7
+        await pilot.press("home")
+        assert table.cursor_coordinate.row == 0
+        # History: Esc in the text filter clears it and hands the keys back to the table
+        await pilot.press("6")
+        await settle(pilot)
+        history = app.pane("history")
+        runs = app.query_one("#runs-table", DataTable)
+        await pilot.press("slash", *"gen")
+        await settle(pilot)
+        assert [r["id"] for r in history.shown] == [GENERATE_RUN]
+        await pilot.press("escape")
+        await settle(pilot)
+        assert app.focused is runs and app.query_one("#f-text", Input).value == "" and len(history.shown) == 5
+        await pilot.press("j")
+        assert runs.cursor_coordinate.row == 1
+        # a filter typed in Compare does not hide the runs compared next
+        await pilot.press("5", "slash", *"humaneval", "enter")
+        await pilot.pause()
+        assert len(compare.shown) == 2
+        await pilot.press("6")
+        await settle(pilot)
+        runs.move_cursor(row=1)
+        await pilot.press("space", "c")
+        await settle(pilot)
+        assert app.active_tab == "compare" and compare.run_ids == [PIPELINE_RUN]
+        assert app.query_one("#compare-filter", Input).value == "" and compare.query_text == ""
+        assert app.focused is table
+        # the user moves focus before the new tab's first refresh: it stays where they put it
+        app.show_tab("history")
+        app.query_one("#f-text", Input).focus()
+        await pilot.press("a", "b")
+        await settle(pilot)
+        assert app.query_one("#f-text", Input).value == "ab"
+
+
+async def test_at_80x24_the_version_table_and_compare_keep_their_key_columns(ws: Path) -> None:
+    """At 80×24 the τ-per-version table collapsed below the charts, and Compare scrolled method and dataset
+    off screen as the cursor went right."""
+    fill_runlog(ws)
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=PIPELINE_RUN, tab="monitor")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        lines = screen_text(app).splitlines()
+        version_rows = [line for line in lines if line.lstrip("│ ").startswith(("v0 ", "v3 "))]
+        assert len(version_rows) == 2 and all("2.04" in r or "3.09" in r for r in version_rows), lines
+        await pilot.press("5")
+        await settle(pilot)
+        table = app.query_one("#compare-table", DataTable)
+        table.focus()
+        table.move_cursor(row=2, column=len(table.columns) - 1)
+        await pilot.pause()
+        assert table.scroll_x > 0  # it did scroll sideways
+        row = next(line for line in screen_text(app).splitlines() if line.startswith(" adaflash "))
+        assert "gsm8k" in row, row
+        header = next(line for line in screen_text(app).splitlines() if line.startswith(" method "))
+        assert "dataset" in header
+
+
+async def test_the_job_log_opens_full_screen_and_back(ws: Path) -> None:
+    """The log pane showed 5-9 lines with no full-screen view."""
+    fill_runlog(ws)
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=RECIPE_RUN, tab="jobs")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        log = app.query_one("#job-log")
+        assert log.size.height < 10
+        app.pane("jobs").focus_primary()
+        await pilot.press("l")
+        await settle(pilot)
+        assert app.screen.maximized is log and log.size.height >= SIZE[1] - 4
+        text = screen_text(app)
+        assert "[prepare] step 11: ok" in text and "log · prepare" in text
+        await pilot.press("escape")
+        await settle(pilot)
+        assert app.screen.maximized is None and log.size.height < 10
+        await pilot.press("l", "l")  # l toggles back as well
+        await settle(pilot)
+        assert app.screen.maximized is None and app.focused is app.query_one("#jobs-table")
+
+
+async def test_jobs_shows_progress_and_a_killed_pipeline_ends_at_once(ws: Path) -> None:
+    """After a launch the user lands in Jobs: it shows the progress too. A pipeline run killed without
+    recording its end (SIGKILL) showed "running" for good."""
+    import subprocess
+    import sys
+
+    log = RunLog.open(ws)
+    run_id = log.create_run("pipeline")
+    log.add_job(run_id, "training", ["train"], role="training", status="running")
+    log.log_metrics(run_id, {"prompts_in_flight": 4, "tokens_so_far": 99, "answers_so_far": 1}, step=0,
+                    job="inference")
+    app = make_app(ws, inventory=FakeInventory(available=False), live=True, interval_scale=0.2, run_id=run_id,
+                   tab="jobs")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        jobs = app.pane("jobs")
+        await wait_for(pilot, lambda: "4 prompts in flight · 99 tokens" in screen_text(app), 10, "the progress")
+        assert jobs.state.run["status"] == "running"  # this very process is its pid: alive
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+        log.update_run(run_id, pid=int(dead.stdout), pid_start_time=1.0)  # a process that is gone
+        await wait_for(pilot, lambda: jobs.state.run["status"] == "failed", 10, "the run reaped")
+        await wait_for(pilot, lambda: all(r.job["status"] != "running" for r in jobs.rows.values()), 10,
+                       "the rows updated")

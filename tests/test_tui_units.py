@@ -31,6 +31,20 @@ def test_pipeline_choice_becomes_a_launcher_job_on_both_roles() -> None:
     assert job.command == ["adaflash", "pipeline", "--target", "smollm2-135m", "--draft", "d", "--data", "f.jsonl",
                            "--infer-gpus", "0", "--train-gpus", "1,2", "--preset", "osd", "--max-samples", "8"]
     assert job.argv(sys.executable)[:3] == [sys.executable, "-m", "adaflash.cli.main"]
+    assert job.stop_grace == 120  # a stop lets the step in flight finish and a final version be published
+
+
+def test_pipeline_choice_takes_new_tokens_batch_size_and_a_time_budget() -> None:
+    text, errors, _ = method_recipe(choice(mode="pipeline", draft="d", dataset="f.jsonl", max_samples="16",
+                                           max_new_tokens="64", batch_size="4", max_minutes="2.5"))
+    assert errors == []
+    (job,) = parse_recipe(text, "tui.toml").jobs.values()
+    assert job.command[-8:] == ["--max-samples", "16", "--max-new-tokens", "64", "--batch-size", "4",
+                                "--max-minutes", "2.5"]
+    _, errors, _ = method_recipe(choice(mode="pipeline", draft="d", dataset="f.jsonl", max_new_tokens="0",
+                                        batch_size="many", max_minutes="-1"))
+    assert errors == ["max new tokens: expected 1..∞, got 0", "batch size: expected an integer, got 'many'",
+                      "max minutes: expected a number > 0, got -1"]
 
 
 def test_server_choice_is_a_service_with_a_readiness_check() -> None:
@@ -171,6 +185,20 @@ def test_formatting_never_raises() -> None:
     assert spark([]) == "" and spark([1, 1, 1]) == "▄▄▄" and spark([0, 1]) == "▁█"
 
 
+def test_monitor_progress_line_from_the_workers_progress_records() -> None:
+    model = MonitorModel("r")
+    assert model.progress() == ""
+    rows = [{"id": 1, "run_id": "c", "job": "inference", "step": 0, "name": "prompts_in_flight", "value": 16.0,
+             "time": 1.0},
+            {"id": 2, "run_id": "c", "job": "inference", "step": 0, "name": "tokens_so_far", "value": 1234.0,
+             "time": 1.0},
+            {"id": 3, "run_id": "c", "job": "inference", "step": 0, "name": "answers_so_far", "value": 0.0, "time": 1.0},
+            {"id": 4, "run_id": "c", "job": "training", "step": 1, "name": "training_step", "value": 1.0, "time": 2.0}]
+    model.ingest("r", {"c": "pipeline"}, {"c": rows})
+    assert model.progress() == ("inference: 16 prompts in flight · 1,234 tokens · 0 answers │ "
+                                "training: step 1")
+
+
 def test_compare_filter_and_sort_keys() -> None:
     row = {"method": "adaflash", "dataset": "gsm8k", "target": "Qwen/Qwen3-8B", "concurrency": 4}
     assert matches(row, "ada gsm") and matches(row, "dataset=GSM concurrency=4")
@@ -223,3 +251,43 @@ def test_registry_feeds_bindings_and_help() -> None:
     for scope, keys in keys_per_scope.items():
         if scope != "app":
             assert not keys & app_keys, scope
+
+
+def test_training_and_generation_speeds_never_share_an_axis() -> None:
+    """Training tok/s (thousands) and generation tok/s (tens) were drawn on one axis."""
+    from tui.monitor_model import CHARTS
+
+    model = MonitorModel("r")
+    rows = [{"id": 1, "run_id": "a", "job": "inference", "step": 1, "name": "tokens_per_s", "value": 40.0, "time": 1.0},
+            {"id": 2, "run_id": "b", "job": "train", "step": 1, "name": "tokens_per_s", "value": 5000.0, "time": 1.0},
+            {"id": 3, "run_id": "a", "job": "training", "step": 1, "name": "train_tokens_per_s", "value": 3000.0,
+             "time": 2.0}]
+    model.ingest("r", {"a": "pipeline", "b": "train"}, {"a": [rows[0], rows[2]], "b": [rows[1]]})
+    (_, left, right), = [c for c in CHARTS if "tokens_per_s" in c[1]]
+    assert [(label, ys) for label, _, ys in model.chart(left)] == [("pipeline:tokens_per_s", [40.0])]
+    assert sorted((label, ys) for label, _, ys in model.chart(right)) == [
+        ("pipeline:train_tokens_per_s", [3000.0]), ("train:train_tokens_per_s", [5000.0])]
+    assert not set(left) & set(right)
+
+
+def test_backend_status_names_match_the_run_log_and_the_supervisor() -> None:
+    """tui.backend keeps its own copies so the first paint needs neither module."""
+    from adaflash.runlog import LIVE_RUN_STATUSES
+    from jobs.supervisor import ACTIVE
+    from tui import backend
+
+    assert backend.LIVE_RUN_STATUSES == LIVE_RUN_STATUSES
+    assert (*ACTIVE, "restarting") == backend.ACTIVE_JOB_STATUSES
+
+
+def test_the_first_screen_imports_neither_the_run_log_nor_the_other_panes() -> None:
+    """Startup to first paint took 2-3 s, most of it importing what only later reads need."""
+    import os
+    import subprocess
+
+    code = ("import sys, tui.app, tui.panes.gpus; "
+            "print(sorted(m for m in ('adaflash.runlog', 'sqlite_utils', 'jobs.plan', 'tui.panes.monitor', "
+            "'tui.panes.launch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.stdout.strip() == "[]"

@@ -66,6 +66,8 @@ REGISTRY: tuple[Command, ...] = (
     Command("jobs.stop", "s", "Stop job", "Stop the selected job (asks first)", "stop_job", scope="jobs"),
     Command("jobs.restart", "r", "Restart job", "Restart the selected job (asks first)", "restart_job", scope="jobs"),
     Command("jobs.stop_run", "x", "Stop run", "Stop the whole run (asks first)", "stop_run", scope="jobs"),
+    Command("jobs.log", "l", "Full log", "The selected job's log full screen (l or esc: back)", "toggle_log",
+            scope="jobs"),
     Command("jobs.monitor", "m", "Monitor", "Monitor this run", "app.show_tab('monitor')", scope="jobs"),
     # -- Monitor -------------------------------------------------------------------------------
     Command("monitor.reload", "ctrl+o", "Reload", "Re-read every metric of the run from the start", "reload",
@@ -76,6 +78,8 @@ REGISTRY: tuple[Command, ...] = (
     Command("compare.markdown", "e", "Export .md", "Export the table to Markdown in the workspace", "export('markdown')",
             scope="compare"),
     Command("compare.csv", "v", "Export .csv", "Export the table to CSV in the workspace", "export('csv')", scope="compare"),
+    Command("compare.clear", "escape", "Clear filter", "Clear the filter and go back to the table", "clear_filter",
+            scope="compare", show=False),
     Command("compare.all", "a", "All results", "Compare every benchmark result (or the latest matrix)", "show_all",
             scope="compare"),
     # -- History -------------------------------------------------------------------------------
@@ -85,7 +89,8 @@ REGISTRY: tuple[Command, ...] = (
             scope="history"),
     Command("history.compare", "c", "Compare", "Compare the selected runs", "compare_selected", scope="history"),
     Command("history.filter", "slash", "Filter", "Filter runs by text", "focus_filter", scope="history"),
-    Command("history.clear", "escape", "Clear", "Clear filters and selection", "clear_filters", scope="history"),
+    Command("history.clear", "escape", "Clear", "Clear filters and selection, back to the table", "clear_filters",
+            scope="history"),
 )
 
 BY_ID = {c.id: c for c in REGISTRY}

@@ -8,34 +8,66 @@ with runs still going (they are detached: leaving them is safe, the next start s
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.command import DiscoveryHit, Hit, Hits, Provider
-from textual.lazy import Lazy
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.theme import Theme
+from textual.widget import MountError, Widget
 from textual.widgets import Footer, Header, TabbedContent, TabPane
 
 from tui.actions import BY_ID, REGISTRY, SCOPE_TITLES, TABS, Command, bindings_for
 from tui.backend import Backend, InventoryLike
 from tui.modals import HelpScreen, QuitScreen
 from tui.panes.base import Pane
-from tui.panes.compare import ComparePane
-from tui.panes.gpus import GpusPane
-from tui.panes.history import HistoryPane
-from tui.panes.jobs import JobsPane
-from tui.panes.launch import LaunchPane
-from tui.panes.monitor import MonitorPane
 
-PANES: dict[str, type[Pane]] = {"gpus": GpusPane, "launch": LaunchPane, "jobs": JobsPane, "monitor": MonitorPane,
-                                "compare": ComparePane, "history": HistoryPane}
+if TYPE_CHECKING:
+    from tui.panes.gpus import GpusPane
+    from tui.panes.monitor import MonitorPane
+
+# Each tab's pane, imported when it is first shown or mounted: the first paint imports only its own.
+PANES: dict[str, tuple[str, str]] = {
+    "gpus": ("tui.panes.gpus", "GpusPane"), "launch": ("tui.panes.launch", "LaunchPane"),
+    "jobs": ("tui.panes.jobs", "JobsPane"), "monitor": ("tui.panes.monitor", "MonitorPane"),
+    "compare": ("tui.panes.compare", "ComparePane"), "history": ("tui.panes.history", "HistoryPane"),
+}
+
+
+def pane_class(tab: str) -> type[Pane]:
+    module, name = PANES[tab]
+    return getattr(importlib.import_module(module), name)
+
+
+class LazyPane(Widget):
+    """Stands in for a tab's pane until the first paint is done, then imports and mounts it in its place
+    (textual's Lazy takes a built widget, whose module is then imported before the first paint)."""
+
+    DEFAULT_CSS = "LazyPane { display: none; }"
+
+    def __init__(self, tab: str) -> None:
+        super().__init__()
+        self.tab = tab
+
+    def on_mount(self) -> None:
+        self.call_after_refresh(self._replace)
+
+    async def _replace(self) -> None:
+        parent = self.parent
+        if not isinstance(parent, Widget) or not parent.is_attached:
+            return
+        try:
+            await parent.mount(pane_class(self.tab)(id=f"{self.tab}-pane"), after=self)
+        except MountError:
+            return  # the app quit before its first refresh was over
+        await self.remove()
 
 DARK = Theme(
     name="adaflash", primary="#5FA8D3", secondary="#9D7CD8", accent="#F2B84B", warning="#F2B84B",
@@ -100,7 +132,7 @@ class AdaflashApp(App[None]):
         yield from (command for command in super().get_system_commands(screen) if command.title != "Quit")
     ENABLE_COMMAND_PALETTE = True
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+    VERTICAL_BREAKPOINTS = [(0, "-tiny"), (30, "-short"), (36, "-tall")]
 
     current_run_id: reactive[str | None] = reactive(None, init=False)
 
@@ -144,17 +176,16 @@ class AdaflashApp(App[None]):
         with TabbedContent(id="tabs", initial=self._initial_tab):
             for tab, title, key in TABS:
                 with TabPane(f"{title} {key}", id=tab):
-                    pane = PANES[tab](id=f"{tab}-pane")
                     # Only the tab shown first is in the first paint; the others mount right after it.
-                    yield pane if tab == self._initial_tab else Lazy(pane)
+                    yield pane_class(tab)(id=f"{tab}-pane") if tab == self._initial_tab else LazyPane(tab)
         yield Footer()
 
     def on_mount(self) -> None:
         if self._initial_run:
             self.current_run_id = self._initial_run
-        else:
-            self.run_worker(self._find_initial_run, thread=True, group="init", name="initial run",
-                            exit_on_error=False)
+        else:  # after the first paint: the read imports the run log, which the first screen does not wait for
+            self.call_after_refresh(self.run_worker, self._find_initial_run, thread=True, group="init",
+                                    name="initial run", exit_on_error=False)
         self.call_after_refresh(self._focus_pane, self._initial_tab)
 
     def _find_initial_run(self) -> None:
@@ -223,6 +254,11 @@ class AdaflashApp(App[None]):
         if pane is not None:  # else it reads app.snapshot when it mounts
             pane.set_snapshot(message.snapshot)
 
+    def on_monitor_pane_progress(self, message: MonitorPane.Progress) -> None:
+        jobs = self.pane("jobs")
+        if jobs is not None:
+            jobs.show_progress(message.run_id, message.line)
+
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         tab = event.pane.id or ""
         pane = self.pane(tab) if tab in PANES else None
@@ -241,9 +277,15 @@ class AdaflashApp(App[None]):
         self.call_after_refresh(self._focus_pane, tab)
 
     def _focus_pane(self, tab: str) -> None:
+        """Focus the pane's primary widget, unless the user moved focus into the pane meanwhile (a Tab
+        pressed before this refresh): taking it back would send the next keys to the previous field."""
         pane = self.pane(tab)
-        if pane is not None and self.active_tab == tab:
-            pane.focus_primary()
+        if pane is None or self.active_tab != tab:
+            return
+        focused = self.focused
+        if focused is not None and pane in focused.ancestors:
+            return
+        pane.focus_primary()
 
     def action_show_tab(self, tab: str) -> None:
         self.show_tab(tab)
@@ -299,7 +341,8 @@ class AdaflashApp(App[None]):
         if answer == "leave":
             self.exit(message=f"left running: {', '.join(run_ids)} (adaflash runs attach RUN follows one)")
         elif answer == "stop":
-            self.notify(f"stopping {len(run_ids)} run(s)…", timeout=10)
+            self.notify(f"stopping {len(run_ids)} run(s)… (a pipeline first finishes its step and publishes a "
+                        "final version: on a CPU that may take a minute or two)", timeout=30)
             self._quitting = True
             self.run_worker(partial(self._stop_and_exit, run_ids), thread=True, group="quit", name="stop runs",
                             exit_on_error=False)
@@ -317,23 +360,54 @@ class AdaflashApp(App[None]):
 
 def main(argv: list[str] | None = None) -> None:
     """`adaflash-tui [--workspace DIR] [--run RUN_ID] [--tab TAB]`."""
-    from adaflash.workspace import DEFAULT_WORKSPACE, WORKSPACE_ENV, workspace_dir
+    from adaflash.workspace import (
+        DEFAULT_WORKSPACE,
+        RUNLOG_FILE,
+        WORKSPACE_ENV,
+        workspace_dir,
+        workspace_path,
+    )
 
     parser = argparse.ArgumentParser(
         prog="adaflash-tui", description="The adaflash dashboard: GPUs, launch, jobs, live metrics, comparison, "
                                          "history. Press F1 inside for every key.")
     parser.add_argument("--workspace", metavar="DIR", default=None,
-                        help=f"workspace folder holding the run log [env {WORKSPACE_ENV}; "
-                             f"default ./{DEFAULT_WORKSPACE}]")
-    parser.add_argument("--run", metavar="RUN_ID", default=None, help="follow this run first (default: the newest "
-                                                                      "live run, else the newest run)")
-    parser.add_argument("--tab", choices=list(PANES), default="gpus", help="the tab shown first")
+                        help=f"an existing workspace folder holding the run log [env {WORKSPACE_ENV}; "
+                             f"default ./{DEFAULT_WORKSPACE}, created when missing]")
+    parser.add_argument("--run", metavar="RUN_ID", default=None, help="open this run (id or unique prefix) in Jobs "
+                                                                      "[default: the newest live run, else the newest "
+                                                                      "run]")
+    parser.add_argument("--tab", choices=list(PANES), default=None,
+                        help="the tab shown first [default: jobs with --run, else gpus]")
     args = parser.parse_args(argv)
+    if args.workspace is not None and not workspace_path(args.workspace).is_dir():
+        # A typo must not become a new, empty workspace (the CLI refuses it the same way).
+        parser.exit(2, f"adaflash-tui: --workspace {workspace_path(args.workspace)}: no such folder, so no run log "
+                       "(a mistyped path?). Give an existing workspace, or create the folder first to start a new "
+                       "workspace there.\n")
     workspace = workspace_dir(args.workspace)
-    app = AdaflashApp(workspace, run_id=args.run, tab=args.tab)
+    run_id = args.run
+    if run_id is not None:
+        run_id = _resolve_run(parser, workspace / RUNLOG_FILE, run_id)
+    app = AdaflashApp(workspace, run_id=run_id, tab=args.tab or ("jobs" if run_id else "gpus"))
     app.run()
     if app.return_code:
         sys.exit(app.return_code)
+
+
+def _resolve_run(parser: argparse.ArgumentParser, runlog: Path, run_id: str) -> str:
+    """The full id of --run (an id or a unique prefix), or exit 2 naming what is wrong."""
+    from adaflash.runlog import RunLog
+
+    if not runlog.is_file():
+        parser.exit(2, f"adaflash-tui: --run {run_id}: no run log in {runlog.parent} (nothing recorded there yet)\n")
+    log = RunLog.open(runlog.parent)
+    try:
+        return str(log.get_run(run_id)["id"])
+    except KeyError as err:
+        parser.exit(2, f"adaflash-tui: --run: {err.args[0]}\n")
+    finally:
+        log.close()
 
 
 if __name__ == "__main__":

@@ -15,23 +15,26 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from adaflash.bench import compare
-from adaflash.runlog import RunLog
-from jobs.assign import GpuLeases
-from jobs.control import LIVE_RUN_STATUSES, request_job_action, stop_run, supervisor_pid
-from jobs.detached import start_detached
-from jobs.gpus import Inventory, Snapshot
-from jobs.plan import prepare
-from jobs.recipe import RecipeError, shipped_recipes
-from jobs.supervisor import ACTIVE, tail_text
+if TYPE_CHECKING:
+    from adaflash.runlog import RunLog
+    from jobs.assign import GpuLeases
+    from jobs.gpus import Snapshot
+
+# The run log, `jobs` and the comparison are imported where first used, in a worker: importing them (SQLite
+# helpers, numpy) took longer than drawing the first screen, which needs none of them.
+LIVE_RUN_STATUSES = ("pending", "running", "detached")  # adaflash.runlog's, checked by a test
+ACTIVE_JOB_STATUSES = ("starting", "running", "ready", "restarting")  # jobs.supervisor's ACTIVE and restarting
 
 LOG_TAIL_BYTES = 32 * 1024
 METRICS_PAGE = 20_000  # rows per read: bounds one UI-thread fold to ~0.1 s while catching up
 EXPORTS_DIR = "exports"
 HISTORY_LIMIT = 1000  # runs History lists at once (newest first); the filters and search reach every run
 RUN_FILTERS = ("method", "target", "dataset", "status")
+# How long a stop waits for a pipeline to finish its step and publish: a CPU training step takes ~45 s and
+# the pipeline's own grace before it kills its workers is 60 s; past this the run is stopped outright.
+PIPELINE_STOP_WAIT = 150.0
 
 
 @dataclass
@@ -121,6 +124,8 @@ class Backend:
 
     # -- plumbing -------------------------------------------------------------------------------
     def log(self, group: str = "default") -> RunLog:
+        from adaflash.runlog import RunLog
+
         with self._lock:
             log = self._logs.get(group)
             if log is None:
@@ -130,6 +135,8 @@ class Backend:
     @contextlib.contextmanager
     def fresh_log(self) -> Iterator[RunLog]:
         """A connection of its own, for rare actions that may run alongside each other (stops)."""
+        from adaflash.runlog import RunLog
+
         log = RunLog.open(self.workspace)
         try:
             yield log
@@ -142,11 +149,13 @@ class Backend:
                 with contextlib.suppress(Exception):
                     log.close()
             self._logs.clear()
-        if isinstance(self._inventory, Inventory):
+        if self._inventory is not None and hasattr(self._inventory, "close"):
             self._inventory.close()
 
     # -- GPUs -----------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
+        from jobs.gpus import Inventory
+
         if self._inventory is None:
             self._inventory = Inventory(runlog=self.log("gpus"))
         if isinstance(self._inventory, Inventory):
@@ -154,6 +163,8 @@ class Backend:
         return self._inventory.snapshot()
 
     def leases(self) -> GpuLeases:
+        from jobs.assign import GpuLeases
+
         if self._leases is None:
             self._leases = GpuLeases()
         return self._leases
@@ -161,6 +172,8 @@ class Backend:
     # -- runs -----------------------------------------------------------------------------------
     def initial_run(self) -> str | None:
         """The run to show first: the newest live run, else the newest run."""
+        from jobs.control import supervisor_pid
+
         log = self.log("default")
         for status in LIVE_RUN_STATUSES:
             rows = log.list_runs(status=status, limit=1)
@@ -170,6 +183,8 @@ class Backend:
         return rows[0]["id"] if rows else None
 
     def run_state(self, run_id: str | None, group: str = "jobs") -> RunState:
+        from jobs.control import supervisor_pid
+
         if not run_id:
             return RunState(None, [], [], False, False)
         log = self.log(group)
@@ -179,6 +194,10 @@ class Backend:
             return RunState(None, [], [], False, False)
         jobs = log.jobs(run["id"])
         children = log.child_runs(run, jobs)
+        lost = [r for r in [run, *children] if r["status"] in LIVE_RUN_STATUSES
+                and r.get("pid_start_time") is not None and supervisor_pid(r) is None]
+        if lost and log.reap_lost_runs():  # killed without recording their end: failed now, not "running" forever
+            return self.run_state(run["id"], group)
         for child in children:
             child["jobs"] = log.jobs(child["id"])
         alive = supervisor_pid(run) is not None
@@ -186,6 +205,8 @@ class Backend:
 
     def live_runs(self, run_ids: list[str]) -> list[dict[str, Any]]:
         """Which of these runs still run (recorded live and supervised by a live process)."""
+        from jobs.control import supervisor_pid
+
         log = self.log("quit")
         out = []
         for run_id in run_ids:
@@ -217,26 +238,77 @@ class Backend:
         with self.fresh_log() as log:
             return self._job_action(log, run_id, action, job)
 
-    @staticmethod
-    def _job_action(log: RunLog, run_id: str, action: str, job: str | None) -> str:
+    def _job_action(self, log: RunLog, run_id: str, action: str, job: str | None) -> str:
+        from jobs.control import request_job_action, supervisor_pid
+
         run = log.get_run(run_id)
         alive = supervisor_pid(run) is not None
         if action == "stop-run":
-            result = stop_run(log, run["id"], grace=5.0)
-            return f"run {result.run_id} {result.status} ({result.how})"
+            return self._stop_run(log, run["id"])
         if not alive or not run.get("run_dir"):
             raise RuntimeError(f"run {run['id']} has no live supervisor to {action} job {job}; "
                                "stop the run instead (x)")
         request_job_action(run["run_dir"], action, job)
         return f"{action} of job {job} requested"
 
-    def stop_runs(self, run_ids: list[str], grace: float = 5.0) -> list[str]:
+    pipeline_stop_wait = PIPELINE_STOP_WAIT
+
+    def _stop_run(self, log: RunLog, run_id: str) -> str:
+        """Stop a run the way `adaflash pipeline stop` stops a pipeline, then the rest as `runs stop` does.
+
+        Each live pipeline in the run (the run itself, or one its jobs started) is asked to stop through its
+        swap dir: both workers finish the step in flight, a final version is published and the pipeline
+        records its end. Only then is whatever still runs stopped with signals; a run that ended on its own
+        meanwhile ends `finished`, its note saying the user stopped it.
+        """
+        from adaflash.pipeline.buffer import SwapBuffer
+        from jobs.control import stop_run
+
+        run = log.get_run(run_id)
+        pipelines = [r for r in [run, *log.child_runs(run)] if r.get("kind") == "pipeline"
+                     and r["status"] in LIVE_RUN_STATUSES and (r.get("config") or {}).get("swap_dir")]
+        for pipeline in pipelines:
+            SwapBuffer(pipeline["config"]["swap_dir"]).request_stop()
+            log.log_event(pipeline["id"], "stop requested by the user (adaflash-tui): finishing the step in flight")
+        ended = self._wait_ended(log, [p["id"] for p in pipelines], self.pipeline_stop_wait)
+        if pipelines and run["id"] not in ended:
+            self._wait_ended(log, [run["id"]], 15.0)  # its supervisor records the end of its last job
+        current = log.get_run(run["id"])
+        if current["status"] in LIVE_RUN_STATUSES:
+            result = stop_run(log, run["id"], grace=5.0)
+            return f"run {result.run_id} {result.status} ({result.how})"
+        how = (log.get_run(ended[0])["note"] or "") if ended else ""
+        how = how.removeprefix("stopped on request: ") or "the pipeline finished its step"
+        for rid in dict.fromkeys([*ended, *([run["id"]] if pipelines else [])]):
+            if log.get_run(rid)["status"] == "finished":
+                log.update_run(rid, note=f"stopped by the user: {how}")
+        current = log.get_run(run["id"])
+        return f"run {run['id']} {current['status']}" + (f", {current['note']}" if current.get("note") else "")
+
+    @staticmethod
+    def _wait_ended(log: RunLog, run_ids: list[str], timeout: float) -> list[str]:
+        """Until each run records its end (or its process is gone, then it is reaped); returns those ended."""
+        from jobs.control import supervisor_pid
+
+        deadline = time.monotonic() + timeout
+        pending = list(run_ids)
+        while pending and time.monotonic() < deadline:
+            for rid in list(pending):
+                run = log.get_run(rid)
+                if run["status"] not in LIVE_RUN_STATUSES:
+                    pending.remove(rid)
+                elif run.get("pid_start_time") is not None and supervisor_pid(run) is None:
+                    log.reap_lost_runs()
+            if pending:
+                time.sleep(0.2)
+        return [rid for rid in run_ids if rid not in pending]
+
+    def stop_runs(self, run_ids: list[str]) -> list[str]:
         done = []
         with self.fresh_log() as log:
             for run_id in run_ids:
                 with contextlib.suppress(KeyError):
-                    result = stop_run(log, run_id, grace=grace)
-                    done.append(f"{result.run_id}: {result.status}")
+                    done.append(self._stop_run(log, run_id))
         return done
 
     # -- logs -----------------------------------------------------------------------------------
@@ -278,6 +350,8 @@ class Backend:
     # -- launch ---------------------------------------------------------------------------------
     def recipes(self) -> list[tuple[str, str]]:
         """(label, path) of the shipped recipes and of the workspace's recipes/ folder."""
+        from jobs.recipe import shipped_recipes
+
         out = [(p.stem, str(p)) for p in shipped_recipes()]
         folder = self.workspace / RECIPES_DIR
         if folder.is_dir():
@@ -289,6 +363,9 @@ class Backend:
              *, recipe_text: str | None = None, run_id: str | None = None,
              warnings: list[str] | None = None) -> LaunchPlan:
         """Validate a recipe (written first when `recipe_text` is given) with these overrides."""
+        from jobs.plan import prepare
+        from jobs.recipe import RecipeError
+
         if recipe_text is not None:
             write_text(Path(recipe_path), recipe_text)
         errors: list[str] = []
@@ -315,12 +392,22 @@ class Backend:
         roles = {name: role.gpus for name, role in recipe.assignment.roles.items()}
         return LaunchPlan(prepared.plan_text(), roles, recipe.assignment.share, errors, warns, str(recipe_path), prepared.run_id, overrides)
 
+    @staticmethod
+    def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
+        """Why a server cannot listen on the port (another process holds it), else None."""
+        from jobs.ports import port_problem
+
+        return port_problem(host, port)
+
     def launch(self, recipe_path: str | os.PathLike, overrides: list[str], snapshot: Snapshot | None,
                *, recipe_text: str | None = None, run_id: str | None = None) -> str:
         """Start the run detached (its supervisor outlives the TUI); returns the run id.
 
         `run_id`: the one the plan showed, so the started command lines are exactly those shown.
         """
+        from jobs.detached import start_detached
+        from jobs.plan import prepare
+
         if recipe_text is not None:
             write_text(Path(recipe_path), recipe_text)
         prepared = prepare(recipe_path, overrides, workspace=self.workspace, run_id=run_id)
@@ -329,6 +416,8 @@ class Backend:
 
     # -- compare --------------------------------------------------------------------------------
     def comparison(self, run_ids: list[str] | None) -> Comparison:
+        from adaflash.bench import compare
+
         log = self.log("compare")
         records, source = compare.select_records(log, run_ids or None)
         rows, warnings = compare.comparison_rows(records)
@@ -339,6 +428,8 @@ class Backend:
 
     def export(self, rows: list[dict[str, Any]], warnings: list[str], fmt: str) -> Path:
         """The comparison table as shown (filtered, sorted) into <workspace>/exports/."""
+        from adaflash.bench import compare
+
         if fmt == "markdown":
             return self._export_file("compare", "md", compare.markdown_table(rows, warnings))
         if fmt == "csv":
@@ -375,6 +466,8 @@ def rows_csv(rows: list[dict[str, Any]]) -> str:
     import csv
     import io
 
+    from adaflash.bench import compare
+
     columns = ["group", "run_id", *compare.columns_for(rows), "fair"]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
@@ -400,7 +493,7 @@ def unique_path(path: Path) -> Path:
 
 
 def is_active(job: dict[str, Any]) -> bool:
-    return job.get("status") in (*ACTIVE, "restarting")
+    return job.get("status") in ACTIVE_JOB_STATUSES
 
 
-__all__ = ["Backend", "Comparison", "LaunchPlan", "LogChunk", "MetricsBatch", "RunState", "is_active", "tail_text"]
+__all__ = ["Backend", "Comparison", "LaunchPlan", "LogChunk", "MetricsBatch", "RunState", "is_active"]

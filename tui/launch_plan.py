@@ -26,6 +26,8 @@ SERVER_METHODS = (("vanilla", "Vanilla"), ("eagle3", "EAGLE-3"), ("dflash", "DFl
 DEFAULT_ROLES = ("inference", "training", "server")
 ROLES_OF_MODE = {"pipeline": ("inference", "training"), "server": ("server",), "bench": ("server",)}
 
+PIPELINE_STOP_GRACE = 120.0  # seconds a pipeline job gets to stop cleanly when its run is stopped
+
 Roles = dict[str, "tuple[int, ...] | None"]
 
 
@@ -43,6 +45,9 @@ class LaunchChoice:
     draft: str = ""
     dataset: str = ""
     max_samples: str = ""
+    max_new_tokens: str = ""  # pipeline: empty means the pipeline's own default
+    batch_size: str = ""
+    max_minutes: str = ""
     port: str = "30000"
     concurrency: str = "1"
     num_prompts: str = "16"
@@ -93,6 +98,22 @@ def _int(text: str, what: str, errors: list[str], *, low: int = 1, high: int | N
         return None
     if value < low or (high is not None and value > high):
         errors.append(f"{what}: expected {low}..{high if high is not None else '∞'}, got {value}")
+        return None
+    return value
+
+
+def _minutes(text: str, errors: list[str]) -> float | None:
+    """An optional positive number of minutes (a time budget)."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        errors.append(f"max minutes: expected a number of minutes, got {text!r}")
+        return None
+    if not value > 0 or value == float("inf"):
+        errors.append(f"max minutes: expected a number > 0, got {text}")
         return None
     return value
 
@@ -160,11 +181,19 @@ def method_recipe(choice: LaunchChoice, workspace: Path | None = None) -> tuple[
         _exists_warning(draft, "drafter", warnings)
         _dataset_warning(dataset, "train", workspace, warnings)
         samples = _int(choice.max_samples, "max samples", errors, optional=True)
+        new_tokens = _int(choice.max_new_tokens, "max new tokens", errors, optional=True)
+        batch = _int(choice.batch_size, "batch size", errors, optional=True)
+        minutes = _minutes(choice.max_minutes, errors)
         command = ["adaflash", "pipeline", "--target", target, *(["--draft", draft] if draft else []), "--data", dataset,
                    "--infer-gpus", "{gpus.inference}", "--train-gpus", "{gpus.training}", "--preset", choice.preset]
-        if samples:
-            command += ["--max-samples", str(samples)]
-        job = [f"command = [{', '.join(toml_str(c) for c in command)}]", 'gpus = ["inference", "training"]']
+        for flag, value in (("--max-samples", samples), ("--max-new-tokens", new_tokens), ("--batch-size", batch),
+                            ("--max-minutes", minutes)):
+            if value:
+                command += [flag, str(int(value)) if float(value).is_integer() else str(value)]
+        # A stop lets the workers finish the step in flight and publish (a CPU training step takes ~45 s,
+        # the pipeline's own grace is 60 s) before anything is killed.
+        job = [f"command = [{', '.join(toml_str(c) for c in command)}]", 'gpus = ["inference", "training"]',
+               f"stop_grace = {PIPELINE_STOP_GRACE:g}"]
     elif choice.mode == "server":
         name = f"tui-serve-{choice.method}"
         description = f"{dict(SERVER_METHODS).get(choice.method, choice.method)} server from adaflash-tui"

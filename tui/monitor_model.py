@@ -17,13 +17,16 @@ from typing import Any
 HISTORY = 600  # points kept per series for the charts
 SPARK = "▁▂▃▄▅▆▇█"
 
-# Chart families: (title, metric names plotted, unit). Names the pipeline, trainers and servers record.
+# Chart families: (title, metric names on the left axis, names on the right axis). Generation speed (tens of
+# tokens/s) and training speed (thousands) never share an axis: the smaller would lie flat on the floor.
 CHARTS = (
-    ("acceptance length τ", ("tau", "eval_tau", "block_accept_len", "avg_spec_accept_length", "accept_length")),
-    ("throughput tok/s", ("tokens_per_s", "gen_throughput", "output_throughput")),
-    ("training losses", ("loss", "loss_ce", "loss_rkl", "loss_fkl")),
-    ("buffer depth", ("buffer_depth", "queue_depth", "consumed")),
+    ("acceptance length τ", ("tau", "eval_tau", "block_accept_len", "avg_spec_accept_length", "accept_length"), ()),
+    ("tok/s: generation ◂ · ▸ training", ("tokens_per_s", "gen_throughput", "output_throughput"),
+     ("train_tokens_per_s",)),
+    ("training losses", ("loss", "loss_ce", "loss_rkl", "loss_fkl"), ()),
+    ("buffer depth", ("buffer_depth", "queue_depth", "consumed"), ()),
 )
+TRAINING_JOBS = ("train", "training")  # jobs whose `tokens_per_s` is training speed (offline `adaflash train`)
 VERSION_METRICS = ("tau", "tokens_per_s", "samples")
 
 
@@ -125,6 +128,8 @@ class MonitorModel:
             name, value, t = row["name"], row["value"], row["time"]
             if value is None:
                 continue
+            if name == "tokens_per_s" and row.get("job") in TRAINING_JOBS:
+                name = "train_tokens_per_s"
             if self.start is None or (t is not None and t < self.start):
                 self.start = t
             key = (source, name)
@@ -166,6 +171,22 @@ class MonitorModel:
                     out.append((item.label, xs, ys))
         return out
 
+    def progress(self) -> str:
+        """What is under way, from the workers' progress records: shown before any τ or loss exists."""
+        def last(name: str) -> float | None:
+            found = [s for (_, metric), s in self.series.items() if metric == name and s.last is not None]
+            return max(found, key=lambda s: s.points[-1][0] if s.points else 0.0).last if found else None
+
+        parts = []
+        in_flight, tokens, answers = last("prompts_in_flight"), last("tokens_so_far"), last("answers_so_far")
+        if in_flight is not None or tokens is not None:
+            parts.append(f"inference: {fmt_count(in_flight)} prompts in flight · {fmt_count(tokens)} tokens"
+                         f" · {fmt_count(answers)} answers")
+        step = last("training_step")
+        if step is not None:
+            parts.append(f"training: step {fmt_count(step)}")
+        return " │ ".join(parts)
+
     def table(self) -> list[Series]:
         return sorted(self.series.values(), key=lambda s: (s.source, s.name))
 
@@ -183,6 +204,11 @@ def spark(values: Iterable[float], width: int = 16) -> str:
         return SPARK[3] * len(data)
     scale = (len(SPARK) - 1) / (high - low)
     return "".join(SPARK[int((v - low) * scale)] for v in data)
+
+
+def fmt_count(value: float | None) -> str:
+    """A count with thousands separators; N/A when missing."""
+    return "N/A" if value is None or not math.isfinite(value) else f"{int(value):,}"
 
 
 def fmt(value: float | None, digits: int = 3) -> str:

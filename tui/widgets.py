@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -15,7 +15,8 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import DataTable, Label, Static
 
-from jobs.gpus import GpuInfo, HostInfo, fmt_bytes, fmt_num
+if TYPE_CHECKING:
+    from jobs.gpus import GpuInfo, HostInfo
 
 CPU = "cpu"
 HISTORY = 120  # samples of GPU history kept for the sparklines
@@ -29,6 +30,17 @@ def bar(percent: float | None, width: int = 12) -> Text:
     filled = round(percent / 100 * width)
     style = "green" if percent < 60 else "yellow" if percent < 85 else "red"
     return Text("█" * filled, style=style) + Text("░" * (width - filled), style="dim")
+
+
+class Table(DataTable):
+    """A DataTable with the keys of a list: j/k move the cursor, Home/End go to the first/last row."""
+
+    BINDINGS = [
+        Binding("j", "cursor_down", "Down", show=False),
+        Binding("k", "cursor_up", "Up", show=False),
+        Binding("home", "scroll_top", "First row", show=False),
+        Binding("end", "scroll_bottom", "Last row", show=False),
+    ]
 
 
 # -- the assignment grid ---------------------------------------------------------------------------
@@ -174,6 +186,8 @@ class GpuCard(Vertical):
         yield Static("", classes="card-procs")
 
     def update_info(self, gpu: GpuInfo, history: History) -> None:
+        from jobs.gpus import fmt_bytes, fmt_num  # here: a first paint without the inventory's imports
+
         power = fmt_num(gpu.power, " W")
         if gpu.power_limit is not None:
             power += f"/{gpu.power_limit:.0f} W"
@@ -209,6 +223,8 @@ class HostCard(Vertical):
         yield Gauge("ram ", classes="gauge ram")
 
     def update_info(self, host: HostInfo, history: History) -> None:
+        from jobs.gpus import fmt_bytes, fmt_num
+
         load = "N/A" if not host.load_average else " ".join(f"{v:.2f}" for v in host.load_average)
         self.query_one(".card-title", Static).update(Text.assemble(
             ("Host", "bold"), f"  {fmt_num(host.cpu_count)} CPUs  load {load}"))

@@ -9,11 +9,14 @@ tokens/s of the window (with its raw tokens and seconds, so reports can re-aggre
 time span), buffer depth and drafter version; and per drafter version served in the window, the
 requests, their τ sum, tokens and verify steps (`served_*`, step = the version). Each hot swap
 records `swapped_version` (its time is the swap time) with the load time and the lag since the
-trainer published it. A request is credited to the version that finished it.
+trainer published it. A request is credited to the version that finished it. At most once a
+second it also records progress (`prompts_in_flight`, `tokens_so_far`, `answers_so_far`), so a
+dashboard shows the work from the first step, long before a first flush on a CPU.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -25,6 +28,8 @@ from adaflash.models.loading import load_target
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
+
+PROGRESS_SECONDS = 1.0  # between two progress records
 
 
 def answers_in_all(max_samples: int | None, loop: bool, prompts: int) -> int | None:
@@ -85,6 +90,7 @@ class InferenceWorker:
         self.pending: list[dict] = []
         self.started = time.time()
         self.window_tokens, self.window_verify, self.window_start = 0, 0, time.perf_counter()
+        self.tokens_so_far, self.progress_at = 0, -math.inf
 
     def _engine(self) -> Engine:
         """The engine with the newest published version that passes its checksums and loads, else the
@@ -108,6 +114,7 @@ class InferenceWorker:
                 self._admit()
             if not self.engine.has_work():
                 break
+            self._progress()
             self._collect(self.engine.step())
             if len(self.pending) >= self.cfg.flush_every:
                 self._flush()
@@ -131,8 +138,20 @@ class InferenceWorker:
             engine.add(Request(self.target.encode(text), self.params, prompt_text=text, rid=f"{rid}#{self.next_prompt}"))
             self.next_prompt += 1
 
+    def _progress(self) -> None:
+        """At most once a second, what is under way: a first flush may be minutes away on a CPU."""
+        now = time.monotonic()
+        if now - self.progress_at < PROGRESS_SECONDS:
+            return
+        self.progress_at = now
+        self.log.log_metrics(self.cfg.run_id, {
+            "prompts_in_flight": len(self.engine.active) + len(self.engine.waiting),
+            "tokens_so_far": self.tokens_so_far, "answers_so_far": self.produced + len(self.pending),
+        }, step=self.produced, job="inference")
+
     def _collect(self, events) -> None:
         for event in events:
+            self.tokens_so_far += len(event.new_ids)
             if event.output is None:
                 continue
             meta = event.output.meta_info

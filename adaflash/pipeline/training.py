@@ -197,6 +197,9 @@ class TrainingWorker:
         """One optimizer update over rows [consumed, consumed + take), each rank on its slice."""
         began = time.perf_counter()
         start = self.trainer.state.consumed
+        if self.log:  # the step under way (a CPU step can take a minute): dashboards show it at once
+            self.log.log_metrics(self.cfg.run_id, {"training_step": self.trainer.state.step + 1, "training_rows": take},
+                                 step=self.trainer.state.step + 1, job="training")
         mine = self.buffer.read(start, take)[self.rank::self.world]
         sequences: list[Sequence] = []
         usable: list[bool] = []

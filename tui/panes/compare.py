@@ -19,7 +19,12 @@ from tui.actions import bindings_for
 from tui.backend import Comparison
 from tui.monitor_model import fmt
 from tui.panes.base import Pane
-from tui.widgets import BarChart
+from tui.widgets import BarChart, Table
+
+# Shown first, whatever the comparison's own order: what a row is (pinned while the table scrolls sideways)
+# and what it measured; the other columns follow in the comparison's order.
+KEY_COLUMNS = ("method", "dataset", "concurrency", "speedup", "accept_length", "output_throughput")
+PINNED = 2  # method and dataset stay on screen when the cursor moves right
 
 TEXT_KEYS = ("method", "target", "dataset", "label", "run_id", "group")
 
@@ -76,16 +81,32 @@ class ComparePane(Pane):
             yield Input(placeholder="filter: text or key=value (method=adaflash dataset=gsm8k)", id="compare-filter",
                         compact=True)
             yield Static("", id="compare-source", classes="pane-status")
-        yield DataTable(id="compare-table", cursor_type="cell", zebra_stripes=True)
+        yield Table(id="compare-table", cursor_type="cell", zebra_stripes=True)
         with Horizontal(id="compare-bottom"):
             yield BarChart("speed-up vs Vanilla", id="speedup-chart")
             yield Static("", id="compare-notes")
 
     # -- data -----------------------------------------------------------------------------------------
     def set_runs(self, run_ids: list[str] | None) -> None:
+        """Compare these runs (None: every result); a filter typed for the previous view is dropped."""
         self.run_ids = list(run_ids) if run_ids else None
         self.data = None
+        self._clear_filter()
         self.refresh_data()
+
+    def _clear_filter(self) -> None:
+        box = self.query_one("#compare-filter", Input)
+        if box.value:
+            with box.prevent(Input.Changed):
+                box.value = ""
+        self.query_text = ""
+        if box.has_focus:
+            self.query_one("#compare-table").focus()
+
+    def action_clear_filter(self) -> None:
+        self._clear_filter()
+        self.render_table()
+        self.query_one("#compare-table").focus()
 
     def request(self) -> Any:
         return tuple(self.run_ids or ())
@@ -134,8 +155,12 @@ class ComparePane(Pane):
             return
         rows = self.visible_rows()
         self.shown = rows
-        self.columns = compare.columns_for(data.rows)
-        shown, titles = compare.display_rows(rows)
+        own = compare.columns_for(data.rows)
+        shown, own_titles = compare.display_rows(rows)
+        title_of = dict(zip(own, own_titles))
+        self.columns = [c for c in KEY_COLUMNS if c in own] + [c for c in own if c not in KEY_COLUMNS]
+        titles = [title_of[c] for c in self.columns]
+        table.fixed_columns = PINNED if self.columns[:PINNED] == list(KEY_COLUMNS[:PINNED]) else 0
         for column, title in zip(self.columns, titles):
             arrow = (" ▼" if self.reverse else " ▲") if column == self.sort_column else ""
             table.add_column(title + arrow, key=column)
@@ -164,6 +189,7 @@ class ComparePane(Pane):
     def _side_by_side(self, table: DataTable, data: Comparison) -> None:
         runs = data.side_by_side
         names = sorted({name for item in runs for name in item["metrics"]})
+        table.fixed_columns = 1
         table.add_column("metric", key="metric")
         for item in runs:
             table.add_column(item["run"]["id"], key=item["run"]["id"])

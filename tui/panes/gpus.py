@@ -4,17 +4,19 @@ CPU workers."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.widgets import Button, Static
 
-from jobs.gpus import Snapshot
 from tui.actions import bindings_for
 from tui.panes.base import Pane
 from tui.widgets import GpuCard, History, HostCard
+
+if TYPE_CHECKING:
+    from jobs.gpus import Snapshot
 
 
 class GpusPane(Pane):

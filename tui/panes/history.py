@@ -16,6 +16,7 @@ from tui.backend import RUN_FILTERS as FILTERS
 from tui.backend import RunIndex
 from tui.panes.base import Pane
 from tui.panes.jobs import status_text
+from tui.widgets import Table
 
 # Status right after the id: on an 80-column terminal the columns past the dataset are off-screen.
 COLUMNS = (("mark", " "), ("id", "run"), ("status", "status"), ("kind", "kind"), ("name", "name"),
@@ -62,7 +63,7 @@ class HistoryPane(Pane):
             for name in FILTERS:
                 yield Select([], prompt=f"any {name}", id=f"f-{name}", compact=True)
             yield Input(placeholder="/ text", id="f-text", compact=True)
-        yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        yield Table(id="runs-table", cursor_type="row", zebra_stripes=True)
         yield Static("", id="history-detail", classes="pane-status")
 
     def on_mount(self) -> None:
@@ -208,6 +209,7 @@ class HistoryPane(Pane):
         self.selected.clear()
         self._signature = None
         self.refresh_data()
+        self.query_one("#runs-table").focus()  # keys typed next are the table's, not the filter's
 
     def focus_primary(self) -> None:
         self.query_one("#runs-table").focus()

@@ -13,11 +13,11 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Label, Log, Static
 
-from adaflash.runlog import LIVE_RUN_STATUSES
 from tui.actions import bindings_for
-from tui.backend import LogChunk, RunState, is_active
+from tui.backend import LIVE_RUN_STATUSES, LogChunk, RunState, is_active
 from tui.modals import ConfirmScreen
 from tui.panes.base import Pane
+from tui.widgets import Table
 
 STATUS_STYLE = {
     "pending": "dim", "starting": "yellow", "running": "cyan", "ready": "bold green", "finished": "green",
@@ -62,11 +62,13 @@ class JobsPane(Pane):
         self.selected: str | None = None
         self.log_path: str | None = None
         self.log_offset = 0
+        self.stopping: set[str] = set()  # runs whose stop is under way (a pipeline finishing its step)
 
     def compose(self) -> ComposeResult:
         yield Static("No run yet: launch one (2) or open one from History (6).", id="run-header",
                      classes="pane-status")
-        table = DataTable(id="jobs-table", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="jobs-progress", classes="hidden")
+        table = Table(id="jobs-table", cursor_type="row", zebra_stripes=True)
         for key, title in COLUMNS:
             table.add_column(title, key=key)
         yield table
@@ -76,6 +78,9 @@ class JobsPane(Pane):
 
     def on_mount(self) -> None:
         self.run_id = self.adaflash.current_run_id
+        monitor = self.adaflash.pane("monitor")
+        if monitor is not None:  # mounted after the Monitor already showed some progress
+            self.show_progress(monitor.model.run_id, monitor.progress_shown)
 
     # -- run selection ----------------------------------------------------------------------------
     def set_run(self, run_id: str | None) -> None:
@@ -87,7 +92,15 @@ class JobsPane(Pane):
         self.selected = None
         self._select_log(None)
         self.query_one("#jobs-table", DataTable).clear()
+        self.show_progress(None, "")
         self.refresh_data()
+
+    def show_progress(self, run_id: str | None, line: str) -> None:
+        """The Monitor's progress line of the run shown here (prompts in flight, tokens, training step)."""
+        progress = self.query_one("#jobs-progress", Static)
+        shown = line if run_id == self.run_id else ""
+        progress.update(shown)
+        progress.set_class(not shown, "hidden")
 
     def _select_log(self, key: str | None) -> None:
         row = self.rows.get(key) if key else None
@@ -96,7 +109,9 @@ class JobsPane(Pane):
         if path != self.log_path:
             self.log_path, self.log_offset = path, 0
             self.query_one("#job-log", Log).clear()
-            self.query_one("#log-title", Label).update(f"log · {row.label} · {path}" if row and path else "log")
+            title = f"log · {row.label} · {path}" if row and path else "log"
+            self.query_one("#log-title", Label).update(title)
+            self.query_one("#job-log", Log).border_title = title  # shown when full screen
 
     # -- reading ------------------------------------------------------------------------------------
     def request(self) -> Any:
@@ -140,6 +155,8 @@ class JobsPane(Pane):
             return
         text = Text.assemble(("run ", "dim"), (run["id"], "bold"), f"  {run.get('name') or run.get('kind')}  ",
                              status_text(run["status"]))
+        if run["id"] in self.stopping and run["status"] in LIVE_RUN_STATUSES:
+            text.append("  stopping: the step in flight finishes, a final version is published…", style="yellow")
         if run["status"] in ("pending", "running", "detached"):
             text.append("  supervisor " + (f"pid {run.get('pid')} alive" if state.supervisor_alive else "gone"),
                         style="green" if state.supervisor_alive else "bold red")
@@ -240,7 +257,13 @@ class JobsPane(Pane):
             lambda ok: ok and self._control(run["id"], "stop-run", None))
 
     def _control(self, run_id: str, action: str, job: str | None) -> None:
-        self.app.notify(f"{action} {job or run_id}…", timeout=2)
+        if action == "stop-run":
+            self.stopping.add(run_id)
+            self.app.notify(f"Stopping run {run_id}: a pipeline finishes its step and publishes a final version "
+                            "first (a CPU training step may take a minute)", timeout=8)
+            self.refresh_data()
+        else:
+            self.app.notify(f"{action} {job or run_id}…", timeout=2)
         self.run_worker(lambda: self._control_work(run_id, action, job), thread=True, group="jobs-control",
                         name=f"{action} {job or run_id}", exit_on_error=False)
 
@@ -248,21 +271,33 @@ class JobsPane(Pane):
         try:
             done = self.adaflash.backend.job_action(run_id, action, job)
         except Exception as err:  # noqa: BLE001 - shown, never a crash
-            self.post_message(self.Controlled(self, f"{action} failed: {err}", error=True))
+            self.post_message(self.Controlled(self, f"{action} failed: {err}", run_id, error=True))
         else:
-            self.post_message(self.Controlled(self, done))
+            self.post_message(self.Controlled(self, done, run_id))
 
     class Controlled(Message):
         """A stop/restart request came back (done, or why not)."""
 
-        def __init__(self, pane: Pane, text: str, error: bool = False) -> None:
+        def __init__(self, pane: Pane, text: str, run_id: str, error: bool = False) -> None:
             super().__init__()
-            self.pane, self.text, self.error = pane, text, error
+            self.pane, self.text, self.run_id, self.error = pane, text, run_id, error
 
     def on_jobs_pane_controlled(self, message: JobsPane.Controlled) -> None:
         message.stop()
+        self.stopping.discard(message.run_id)
         self.app.notify(message.text, severity="error" if message.error else "information")
         self.refresh_data()
+
+    def action_toggle_log(self) -> None:
+        """The log pane is a few lines: show it full screen, or back."""
+        log = self.query_one("#job-log", Log)
+        if self.screen.maximized is log:
+            self.screen.minimize()
+            self.query_one("#jobs-table").focus()
+            return
+        if self.screen.maximize(log, container=False):
+            log.focus()
+            log.scroll_end(animate=False)
 
     def focus_primary(self) -> None:
         self.query_one("#jobs-table").focus()

@@ -8,7 +8,7 @@ while there is one, and nothing here can raise into the app.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -26,7 +26,6 @@ from textual.widgets import (
     Static,
 )
 
-from jobs.gpus import Snapshot
 from tui.actions import bindings_for
 from tui.backend import RECIPES_DIR, LaunchPlan
 from tui.launch_plan import (
@@ -42,6 +41,9 @@ from tui.launch_plan import (
 )
 from tui.panes.base import Pane
 from tui.widgets import CPU, AssignGrid
+
+if TYPE_CHECKING:
+    from jobs.gpus import Snapshot
 
 FIELDS_OF_MODE = {
     "recipe": ("recipe-fields",),
@@ -106,6 +108,12 @@ class LaunchPane(Pane):
                             yield RadioButton(title, value=value == "adaflash", id=f"preset-{value}")
                     yield from field("samples", Input(placeholder="max samples (empty: all)", id="max-samples",
                                                       compact=True))
+                    yield from field("new tokens", Input(placeholder="per answer (256)",
+                                                         id="max-new-tokens", compact=True))
+                    yield from field("batch size", Input(placeholder="inference (16)", id="batch-size",
+                                                         compact=True))
+                    yield from field("max minutes", Input(placeholder="budget (none)", id="max-minutes",
+                                                          compact=True))
                 with Vertical(id="server-fields", classes="fields hidden"):
                     yield from field("method", Select([(t, v) for v, t in SERVER_METHODS], value="vanilla",
                                                       allow_blank=False, id="server-method", compact=True))
@@ -179,7 +187,8 @@ class LaunchPane(Pane):
             method=str(method) if method is not Select.NULL else "vanilla",
             bench_methods=tuple(self.query_one("#bench-methods", SelectionList).selected),
             target=value("target"), draft=value("draft"), dataset=value("dataset"),
-            max_samples=value("max-samples"), port=value("port"), concurrency=value("concurrency"),
+            max_samples=value("max-samples"), max_new_tokens=value("max-new-tokens"), batch_size=value("batch-size"),
+            max_minutes=value("max-minutes"), port=value("port"), concurrency=value("concurrency"),
             num_prompts=value("num-prompts"), roles=tuple(sorted(roles.items())),
             edited=tuple(sorted(edited)), share=self.share,
         )
@@ -198,11 +207,20 @@ class LaunchPane(Pane):
         backend = self.adaflash.backend
         recipes = backend.recipes()
         built = build(choice, backend.workspace / RECIPES_DIR, workspace=backend.workspace)
+        problem = self._port_problem(choice)
+        if problem:
+            built.errors.append(problem)
         if built.recipe_path is None:
             return built, None, recipes
         plan = backend.plan(built.recipe_path, built.overrides, snapshot, recipe_text=built.recipe_text,
                             warnings=built.warnings)
         return built, plan, recipes
+
+    def _port_problem(self, choice: LaunchChoice) -> str | None:
+        """A server's port held by another process (its health check would answer for our job): blocking."""
+        if choice.mode != "server" or not choice.port.strip().isdigit() or not 0 < int(choice.port) < 65536:
+            return None
+        return self.adaflash.backend.port_problem(int(choice.port))
 
     def _set_recipes(self, recipes: list[tuple[str, str]]) -> None:
         """The recipe list (shipped and the workspace's); the first time, pick the local default."""
@@ -398,10 +416,14 @@ class LaunchPane(Pane):
         self.query_one("#launch-button", Button).disabled = True
         self.query_one("#launch-status", Static).update(f"[yellow]launching {plan.run_id}…[/yellow]")
         snapshot = self.snapshot
-        self.run_worker(lambda: self._launch(final, plan.run_id, snapshot), thread=True, group="launch",
+        self.run_worker(lambda: self._launch(final, plan.run_id, snapshot, choice), thread=True, group="launch",
                         name="launch", exit_on_error=False)
 
-    def _launch(self, built: Built, run_id: str | None, snapshot: Snapshot | None) -> None:
+    def _launch(self, built: Built, run_id: str | None, snapshot: Snapshot | None, choice: LaunchChoice) -> None:
+        problem = self._port_problem(choice)  # taken since the plan was checked
+        if problem:
+            self.post_message(self.Launched(None, problem))
+            return
         try:
             launched = self.adaflash.backend.launch(built.recipe_path or "", built.overrides, snapshot,
                                                     recipe_text=built.recipe_text, run_id=run_id)

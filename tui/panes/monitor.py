@@ -8,6 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, VerticalScroll
+from textual.message import Message
 from textual.widgets import DataTable, Static
 from textual_plotext import PlotextPlot
 
@@ -15,6 +16,7 @@ from tui.actions import bindings_for
 from tui.backend import MetricsBatch
 from tui.monitor_model import CHARTS, MonitorModel, fmt, spark
 from tui.panes.base import Pane
+from tui.widgets import Table
 
 MAX_LINES = 4  # series per chart
 # Fixed line colours (the theme's blue, amber, green, red): the same chart always looks the same.
@@ -26,8 +28,16 @@ class MonitorPane(Pane):
     INTERVAL = 1.0
     BINDINGS = bindings_for("monitor")
 
+    class Progress(Message):
+        """The progress line changed (Jobs shows it too: a launch lands there)."""
+
+        def __init__(self, run_id: str | None, line: str) -> None:
+            super().__init__()
+            self.run_id, self.line = run_id, line
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.progress_shown = ""
         self.model = MonitorModel()
         self.drawn = -1  # the model generation on screen
         # Bumped by every reset: a read begun before it carries old cursors and must not land in the
@@ -37,19 +47,20 @@ class MonitorPane(Pane):
     def compose(self) -> ComposeResult:
         yield Static("No run yet: launch one (2) or open one from History (6).", id="monitor-header",
                      classes="pane-status")
+        yield Static("", id="monitor-progress", classes="hidden")
         with VerticalScroll(id="monitor-body"):
             with Grid(id="charts"):
                 for i in range(len(CHARTS)):
-                    yield PlotextPlot(id=f"chart-{i}", classes="chart")
+                    yield PlotextPlot(id=f"chart-{i}", classes="chart" if i < 2 else "chart chart-secondary")
             yield from self._tables()
 
     def _tables(self) -> ComposeResult:
         with Horizontal(id="monitor-tables"):
-            versions = DataTable(id="versions", cursor_type="row", zebra_stripes=True)
+            versions = Table(id="versions", cursor_type="row", zebra_stripes=True)
             versions.border_title = "τ per drafter version"
             versions.add_columns("version", "n", "τ", "tok/s", "samples")
             yield versions
-            metrics = DataTable(id="metrics", cursor_type="row", zebra_stripes=True)
+            metrics = Table(id="metrics", cursor_type="row", zebra_stripes=True)
             metrics.border_title = "latest metrics"
             metrics.add_columns("metric", "last", "mean", "min", "max", "n", "trend")
             yield metrics
@@ -108,6 +119,13 @@ class MonitorPane(Pane):
     def _header(self) -> None:
         model = self.model
         header = self.query_one("#monitor-header", Static)
+        progress = self.query_one("#monitor-progress", Static)
+        line = model.progress()
+        progress.update(line)
+        progress.set_class(not line, "hidden")
+        if line != self.progress_shown:
+            self.progress_shown = line
+            self.post_message(self.Progress(model.run_id, line))
         if not model.run_id:
             header.update("No run yet: launch one (2) or open one from History (6).")
             return
@@ -117,7 +135,7 @@ class MonitorPane(Pane):
         if children:
             text.append(f"  (with runs of {', '.join(sorted(set(children)))})", style="dim")
         if not model.rows_seen:
-            text.append("  waiting for metrics…", style="yellow")
+            text.append("  waiting for the first metrics (the workers load their models)…", style="yellow")
         elif self._again:
             text.append("  catching up…", style="yellow")
         header.update(text)
@@ -129,14 +147,16 @@ class MonitorPane(Pane):
         if model.generation == self.drawn:
             return
         self.drawn = model.generation
-        for i, (title, names) in enumerate(CHARTS):
+        for i, (title, names, right_names) in enumerate(CHARTS):
             plot = self.query_one(f"#chart-{i}", PlotextPlot)
             plt = plot.plt
             plt.clear_data()
             plt.title(title)
-            lines = model.chart(names)[:MAX_LINES]
-            for (label, xs, ys), color in zip(lines, LINE_COLORS):
-                plt.plot(xs, ys, label=label, marker="braille", color=color)
+            lines = [(*line, "left") for line in model.chart(names)]
+            lines += [(*line, "right") for line in model.chart(right_names)]
+            lines = lines[:MAX_LINES]
+            for (label, xs, ys, side), color in zip(lines, LINE_COLORS):
+                plt.plot(xs, ys, label=label, marker="braille", color=color, yside=side)
             if not lines:
                 plt.title(f"{title}: no data yet")
             plot.refresh()
