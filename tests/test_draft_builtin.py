@@ -16,7 +16,7 @@ from adaflash.models.drafters import DFlashDrafter
 from adaflash.models.registry import resolve_drafter
 
 
-@pytest.mark.parametrize(("name", "layers", "block"), [("smollm2-135m-dflash", 1, 4), ("smollm2-135m-adaflash", 2, 8)])
+@pytest.mark.parametrize(("name", "layers", "block"), [("smollm2-135m-dflash", 1, 4), ("smollm2-135m-general", 2, 8)])
 def test_the_builtin_drafters_load_by_name_with_their_length_heads(name, layers, block):
     drafter = load_drafter(name)
     assert isinstance(drafter, DFlashDrafter)
@@ -33,10 +33,10 @@ def test_draft_builtins_lists_it_as_installed():
     result = CliRunner().invoke(cli, ["draft", "builtins", "--format", "json"])
     assert result.exit_code == 0, result.output
     rows = {r["name"]: r for r in json.loads(result.output)}
-    for name in ("smollm2-135m-dflash", "smollm2-135m-adaflash"):
+    for name in ("smollm2-135m-dflash", "smollm2-135m-general"):
         assert rows[name]["installed"] is True and rows[name]["target"] == "smollm2-135m"
-    assert rows["smollm2-135m-dflash"]["default_for"] == "dflash"
-    assert rows["smollm2-135m-adaflash"]["default_for"] == "adaflash"
+    assert rows["smollm2-135m-general"]["default_for"] == "dflash,adaflash"
+    assert rows["smollm2-135m-dflash"]["default_for"] == ""  # the GSM8K specialist: by name only
 
 
 def test_train_init_names_the_option_when_the_drafter_does_not_exist(tmp_path):
@@ -103,12 +103,12 @@ def test_draft_export_copies_checked_drafters_byte_for_byte_or_cast(tmp_path):
 
 
 def test_dflash_and_adaflash_default_to_their_built_in_drafters_of_a_built_in_target(tmp_path):
-    """DFlash runs the offline drafter, AdaFlash the on-policy one; a pipeline starts from the offline one."""
+    """DFlash and AdaFlash run the general drafter (its length head serves AdaFlash); a pipeline starts from it."""
     from adaflash.engine.build import drafter_for
 
     (tmp_path / "q.jsonl").write_text('{"prompt": "hi"}\n')
-    assert drafter_for("dflash", None, "smollm2-135m") == "smollm2-135m-dflash"
-    assert drafter_for("adaflash", None, "smollm2-135m") == "smollm2-135m-adaflash"
+    assert drafter_for("dflash", None, "smollm2-135m") == "smollm2-135m-general"
+    assert drafter_for("adaflash", None, "smollm2-135m") == "smollm2-135m-general"
     assert drafter_for("adaflash", "mine/", "smollm2-135m") == "mine/"  # --draft wins
     assert drafter_for("vanilla", "mine/", "smollm2-135m") is None
     for method, target in (("osd", "smollm2-135m"), ("eagle3", "smollm2-135m"), ("dflash", "/models/other")):
@@ -116,14 +116,14 @@ def test_dflash_and_adaflash_default_to_their_built_in_drafters_of_a_built_in_ta
             drafter_for(method, None, target)
     result = CliRunner().invoke(cli, ["serve", "--method", "adaflash", "--dry-run", "--gpus", "cpu"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["draft"] == "smollm2-135m-adaflash"
-    assert "runs the built-in drafter smollm2-135m-adaflash" in result.stderr
+    assert json.loads(result.stdout)["draft"] == "smollm2-135m-general"
+    assert "runs the built-in drafter smollm2-135m-general" in result.stderr
 
     from adaflash.bench.engine_spec import EngineBenchError, resolve_drafts
 
-    folder = str(resolve_drafter("smollm2-135m-dflash"))
+    folder = str(resolve_drafter("smollm2-135m-general"))
     assert resolve_drafts(["vanilla", "dflash", "adaflash"], None, {}, "smollm2-135m") == {
-        "dflash": folder, "adaflash": str(resolve_drafter("smollm2-135m-adaflash"))}
+        "dflash": folder, "adaflash": folder}
     with pytest.raises(EngineBenchError, match="no drafter for osd"):
         resolve_drafts(["dflash", "osd"], None, {}, "smollm2-135m")
     result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "pipeline", "--data",

@@ -126,23 +126,30 @@ def test_untrained_drafters_are_lossless_on_smollm2(smollm2_target, method):
 
 
 def test_the_shipped_drafters_are_lossless_and_trained_on_smollm2(smollm2_target):
-    """Each method's built-in drafter on its target: the target's own tokens, and drafts it accepts (an
-    untrained drafter's τ is about 1). The on-policy AdaFlash drafter (2 layers, block 8) drafts further."""
+    """The built-in drafters on their target: the target's own tokens, and drafts it accepts (an untrained
+    drafter's τ is about 1): the general one, which dflash and adaflash run by default, on math and on code,
+    and the GSM8K specialist on math."""
     from adaflash.engine.build import build_engine
     from adaflash.models.builtin_drafters import builtin_drafter_of
     from tests.test_invariant_kernels import GSM8K_LIKE
 
-    def requests():  # the drafters' own domain: an untrained drafter's τ is about 1 here too
-        return make_requests(smollm2_target, 2, prompts=GSM8K_LIKE, max_new_tokens=64, ignore_eos=True)
+    code = ["Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+            "Write a Python function is_palindrome(s) that ignores case and spaces."]
 
-    reference = [o.output_ids for o in vanilla(smollm2_target, requests())]
+    def requests(prompts):
+        return make_requests(smollm2_target, 2, prompts=prompts, max_new_tokens=64, ignore_eos=True)
+
+    general = builtin_drafter_of("smollm2-135m", "dflash")  # the fixture's target is a folder, not the name
+    assert general == builtin_drafter_of("smollm2-135m", "adaflash") == "smollm2-135m-general"
     tau = {}
-    for method in ("dflash", "adaflash"):
-        draft = builtin_drafter_of("smollm2-135m", method)  # the fixture's target is a folder, not the name
-        outputs = build_engine(smollm2_target, method, draft, max_batch=2, max_len=512).generate(requests())
-        assert [o.output_ids for o in outputs] == reference, method
-        tau[method] = sum(o.meta_info["spec_accept_length"] for o in outputs) / len(outputs)
-    assert tau["dflash"] > 1.4 and tau["adaflash"] > tau["dflash"], tau
+    for name, prompts in (("math", GSM8K_LIKE), ("code", code)):
+        reference = [o.output_ids for o in vanilla(smollm2_target, requests(prompts))]
+        runs = [("dflash", general), ("adaflash", general)] + ([("dflash", "smollm2-135m-dflash")] if name == "math" else [])
+        for method, draft in runs:
+            outputs = build_engine(smollm2_target, method, draft, max_batch=2, max_len=512).generate(requests(prompts))
+            assert [o.output_ids for o in outputs] == reference, (name, method, draft)
+            tau[(name, method, draft)] = sum(o.meta_info["spec_accept_length"] for o in outputs) / len(outputs)
+    assert all(t > 1.3 for t in tau.values()), tau
 
 
 @pytest.mark.parametrize("method", ["dflash", "adaflash"])

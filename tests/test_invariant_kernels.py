@@ -147,7 +147,7 @@ def test_bf16_speculative_decoding_gives_vanilla_tokens_on_smollm2(smollm2_folde
 
     reference = [o.output_ids for o in build_engine(target, max_batch=1, max_len=1024).generate(requests())]
     for method, draft in (("dflash", "smollm2-135m-dflash"), ("adaflash", "smollm2-135m-dflash"),
-                          ("adaflash", "smollm2-135m-adaflash")):
+                          ("adaflash", "smollm2-135m-general")):
         engine = build_engine(target, method, draft, max_batch=4, max_len=1024)
         outputs = engine.generate(requests())
         assert [o.output_ids for o in outputs] == reference, (method, draft)
