@@ -410,7 +410,7 @@ class EngineBench:
         if self.warmup != "none" and engine.graphs.enabled:
             # Every graph the run can meet, as `serve` and `eval` capture them: a warm-up replays the
             # timed run's shapes, but not the rare widths AdaFlash's cost rule re-times, whose captures
-            # then landed on the clock (0.15 s of AdaFlash's 2.60 s at batch 32, `s12-b32-views`).
+            # then landed on the clock (0.15 s of AdaFlash's 2.60 s at batch 32 on an H200).
             started = time.perf_counter()
             count = engine.capture_graphs(self.max_len)
             self.say(f"{method} @ batch {batch}: captured {count} CUDA graphs in {time.perf_counter() - started:.1f} s")

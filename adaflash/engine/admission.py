@@ -4,8 +4,8 @@ while the batch keeps stepping, and join it once their first tokens are read.
 Why: on an H200 a batch-32 admission (about five prompts) replays some 2.8 ms of small kernels, about
 1.5 decode steps, during which every decoding row waits; the decode step's kernels at that batch leave
 most of the GPU's SMs idle, so the prefill's can run beside them. That stall is the same seconds for
-every method and so a larger share of the faster one (`s21-p8-b32`: the steps alone give AdaFlash
-2.05×, with prefills 1.93×). Measured (`s22-d21-b32-async`), it did not pay for GSM8K's short prompts: the
+every method and so a larger share of the faster one (at batch 32 on an H200 the steps alone gave
+AdaFlash 2.05×, with prefills 1.93×). Measured, it did not pay for GSM8K's short prompts: the
 prefills' time fell little and the passes beside them slowed, so it is off by default.
 
 Why it is safe: an admission's slots are reserved until it joins. No decode pass writes them (while an

