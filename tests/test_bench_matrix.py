@@ -6,6 +6,7 @@ import json
 import sys
 import time
 
+import pytest
 from click.testing import CliRunner
 
 from adaflash.bench.matrix import ServerProcess
@@ -65,3 +66,30 @@ def test_server_process_escalates_to_sigkill(tmp_path):
         assert "exited (code 3)" in str(err)
     else:
         raise AssertionError("wait_ready should fail for a dead server")
+
+
+def test_a_suite_in_a_matrix_is_measured_per_domain_with_an_overall_row(workspace, tiny_llama, tiny_target, tmp_path):
+    """Each domain of a suite is a dataset of its own in the matrix; the overall row's speed-up is the mean
+    of the domains' speed-ups."""
+    from statistics import fmean
+
+    from adaflash.cli.main import cli
+    from adaflash.models.drafter_io import new_drafter, save_drafter
+
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg), tmp_path / "draft")
+    (workspace / "data").mkdir(parents=True)
+    rows = [{"id": f"{d}{i}", "domain": d, "conversations": [{"role": "user", "content": f"{d} {i}?"}]}
+            for d in ("math", "chat") for i in range(2)]
+    (workspace / "data" / "mini_test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(cli, [
+        "bench", "matrix", "--methods", "vanilla,dflash", "--datasets", "mini", "--concurrency", "2",
+        "--target", str(tiny_llama), "--draft", f"dflash={draft}", "--num-prompts", "2", "--max-new-tokens", "4",
+        "--warmup", "0", "--context-length", "128", "--format", "json", "--ready-timeout", "180",
+    ])
+    assert result.exit_code == 0, result.output
+    table = {(r["method"], r["dataset"]): r for r in json.loads(result.stdout)["rows"]}
+    assert set(table) == {(m, d) for m in ("vanilla", "dflash") for d in ("mini", "mini/math", "mini/chat")}
+    assert all(table[(m, f"mini/{d}")]["n"] == 2 for m in ("vanilla", "dflash") for d in ("math", "chat"))
+    mean = fmean(table[("dflash", f"mini/{d}")]["speedup"] for d in ("math", "chat"))
+    assert table[("dflash", "mini")]["speedup"] == pytest.approx(mean)
+    assert table[("vanilla", "mini")]["speedup"] == pytest.approx(1.0)

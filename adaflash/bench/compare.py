@@ -100,6 +100,45 @@ def comparison_rows(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]
     return rows, warnings
 
 
+def overall_records(records: list[dict[str, Any]], suite: str, domains: list[str]) -> list[dict[str, Any]]:
+    """One row per method and batch over a suite's domains: each figure the mean over domains of the
+    per-domain figure (speed-up against that domain's Vanilla row), so no domain weighs more for having
+    longer answers or more prompts. Only methods measured in every domain get one."""
+    from statistics import fmean
+
+    out = []
+    keys = dict.fromkeys((r["method"], r["concurrency"]) for r in records if r.get("domain"))
+    vanilla = {(r["domain"], r["concurrency"]): r for r in records if r.get("domain") and r["method"] == "vanilla"}
+    for method, batch in keys:
+        rows = {r["domain"]: r for r in records if r.get("domain") and (r["method"], r["concurrency"]) == (method, batch)}
+        if set(rows) != set(domains):
+            continue
+        speedups = [rows[d]["output_throughput"] / vanilla[(d, batch)]["output_throughput"]
+                    for d in domains if (d, batch) in vanilla and vanilla[(d, batch)].get("output_throughput")]
+        taus = [rows[d]["accept_length"] for d in domains if rows[d].get("accept_length") is not None]
+        first = rows[domains[0]]
+        record = {k: first.get(k) for k in ("method", "target", "draft", "label", "concurrency", "max_concurrency",
+                                             "batch_size", "max_new_tokens", "temperature", "top_p", "hardware",
+                                             "backend", "dtype", "matrix_run", "warmup", "order", "kernels")}
+        mismatches = [rows[d].get("mismatches") for d in domains]
+        record.update({
+            "dataset": suite, "domain": None, "domains": list(domains), "aggregate": "mean over domains",
+            "num_prompts": sum(rows[d].get("num_prompts") or 0 for d in domains),
+            "completed": sum(rows[d].get("completed") or 0 for d in domains),
+            "output_throughput": fmean(rows[d]["output_throughput"] for d in domains),
+            "speedup": fmean(speedups) if len(speedups) == len(domains) else None,
+            "accept_length": fmean(taus) if len(taus) == len(domains) else None,
+            "mismatches": None if any(m is None for m in mismatches) else sum(mismatches),
+            "identical": None if any(m is None for m in mismatches) else not any(mismatches),
+            "per_domain": {d: {"output_throughput": rows[d]["output_throughput"],
+                               "accept_length": rows[d].get("accept_length"),
+                               "speedup": (rows[d]["output_throughput"] / vanilla[(d, batch)]["output_throughput"]
+                                           if (d, batch) in vanilla else None)} for d in domains},
+        })
+        out.append(record)
+    return out
+
+
 def _group_name(group: str) -> str:
     return "standalone results" if group == STANDALONE else f"matrix {group}"
 

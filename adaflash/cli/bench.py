@@ -258,12 +258,21 @@ def matrix(ctx: click.Context, methods: str, datasets: str, concurrency_list: st
         fail(f"no drafter for {', '.join(missing)}: add --draft METHOD=DIR for each")
     if "vanilla" not in method_list:
         click.secho("note: no vanilla in --methods, so the comparison will have no speed-up column", fg="yellow", err=True)
+    from adaflash.bench.prompts import domains_of
+
     dataset_list = _split(datasets, "--datasets")
-    prompts, names = {}, []
+    prompts, names, suites = {}, [], {}
     for dataset in dataset_list:
         name, rendered = _prompts(ctx, dataset, num_prompts, seed, chat, target)
-        prompts[name] = rendered
-        names.append(name)
+        domains = domains_of(rendered)
+        if domains:  # a suite: each domain a dataset of its own, then an overall row
+            suites[name] = domains
+            for domain in domains:
+                prompts[f"{name}/{domain}"] = [p for p in rendered if p.domain == domain]
+                names.append(f"{name}/{domain}")
+        else:
+            prompts[name] = rendered
+            names.append(name)
     spec = MatrixSpec(methods=method_list, datasets=names, concurrency=levels, target=target, drafts=draft_map,
                       num_prompts=num_prompts, max_new_tokens=max_new_tokens, temperature=temperature, warmup=warmup,
                       eval_accuracy=eval_accuracy, label=label, engine=engine, gpus=gpus, context_length=context_length,
@@ -275,10 +284,25 @@ def matrix(ctx: click.Context, methods: str, datasets: str, concurrency_list: st
                               message=progress.log)
         matrix_id = run_matrix(spec, log, workspace_of(ctx), prompts, events=events,
                                launcher=_supervised_launcher(log, workspace_of(ctx), spec))
+    if suites:
+        _suite_overall(log, matrix_id, suites)
     click.secho(f"bench matrix {matrix_id}: {log.get_run(matrix_id).get('note')}", err=True)
     from adaflash.cli.runs_bench import print_comparison
 
     print_comparison(log, [matrix_id], fmt)
+
+
+def _suite_overall(log, matrix_id: str, suites: dict[str, list[str]]) -> None:
+    """A suite's overall rows (means over its domains) beside the matrix's per-domain results."""
+    from adaflash.bench.compare import overall_records, select_records
+
+    records, _ = select_records(log, [matrix_id])
+    for suite, domains in suites.items():
+        tagged = [{**r, "domain": str(r["dataset"]).split("/", 1)[1]} for r in records
+                  if str(r.get("dataset", "")).startswith(suite + "/")]
+        for record in overall_records(tagged, suite, domains):
+            record["matrix_run"] = matrix_id
+            log.add_bench_result(matrix_id, record)
 
 
 def _supervised_launcher(log, workspace: str, spec):
