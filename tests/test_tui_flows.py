@@ -769,3 +769,33 @@ async def test_jobs_shows_progress_and_a_killed_pipeline_ends_at_once(ws: Path) 
         await wait_for(pilot, lambda: jobs.state.run["status"] == "failed", 10, "the run reaped")
         await wait_for(pilot, lambda: all(r.job["status"] != "running" for r in jobs.rows.values()), 10,
                        "the rows updated")
+
+
+async def test_compare_shows_a_suites_rows_per_domain_and_overall(ws: Path) -> None:
+    """A suite's bench: a row per domain and the overall row, whose speed-up is the mean over domains."""
+    from adaflash.bench.compare import overall_records
+
+    fill_runlog(ws)
+    log = RunLog.open(ws)
+    run_id = log.create_run("bench-matrix", name="suite bench", target="smollm2-135m", dataset="suite")
+    records = []
+    for domain, base, fast in (("math", 600.0, 1200.0), ("code", 500.0, 750.0)):
+        for method, tps, tau in (("vanilla", base, 1.0), ("adaflash", fast, 2.0)):
+            records.append({"method": method, "target": "smollm2-135m", "dataset": f"suite/{domain}",
+                            "domain": domain, "concurrency": 1, "output_throughput": tps, "accept_length": tau,
+                            "completed": 4, "num_prompts": 4, "matrix_run": run_id})
+    for record in records + overall_records(records, "suite", ["math", "code"]):
+        log.add_bench_result(run_id, record)
+    log.finish_run(run_id)
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("5")
+        await settle(pilot)
+        pane = app.pane("compare")
+        assert run_id in pane.data.source
+        rows = {(r["method"], r["dataset"]): r for r in pane.shown}
+        assert set(rows) == {(m, d) for m in ("vanilla", "adaflash") for d in ("suite", "suite/math", "suite/code")}
+        assert rows[("adaflash", "suite/math")]["speedup"] == pytest.approx(2.0)
+        assert rows[("adaflash", "suite")]["speedup"] == pytest.approx((2.0 + 1.5) / 2)
+        assert "suite/code" in screen_text(app)
