@@ -21,7 +21,6 @@ class RunLogBusy(RunLogError):
     """Another process held the write lock for longer than the busy timeout; the file itself is fine."""
 
 
-SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
 DAMAGE_CODES = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
 FIRST_WAIT_MS = 2000  # a write waits this long in silence before it says that it is waiting
@@ -50,10 +49,16 @@ def check_file(path: Path) -> bool:
         raise RunLogError(f"{path}: not a file, so not a run log; give another --workspace")
     if size == 0:
         raise damaged(path, "the file is empty (0 bytes; a new run log is never empty on disk)")
-    with open(path, "rb") as handle:
-        head = handle.read(len(SQLITE_HEADER))
-    if head != SQLITE_HEADER:
-        raise damaged(path, "not an SQLite database (its first bytes are not SQLite's header)")
+    # Read through SQLite, read-only, never with open()/close() of our own: closing any descriptor of the
+    # file drops every POSIX lock this process holds on it, those of its open SQLite connections too,
+    # and another connection then takes itself for the last one and removes the WAL under them.
+    probe = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        probe.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.DatabaseError as err:
+        raise damaged(path, f"not an SQLite database (SQLite cannot read it: {err})") from None
+    finally:
+        probe.close()
     return True
 
 
