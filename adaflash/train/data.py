@@ -26,7 +26,7 @@ def row_to_sequence(row: dict, target: Target, max_len: int, where: str) -> Sequ
     last = answer). The answer's own token ids win over its text: re-encoding text need not give
     back the tokens the target produced."""
     ids = row.get("output_ids")
-    if isinstance(row.get("prompt_text"), str) and isinstance(ids, list) and all(isinstance(i, int) for i in ids):
+    if isinstance(row.get("prompt_text"), str) and isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
         prompt_ids = target.encode(row["prompt_text"])
         full = (prompt_ids + ids)[:max_len]
         return Sequence(full, len(prompt_ids)) if len(full) - len(prompt_ids) >= 2 else None
