@@ -141,7 +141,7 @@ def test_inference_worker_refuses_a_torn_version_and_keeps_going(tmp_path, tiny_
     assert [r["seq"] for r in rows] == list(range(5))
     assert all(r["prompt_text"] and r["output_ids"] for r in rows)
     assert {r["drafter_version"] for r in rows} == {1}  # the newest version that passes its checksum, not v0
-    events = [e["message"] for e in log.events_since(0, run_id=run)]
+    events = [e["message"] for e in RunLog.open(cfg.workspace).events_since(0, run_id=cfg.run_id)]
     assert any("refused version 2" in m and "checksum" in m for m in events), events
 
 
@@ -273,21 +273,30 @@ def test_pipeline_refuses_a_drafter_that_does_not_fit_the_target_before_anything
     assert not (tmp_path / "ws" / "runs").exists() or not any((tmp_path / "ws" / "runs").iterdir())
 
 
-def test_training_worker_restart_resumes_after_last_published_sample(tmp_path, tiny_llama, tiny_target):
-    from adaflash.pipeline.training import TrainingConfig, run_training
+def trainer_on_buffer(tmp_path, tiny_llama, tiny_target, *, total: int, first: int):
+    """A swap dir whose buffer holds the first `first` of `total` rows (marked done) and a training
+    worker's config over it: (swap dir, buffer, all rows, config)."""
+    from adaflash.pipeline.training import TrainingConfig
 
     draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
     swap = tmp_path / "swap"
     buffer = SwapBuffer(swap)
     prompt = tiny_target.render("Count.")
-    rows = [{"prompt_text": prompt, "response": f"one two three {i}", "output_ids": []} for i in range(8)]
-    buffer.append(rows[:6])
+    rows = [{"prompt_text": prompt, "response": f"one two three {i}", "output_ids": []} for i in range(total)]
+    buffer.append(rows[:first])
     buffer.mark_done()
     log = RunLog.open(tmp_path / "ws")
     run = log.create_run("pipeline")
     cfg = TrainingConfig(target=str(tiny_llama), draft=str(draft), swap_dir=str(swap), run_id=run,
                          workspace=str(tmp_path / "ws"), loss="fkl", length_head=False, min_buffer=2, train_batch=4,
                          publish_every=1, poll_seconds=0.05)
+    return swap, buffer, rows, cfg
+
+
+def test_training_worker_restart_resumes_after_last_published_sample(tmp_path, tiny_llama, tiny_target):
+    from adaflash.pipeline.training import run_training
+
+    swap, buffer, rows, cfg = trainer_on_buffer(tmp_path, tiny_llama, tiny_target, total=8, first=6)
     assert run_training(cfg) == 6
     store = WeightStore(swap)
     first = store.latest_version()
@@ -306,20 +315,9 @@ def test_training_worker_restart_resumes_after_last_published_sample(tmp_path, t
 def test_a_training_worker_resumes_past_a_torn_newest_version_and_learns_nothing_twice(tmp_path, tiny_llama,
                                                                                         tiny_target):
     from adaflash.pipeline.ledger import ConsumeLedger
-    from adaflash.pipeline.training import TrainingConfig, run_training
+    from adaflash.pipeline.training import run_training
 
-    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
-    swap = tmp_path / "swap"
-    buffer = SwapBuffer(swap)
-    prompt = tiny_target.render("Count.")
-    rows = [{"prompt_text": prompt, "response": f"one two three {i}", "output_ids": []} for i in range(10)]
-    buffer.append(rows[:8])
-    buffer.mark_done()
-    log = RunLog.open(tmp_path / "ws")
-    run = log.create_run("pipeline")
-    cfg = TrainingConfig(target=str(tiny_llama), draft=str(draft), swap_dir=str(swap), run_id=run,
-                         workspace=str(tmp_path / "ws"), loss="fkl", length_head=False, min_buffer=2, train_batch=4,
-                         publish_every=1, poll_seconds=0.05)
+    swap, buffer, rows, cfg = trainer_on_buffer(tmp_path, tiny_llama, tiny_target, total=10, first=8)
     assert run_training(cfg) == 8
     store = WeightStore(swap)
     assert store.latest_version() == 2 and store.pointer()["consumed"] == 8
@@ -334,7 +332,7 @@ def test_a_training_worker_resumes_past_a_torn_newest_version_and_learns_nothing
     assert state["state"]["step"] == 3  # v1's step, then rows 4-7 and 8-9 once each
     spans = [(e["from"], e["to"]) for e in ConsumeLedger(swap).entries()]
     assert spans == [(0, 4), (4, 8), (8, 10)]  # the ledger describes what the weights learned: each row once
-    events = [e["message"] for e in log.events_since(0, run_id=run)]
+    events = [e["message"] for e in RunLog.open(cfg.workspace).events_since(0, run_id=cfg.run_id)]
     assert any(m.startswith("skipped version 2 on resume: ") and "checksum" in m for m in events), events
 
 
