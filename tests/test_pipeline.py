@@ -141,7 +141,7 @@ def test_inference_worker_refuses_a_torn_version_and_keeps_going(tmp_path, tiny_
     assert [r["seq"] for r in rows] == list(range(5))
     assert all(r["prompt_text"] and r["output_ids"] for r in rows)
     assert {r["drafter_version"] for r in rows} == {1}  # the newest version that passes its checksum, not v0
-    events = [e["message"] for e in RunLog.open(cfg.workspace).events_since(0, run_id=cfg.run_id)]
+    events = [e["message"] for e in RunLog.open(tmp_path / "ws").events_since(0, run_id=run)]
     assert any("refused version 2" in m and "checksum" in m for m in events), events
 
 
