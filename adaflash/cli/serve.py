@@ -10,16 +10,25 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import click
 
-from adaflash.cli.common import chosen_drafter, fail, length_policy_option, overlap_option, runlog_of
+from adaflash.cli.common import (
+    chosen_drafter,
+    fail,
+    length_policy_option,
+    overlap_option,
+    runlog_of,
+    workspace_of,
+)
+from adaflash.cli.serve_adapt import adapt_config, adapt_options, build_adapter, rollback
 from adaflash.engine.params import METHODS
 
 DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longer than this many tokens
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
 @click.option("--draft", default=None, metavar="DIR|NAME",
@@ -64,26 +73,32 @@ DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longe
 @click.option("--seed", type=int, default=0, show_default=True, help="Embedded: sampling seed.")
 @click.option("--sglang-arg", "sglang_args", multiple=True,
               help="Extra SGLang arguments, appended verbatim (repeatable; later flags override).")
+@adapt_options
 @click.option("--dry-run", is_flag=True, help="Print the command (SGLang) or the configuration (embedded) and exit.")
 @click.pass_context
 def serve(ctx: click.Context, method: str, target: str, draft: str | None, engine_kind: str, host: str, port: int,
           api_key: str | None, gpus: str | None, max_batch: int | None, admit_batch: int | None, overlap: bool,
           max_new_tokens_limit: int, header_timeout: float, keepalive_timeout: float, max_connections: int | None,
           served_model_name: str | None, context_length: int | None, length_rate: float, length_policy: str, min_length: int, steps: int | None,
-          block_size: int | None, device: str, dtype: str, seed: int, sglang_args: tuple[str, ...], dry_run: bool) -> None:
+          block_size: int | None, device: str, dtype: str, seed: int, sglang_args: tuple[str, ...], dry_run: bool,
+          **adapt: Any) -> None:
     """Serve a method over HTTP in SGLang's dialect (/generate, /health, /get_server_info, ...).
 
     The embedded engine batches requests from every client together; `--engine sglang` runs SGLang
     with the flags of the method instead (GPU clusters). The server prints
     `adaflash server ready on http://HOST:PORT` once it accepts requests and stops cleanly on
-    SIGTERM/SIGINT; the run is recorded in the run log (kind "serve").
+    SIGTERM/SIGINT; the run is recorded in the run log (kind "serve"). With `--adapt` it learns its
+    own traffic (docs/http-api.md); `adaflash serve rollback --to N` undoes a version.
     """
+    if ctx.invoked_subcommand is not None:
+        return
     from adaflash.serve.sglang import parse_gpus
 
     try:
         gpu_ids = parse_gpus(gpus)
     except ValueError as err:
         fail(str(err))
+    adapting = adapt_config(adapt, method, engine_kind, workspace_of(ctx) if adapt["adapt"] else "")
     if engine_kind == "sglang":
         if admit_batch is not None:
             fail("--admit-batch applies to the embedded engine (SGLang schedules its own prefills)")
@@ -111,7 +126,8 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
               "header_timeout": header_timeout, "keepalive_timeout": keepalive_timeout, "max_connections": max_connections,
               "served_model_name": served_model_name,
               "context_length": context_length, "length_rate": length_rate, "length_policy": length_policy,
-              "min_length": min_length, "steps": steps, "device": device, "dtype": dtype, "gpus": gpus, "api_key": bool(api_key)}
+              "min_length": min_length, "steps": steps, "device": device, "dtype": dtype, "gpus": gpus, "api_key": bool(api_key),
+              "adapt": adapting}
     if dry_run:
         click.echo(json.dumps(config, indent=2))
         return
@@ -144,15 +160,27 @@ def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed:
     log = runlog_of(ctx)
     hardware = hardware_name(engine.device)
     config.update(device=str(engine.device), hardware=hardware, context_length=engine.max_len)
-    run_id = log.create_run("serve", name=f"serve-{config['method']}", method=config["method"], target=config["target"],
-                            draft=config["draft"], config=config)
+    run_id = log.create_run("serve", name=f"serve-{config['method']}{'-adapt' if config['adapt'] else ''}",
+                            method=config["method"], target=config["target"], draft=config["draft"], config=config)
+    adapter = None
+    if config["adapt"]:
+        from adaflash.workspace import runs_dir
+
+        run_dir = runs_dir(log.root) / run_id
+        try:
+            adapter = build_adapter(config["adapt"], engine, target=config["target"], draft=config["draft"], log=log,
+                                    run_id=run_id, run_dir=run_dir, seed=seed)
+        except (ValueError, OSError) as err:
+            log.finish_run(run_id, "failed", note=str(err))
+            fail(str(err))
+        log.update_run(run_id, run_dir=str(run_dir))
 
     def on_event(kind: str, data: dict) -> None:
         log.log_event(run_id, f"{kind}: {json.dumps(data)}")
 
     server = EmbeddedServer(engine, target=config["target"], draft=config["draft"], api_key=api_key,
                             max_new_tokens_limit=config["max_new_tokens_limit"], hardware=hardware, on_event=on_event,
-                            served_model_name=config["served_model_name"],
+                            served_model_name=config["served_model_name"], adapter=adapter,
                             limits=ConnectionLimits(header_timeout=config["header_timeout"],
                                                     keepalive_timeout=config["keepalive_timeout"],
                                                     max_connections=config["max_connections"]))
@@ -274,6 +302,8 @@ def _serve_sglang(ctx: click.Context, method: str, target: str, draft: str | Non
                    note=f"exit code {code}")
     sys.exit(0 if code < 0 else code)
 
+
+serve.add_command(rollback)
 
 SGLANG_STOP_GRACE = 60.0  # seconds SGLang gets to shut down after a stop signal before its group is killed
 

@@ -14,6 +14,7 @@ wait for all 4,096.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import queue
 import sys
@@ -58,6 +59,9 @@ class Handle:
     stops: list[str] = field(default_factory=list)  # stop strings: a stream holds back what may start one
     so_far: TextSoFar | None = None  # a stream's text of `ids`, decoded in windows
     done: bool = False  # its output or failure was taken (else the handler aborts it when it ends)
+    prompt_ids: list[int] = field(default_factory=list)  # kept only on an adapting server (its training rows)
+    adapt: bool = True  # may an adapting server train on it
+    tag: str | None = None  # its domain, for τ per tag
 
 
 class EngineLoop:
@@ -107,6 +111,12 @@ class EngineLoop:
     def call(self, fn: Callable[[Engine], Any]) -> asyncio.Future:
         """Run fn(engine) on the engine thread between two steps; the future gets its result."""
         future = self.loop.create_future()
+        self.inbox.put(("call", fn, future))
+        return future
+
+    def call_from_thread(self, fn: Callable[[Engine], Any]) -> concurrent.futures.Future:
+        """`call` for a thread other than the event loop's (the adapt thread): a blocking-capable future."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
         self.inbox.put(("call", fn, future))
         return future
 
@@ -204,11 +214,15 @@ class EngineLoop:
         elif item[0] == "call":
             _, fn, future = item
             try:
-                result = fn(self.engine)
+                result, error = fn(self.engine), None
             except Exception as err:
-                self._post(_resolve, future, None, err)
+                result, error = None, err
+            if not isinstance(future, concurrent.futures.Future):
+                self._post(_resolve, future, result, error)
+            elif error is not None:
+                future.set_exception(error)
             else:
-                self._post(_resolve, future, result, None)
+                future.set_result(result)
 
     def _post(self, fn: Callable, *args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is waiting any more

@@ -96,7 +96,8 @@ class OpenAIRoutes:
     async def _answer(self, request: web.Request, parsed: OpenAIInput, prompts: list[str | list[int]], *, chat: bool,
                       arrived: float) -> web.StreamResponse:
         items = [GenerateItem(p if isinstance(p, str) else None, None if isinstance(p, str) else list(p),
-                              dataclasses.replace(parsed.params, stop=list(parsed.params.stop)))
+                              dataclasses.replace(parsed.params, stop=list(parsed.params.stop)),
+                              adapt=parsed.adapt, tag=parsed.tag)
                  for p in prompts]
         try:
             handles = await self.server.submit(items, arrived)

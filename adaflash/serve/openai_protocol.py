@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaflash.engine.params import SamplingParams
-from adaflash.serve.protocol import MAX_PROMPTS_PER_REQUEST, BadRequest, check_unicode
+from adaflash.serve.protocol import MAX_PROMPTS_PER_REQUEST, BadRequest, adapt_fields, check_unicode
 
 # OpenAI's documented defaults where they differ from the native API's.
 COMPLETION_MAX_TOKENS = 16
@@ -32,7 +32,7 @@ RENAMED = {"sampling_params.max_new_tokens": "'max_tokens'", "sampling_params.te
            "sampling_params.top_p": "'top_p'", "sampling_params.top_k": "'top_k'", "sampling_params.min_p": "'min_p'",
            "sampling_params.seed": "'seed'"}
 HARMLESS = {"user", "metadata", "store", "service_tier", "stream_options", "model"}
-COMMON = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "ignore_eos"}
+COMMON = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "ignore_eos", "adapt", "tag"}
 ROLES = ("system", "user", "assistant", "developer")
 
 
@@ -44,6 +44,8 @@ class OpenAIInput:
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
     model: str | None
+    adapt: bool = True  # the native API's fields, sent by SDKs as extra body fields
+    tag: str | None = None
 
 
 def parse_completion(body: Any, *, max_new_tokens_limit: int | None = None) -> OpenAIInput:
@@ -61,7 +63,7 @@ def parse_completion(body: Any, *, max_new_tokens_limit: int | None = None) -> O
     for index, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             check_unicode(prompt, f"'prompt'[{index}]" if len(prompts) > 1 else "'prompt'")
-    return OpenAIInput(prompts, None, *_common(body, COMPLETION_MAX_TOKENS, max_new_tokens_limit))
+    return OpenAIInput(prompts, None, *_common(body, COMPLETION_MAX_TOKENS, max_new_tokens_limit), *adapt_fields(body))
 
 
 def parse_chat(body: Any, *, max_new_tokens_limit: int | None = None) -> OpenAIInput:
@@ -72,7 +74,7 @@ def parse_chat(body: Any, *, max_new_tokens_limit: int | None = None) -> OpenAII
         if body.get("max_tokens") is not None and body["max_tokens"] != body["max_completion_tokens"]:
             raise BadRequest("give 'max_completion_tokens' or 'max_tokens', not both")
         body = {**body, "max_tokens": body["max_completion_tokens"]}
-    return OpenAIInput(None, messages, *_common(body, CHAT_MAX_TOKENS, max_new_tokens_limit))
+    return OpenAIInput(None, messages, *_common(body, CHAT_MAX_TOKENS, max_new_tokens_limit), *adapt_fields(body))
 
 
 def _token(value: Any) -> bool:

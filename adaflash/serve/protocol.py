@@ -23,7 +23,7 @@ UNSUPPORTED_FIELDS = {
     "bootstrap_port", "bootstrap_room",
 }
 HARMLESS_FIELDS = {"return_text_in_logprobs", "log_metrics", "no_logs", "routing_key", "priority"}
-KNOWN_FIELDS = {"text", "input_ids", "sampling_params", "stream", "rid"}
+KNOWN_FIELDS = {"text", "input_ids", "sampling_params", "stream", "rid", "adapt", "tag"}
 DEFAULTS_OK = (None, False, -1, 0, [], {})
 # Prompts one request may carry (/generate's batch, /v1/completions' list); the engine loop serves
 # several requests' prompts in turn, so a big request shares the engine rather than holding it.
@@ -70,6 +70,8 @@ class GenerateItem:
     input_ids: list[int] | None
     params: SamplingParams
     rid: str | None = None
+    adapt: bool = True  # an adapting server may train on it (`"adapt": false` keeps a request out)
+    tag: str | None = None  # a domain label: an adapting server reports τ per tag
 
 
 @dataclass
@@ -133,8 +135,24 @@ def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None,
         one = parse_sampling(raw_params, max_new_tokens_limit)
         param_list = [one] + [parse_sampling(raw_params, max_new_tokens_limit) for _ in range(count - 1)]
     rids = _rids(body.get("rid"), batch, count)
-    items = [GenerateItem(texts[i], ids[i], param_list[i], rids[i]) for i in range(count)]
+    adapt, tag = adapt_fields(body)
+    items = [GenerateItem(texts[i], ids[i], param_list[i], rids[i], adapt, tag) for i in range(count)]
     return GenerateInput(items, batch, stream)
+
+
+MAX_TAG_CHARS = 64
+
+
+def adapt_fields(body: dict[str, Any]) -> tuple[bool, str | None]:
+    """The request's `adapt` (may an adapting server train on it; default true) and `tag` (its domain)."""
+    adapt = body.get("adapt", True)
+    if not isinstance(adapt, bool):
+        raise BadRequest(f"'adapt' must be a boolean, got {adapt!r}")
+    tag = body.get("tag")
+    if tag is not None and (not isinstance(tag, str) or not tag or len(tag) > MAX_TAG_CHARS
+                            or not tag.isprintable()):
+        raise BadRequest(f"'tag' must be a printable string of 1 to {MAX_TAG_CHARS} characters, got {tag!r}")
+    return adapt, tag
 
 
 def check_unicode(text: str, name: str) -> None:

@@ -13,7 +13,8 @@ Endpoints: POST /generate, GET /health, GET /health_generate, GET /get_server_in
 GET /get_model_info, POST /update_weights_from_disk (swaps the DRAFTER, the part the pipeline
 retrains), POST /flush_cache, GET /metrics (`metrics`), GET /version; and in OpenAI's dialect
 GET /v1/models[/{id}], POST /v1/completions, POST /v1/chat/completions (`openai_api`) and
-POST /v1/tokenize, /v1/detokenize (`tokenize`). docs/http-api.md describes them all.
+POST /v1/tokenize, /v1/detokenize (`tokenize`); with --adapt, GET /adapt and POST /adapt/rollback
+(`adapt`). docs/http-api.md describes them all.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from adaflash.bench.metrics import cpu_model
 from adaflash.engine.detokenize import TextSoFar
 from adaflash.engine.engine import Engine, StepEvent
 from adaflash.engine.params import Output, Request, SamplingParams
+from adaflash.serve.adapt import Adapter
 from adaflash.serve.connections import ConnectionGuard, ConnectionLimits
 from adaflash.serve.engine_loop import EngineLoop, Failure, Handle
 from adaflash.serve.event_stream import EventStream
@@ -68,8 +70,10 @@ class EmbeddedServer:
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         limits: ConnectionLimits | None = None,
         served_model_name: str | None = None,
+        adapter: Adapter | None = None,
     ) -> None:
         self.engine = engine
+        self.adapter = adapter
         self.served_model_name = served_model_name or target
         self.limits = limits or ConnectionLimits()
         self.guard: ConnectionGuard | None = None  # set by `running.serve` once it listens
@@ -108,6 +112,8 @@ class EmbeddedServer:
         app.router.add_get("/flush_cache", self.flush_cache)
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_get("/version", self.version)
+        app.router.add_get("/adapt", self.adapt_info)
+        app.router.add_post("/adapt/rollback", self.adapt_rollback)
         OpenAIRoutes(self).register(app)
         app.on_startup.append(self._startup)
         app.on_shutdown.append(self._shutdown)
@@ -116,8 +122,12 @@ class EmbeddedServer:
     async def _startup(self, _app: web.Application) -> None:
         self.loop_thread = EngineLoop(self.engine, asyncio.get_running_loop())
         self.loop_thread.start()
+        if self.adapter is not None:
+            self.adapter.start(self.loop_thread.call_from_thread)
 
     async def _shutdown(self, _app: web.Application) -> None:
+        if self.adapter is not None:  # before the engine thread: a swap may be waiting on it
+            await asyncio.get_running_loop().run_in_executor(None, self.adapter.stop)
         if self.loop_thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.loop_thread.stop)
         self.encoding.shutdown(wait=False, cancel_futures=True)
@@ -193,8 +203,9 @@ class EmbeddedServer:
         requests = [self._to_request(item, ids) for item, ids in zip(items, encoded)]
         self._check_live()
         handles = []
-        for req in requests:
-            handle = Handle(req.rid, asyncio.Queue(), arrived, len(req.prompt_ids), stops=req.params.stop)
+        for item, req in zip(items, requests):
+            handle = Handle(req.rid, asyncio.Queue(), arrived, len(req.prompt_ids), stops=req.params.stop,
+                            prompt_ids=req.prompt_ids if self.adapter else [], adapt=item.adapt, tag=item.tag)
             self.in_flight.add(req.rid)
             handles.append(handle)
         self.loop_thread.submit_group(list(zip(requests, handles)))
@@ -265,6 +276,9 @@ class EmbeddedServer:
         meta["drafter_version"] = self.engine.drafter_version
         if not handle.probe:
             self.metrics.finished(int(meta.get("prompt_tokens") or 0), meta["e2e_latency"])
+            if self.adapter is not None:
+                self.adapter.record(handle.rid, handle.prompt_ids, output.output_ids, output.text, meta,
+                                    tag=handle.tag, train=handle.adapt)
         return dataclasses.replace(output, meta_info=meta)
 
     async def _stream(self, request: web.Request, handles: list[Handle], batch: bool) -> web.StreamResponse:
@@ -380,6 +394,7 @@ class EmbeddedServer:
             "tokenizer_path": str(engine.target.folder),
             "internal_states": [{"avg_spec_accept_length": avg, "last_gen_throughput": throughput}],
             "version": _version(),
+            "adapt": self.adapter.info() if self.adapter else None,
         }
 
     async def server_info(self, _request: web.Request) -> web.Response:
@@ -418,6 +433,29 @@ class EmbeddedServer:
     async def flush_cache(self, _request: web.Request) -> web.Response:
         return web.Response(text="Cache flushed (the embedded engine keeps no prefix cache).\n")
 
+    # -- adapting to traffic (serve --adapt) ------------------------------------------------------------
+    def _adapter(self) -> Adapter:
+        if self.adapter is None:
+            raise BadRequest("this server does not adapt to its traffic (start it with `adaflash serve --adapt`)")
+        return self.adapter
+
+    async def adapt_info(self, _request: web.Request) -> web.Response:
+        return web.json_response(self._adapter().info())
+
+    async def adapt_rollback(self, request: web.Request) -> web.Response:
+        """Serve an earlier published version again (`{"to": N}`; 0 is the drafter the server started with)."""
+        adapter = self._adapter()
+        body = await self.body(request)
+        to = body.get("to") if isinstance(body, dict) else None
+        if isinstance(to, bool) or not isinstance(to, int):
+            raise BadRequest(f"'to' must be the integer version to serve, got {to!r}")
+        self._check_live()
+        try:
+            message = await asyncio.get_running_loop().run_in_executor(None, adapter.rollback, to)
+        except ValueError as err:  # DrafterError is one: a torn or pruned version
+            raise BadRequest(str(err), param="to") from None
+        return web.json_response({"success": True, "message": message, "drafter_version": self.engine.drafter_version})
+
     # -- drafter hot swap ---------------------------------------------------------------------------
     async def update_weights(self, request: web.Request) -> web.Response:
         body = await self.body(request)
@@ -428,6 +466,9 @@ class EmbeddedServer:
             raise BadRequest("'model_path' must be the path of a drafter folder")
         version = _weight_version(body.get("weight_version", body.get("version")), path)
         self._check_live()
+        if self.adapter is not None:
+            return _swap_refused("this server follows its own trainer's versions (--adapt): "
+                                 "POST /adapt/rollback serves an earlier one")
         if self.engine.drafter is None:
             return _swap_refused(f"method {self.engine.method!r} runs without a drafter; nothing to swap")
         from adaflash.models.drafter_io import load_drafter

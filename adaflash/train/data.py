@@ -21,12 +21,20 @@ class TrainDataError(ValueError):
     pass
 
 
+def _token_ids(values: list) -> bool:
+    return all(isinstance(i, int) and not isinstance(i, bool) for i in values)
+
+
 def row_to_sequence(row: dict, target: Target, max_len: int, where: str) -> Sequence | None:
     """A regenerated row (prompt_text + output_ids, or + response) or a normalized row (conversations,
     last = answer). The answer's own token ids win over its text: re-encoding text need not give
     back the tokens the target produced."""
     ids = row.get("output_ids")
-    if isinstance(row.get("prompt_text"), str) and isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+    given = row.get("prompt_ids")  # an adapting server's rows: the exact prompt tokens it served
+    if isinstance(given, list) and given and _token_ids(given) and isinstance(ids, list) and ids and _token_ids(ids):
+        full = (given + ids)[:max_len]
+        return Sequence(full, len(given)) if len(full) - len(given) >= 2 else None
+    if isinstance(row.get("prompt_text"), str) and isinstance(ids, list) and ids and _token_ids(ids):
         prompt_ids = target.encode(row["prompt_text"])
         full = (prompt_ids + ids)[:max_len]
         return Sequence(full, len(prompt_ids)) if len(full) - len(prompt_ids) >= 2 else None

@@ -1,0 +1,348 @@
+"""A server that learns its own traffic (`adaflash serve --adapt`).
+
+The on-policy pipeline with the server as its inference worker: each finished request (a sampled
+share of them, minus those that opt out) becomes a trajectory in the swap dir, in the pipeline's
+format; the pipeline's training worker runs beside the server as a supervised subprocess
+(`adapt_trainer`) and publishes versions; this module's thread follows the published versions and
+hot-swaps each between two engine steps. Greedy answers do not change with the drafter (the engine
+is lossless), only their speed does.
+
+One thread (`adaflash-adapt`) does the slow work so neither the event loop nor the engine thread
+waits on disk: it appends the recorded rows (fsync), checks the trainer, loads new versions (checksums
+first), asks the engine thread to swap, applies the rollback rule (`adapt_stats`) and writes the run
+log. A restart on the same swap dir serves the newest valid version from the first request.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from adaflash.engine.engine import Engine
+from adaflash.models.drafter_io import DrafterError, load_drafter
+from adaflash.models.drafters import Drafter
+from adaflash.pipeline.buffer import SwapBuffer
+from adaflash.pipeline.training import TrainingConfig
+from adaflash.pipeline.weights import WeightStore
+from adaflash.runlog import RunLog
+from adaflash.serve.adapt_stats import RollbackRule, VersionTally
+from adaflash.serve.adapt_trainer import TrainerProcess
+
+STATE_FILE = "adapt.json"  # in the swap dir: the versions set aside, so a restart does not serve them again
+PRESETS = {"adaflash": {"loss": "rkl-mix", "length_head": True}, "osd": {"loss": "fkl", "length_head": False}}
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    swap_dir: str
+    sample_rate: float = 1.0  # share of finished requests recorded for training
+    preset: str = "adaflash"
+    train_gpus: list[str] | None = None  # CUDA_VISIBLE_DEVICES of the trainer; [] or None: the CPU
+    max_disk_mb: float | None = 2048.0  # recording pauses once the swap dir holds this much
+    rollback: RollbackRule = RollbackRule()
+    train_batch: int = 8
+    min_buffer: int = 8
+    publish_every: int = 4
+    keep: int = 8  # published versions kept on disk (what a manual rollback can reach)
+    max_len: int = 1024
+    lr: float = 1e-4
+    poll_seconds: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sample_rate <= 1.0:
+            raise ValueError(f"--adapt-sample must be within [0, 1], got {self.sample_rate}")
+        if self.preset not in PRESETS:
+            raise ValueError(f"--adapt-preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        if self.max_disk_mb is not None and self.max_disk_mb <= 0:
+            raise ValueError(f"--adapt-max-disk must be positive (MB), got {self.max_disk_mb}")
+
+
+class Adapter:
+    """Records finished requests, supervises the trainer, follows and checks its versions."""
+
+    def __init__(self, cfg: AdaptConfig, engine: Engine, *, target: str, draft: str, log: RunLog, run_id: str,
+                 run_dir: Path) -> None:
+        if engine.drafter is None:
+            raise ValueError("--adapt needs a method with a drafter (dflash, adaflash or osd)")
+        self.cfg, self.engine, self.draft, self.log, self.run_id = cfg, engine, draft, log, run_id
+        self.buffer, self.store = SwapBuffer(cfg.swap_dir), WeightStore(cfg.swap_dir)
+        self.tally = VersionTally()
+        self.rng = random.Random(cfg.seed)
+        self.lock = threading.Lock()  # the tally and the pending rows (the event loop writes them)
+        self.swapping = threading.Lock()  # one swap decision at a time (the adapt thread, a rollback request)
+        self.pending: list[dict[str, Any]] = []
+        self.rejected: set[int] = set(_read_state(Path(cfg.swap_dir)).get("rejected", []))
+        self.rollbacks: list[dict[str, Any]] = []
+        self.checking: int | None = None  # the version served since the last one the rule accepted
+        self.baseline: tuple[int, Drafter] | None = None  # that accepted version (a copy): what a rollback restores
+        self.recorded = self.buffer.repair()
+        self.dropped_at_cap = 0
+        self.disk_bytes = 0
+        self.capped = False
+        self.train_rate: float | None = None
+        self.metrics_after = 0
+        self.logged_requests: dict[int, int] = {}
+        self.window = [0, 0]  # tokens, verify steps of requests finished since the last run-log row
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="adaflash-adapt", daemon=True)
+        self.run_on_engine: Callable[[Callable[[Engine], Any]], Future] | None = None
+        preset = PRESETS[cfg.preset]
+        self.trainer = TrainerProcess(
+            TrainingConfig(target=target, draft=draft, swap_dir=cfg.swap_dir, run_id=run_id, workspace=str(log.root),
+                           loss=preset["loss"], length_head=preset["length_head"], lr=cfg.lr, min_buffer=cfg.min_buffer,
+                           train_batch=cfg.train_batch, publish_every=cfg.publish_every, keep=cfg.keep,
+                           max_len=cfg.max_len, device="cuda" if cfg.train_gpus else "cpu", seed=cfg.seed),
+            list(cfg.train_gpus or []), log, run_id, run_dir / "training.log")
+
+    # -- start and stop (main thread) ------------------------------------------------------------
+    def resume(self) -> None:
+        """Before serving: the newest published version that passes its checksums (a restart's state)."""
+        self.buffer.clear_stop()
+        self.buffer.clear_done()
+        self.engine.drafter_version = 0
+        for version in sorted(self.store.versions(), reverse=True):
+            if version in self.rejected:
+                continue
+            try:
+                drafter = self._load(version)
+            except (DrafterError, ValueError, OSError) as err:
+                self._event(f"skipped version {version}: {err}", level="warning")
+                continue
+            self.engine.swap_drafter(drafter, version)
+            self._event(f"resumed with drafter v{version} from {self.cfg.swap_dir}")
+            return
+
+    def start(self, run_on_engine: Callable[[Callable[[Engine], Any]], Future]) -> None:
+        """`run_on_engine(fn)` runs fn(engine) on the engine thread between two steps."""
+        self.run_on_engine = run_on_engine
+        self.trainer.start()
+        self.thread.start()
+
+    def stop(self, grace: float = 120.0) -> None:
+        """Write what is pending, ask the trainer for a final version, end it."""
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(30)
+        self._flush()
+        self.buffer.request_stop()
+        self.trainer.stop(grace)
+
+    # -- the event loop's side -------------------------------------------------------------------
+    def record(self, rid: str, prompt_ids: list[int], output_ids: list[int], text: str, meta: dict[str, Any], *,
+               tag: str | None, train: bool) -> None:
+        """A finished request: counted for τ, and (sampled, unless it opted out) kept for training."""
+        version = int(meta.get("drafter_version") or 0)
+        tokens, verify = int(meta.get("completion_tokens") or 0), int(meta.get("spec_verify_ct") or 0)
+        keep = train and len(output_ids) >= 2 and self.rng.random() < self.cfg.sample_rate
+        with self.lock:
+            self.tally.add(version, tag, tokens, verify)
+            self.window[0] += tokens
+            self.window[1] += verify
+            if not keep:
+                return
+            if self.capped:
+                self.dropped_at_cap += 1
+                return
+            self.pending.append({"rid": rid, "prompt_ids": list(prompt_ids), "output_ids": list(output_ids),
+                                 "response": text, "finish_reason": meta.get("finish_reason"),
+                                 "drafter_version": version, "tau": tokens / verify if verify else None,
+                                 "completion_tokens": tokens, "spec_verify_ct": verify, "tag": tag})
+
+    def rollback(self, to: int) -> str:
+        """Serve version `to` again (0: the drafter the server started with); every version published so
+        far above it is set aside, the trainer's next one is tried as usual. Blocks: call off the loop."""
+        with self.swapping:
+            current = self.engine.drafter_version or 0
+            if to == current:
+                return f"already serving v{to}"
+            latest = self.store.latest_version()
+            if to < 0 or to > latest:
+                raise ValueError(f"'to' must be a published version between 0 and {latest}, got {to}")
+            self._swap(self._load(to), to)
+            self._reject(*range(to + 1, latest + 1))
+            self.checking, self.baseline = None, None
+            message = f"rolled back from v{current} to v{to} on request"
+            self.rollbacks.append({"from": current, "to": to, "why": "on request", "time": time.time()})
+        self._event(message, level="warning")
+        return message
+
+    def info(self) -> dict[str, Any]:
+        consumed = int((self.store.pointer() or {}).get("consumed", 0))
+        with self.lock:
+            versions = self.tally.as_json()
+        return {
+            "swap_dir": self.cfg.swap_dir, "preset": self.cfg.preset, "sample_rate": self.cfg.sample_rate,
+            "drafter_version": self.engine.drafter_version or 0, "latest_published": self.store.latest_version(),
+            "recorded": self.recorded, "consumed": consumed, "buffer_depth": max(self.recorded - consumed, 0),
+            "recording": not self.capped, "dropped_at_cap": self.dropped_at_cap,
+            "disk_bytes": self.disk_bytes, "max_disk_bytes": _bytes(self.cfg.max_disk_mb),
+            "trainer": {**self.trainer.info(), "train_tokens_per_s": self.train_rate},
+            "versions": versions, "rejected": sorted(self.rejected), "rollbacks": list(self.rollbacks),
+            "rollback_rule": {"min_requests": self.cfg.rollback.min_requests, "drop": self.cfg.rollback.drop},
+        }
+
+    # -- the adapt thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self.stopping.wait(self.cfg.poll_seconds):
+            try:
+                self._tick()
+            except Exception as err:  # a full disk, a locked log: say so and try again next time
+                self._event(f"adapt thread: {type(err).__name__}: {err}", level="error")
+
+    def _tick(self) -> None:
+        self._flush()
+        note = self.trainer.check()
+        if note:
+            self._event(note, level="warning")
+        with self.swapping:
+            self._follow()
+            self._judge()
+        self._log_metrics()
+
+    def _flush(self) -> None:
+        with self.lock:
+            rows, self.pending = self.pending, []
+        if rows:
+            self.recorded = self.buffer.append(rows)
+        self.disk_bytes = _disk_use(Path(self.cfg.swap_dir))
+        cap = _bytes(self.cfg.max_disk_mb)
+        capped = cap is not None and self.disk_bytes >= cap
+        if capped != self.capped:
+            self.capped = capped
+            self._event(f"the swap dir holds {self.disk_bytes / 1e6:.0f} MB, the cap is {self.cfg.max_disk_mb:g} MB: "
+                        "recording paused (serving and swapping go on)" if capped else
+                        "the swap dir is under its cap again: recording resumed", level="warning" if capped else "info")
+
+    def _follow(self) -> None:
+        """Swap to the newest published version above everything set aside.
+
+        A version published while the one before it is still being judged replaces it at once; the rule
+        then judges the newest against the last accepted version (`baseline`), which a rollback restores.
+        """
+        latest, current = self.store.latest_version(), self.engine.drafter_version or 0
+        if latest <= current or latest <= max(self.rejected, default=-1):
+            return
+        try:
+            drafter = self._load(latest)
+        except (DrafterError, ValueError, OSError) as err:
+            self._reject(latest)
+            self._event(f"refused version {latest}: {err}", level="warning")
+            return
+        accepted = self.checking is None  # serving an accepted version: keep a copy to come back to
+        old = self._swap(drafter, latest, keep_old=accepted)
+        if accepted:
+            self.baseline = (current, old)
+        self.checking = latest
+        published = (self.store.pointer() or {}).get("published_at")
+        self.log.log_metrics(self.run_id, {"swapped_version": latest,
+                                           "swap_lag_seconds": time.time() - float(published) if published else None},
+                             version=latest, job="server")
+        self._event(f"hot-swapped drafter v{latest} (was v{current})")
+
+    def _judge(self) -> None:
+        if self.checking is None or self.baseline is None:
+            return
+        new, (old, drafter) = self.checking, self.baseline
+        with self.lock:
+            verdict = self.cfg.rollback.verdict(self.tally, new, old)
+        if verdict is None:
+            return
+        worse, why = verdict
+        if worse:
+            self._swap(drafter, old)
+            self._reject(new)
+            self.rollbacks.append({"from": new, "to": old, "why": why, "time": time.time()})
+        self.checking, self.baseline = None, None
+        self._event(why, level="warning" if worse else "info")
+
+    def _log_metrics(self) -> None:
+        version = self.engine.drafter_version or 0
+        with self.lock:
+            tokens, verify = self.window
+            self.window = [0, 0]
+            served = {v: (self.tally.requests(v), self.tally.tau(v)) for v in self.tally.served}
+            tags = {tag: s.recent_tau for tag, s in self.tally.served.get(version, {}).items() if tag}
+        for row in self.log.metrics_since(self.metrics_after, run_id=self.run_id,
+                                          names=["train_tokens_per_s", "published_version"]):
+            self.metrics_after = row["id"]
+            if row["name"] == "train_tokens_per_s":
+                self.train_rate = row["value"]
+        consumed = int((self.store.pointer() or {}).get("consumed", 0))
+        values = {"tau": tokens / verify if verify else None, "drafter_version": version, "recorded": self.recorded,
+                  "buffer_depth": max(self.recorded - consumed, 0), "swap_dir_bytes": self.disk_bytes,
+                  **{f"tau@{tag}": tau for tag, tau in tags.items()}}
+        if not verify:
+            return
+        self.log.log_metrics(self.run_id, values, step=self.recorded, version=version, job="server")
+        for v, (n, tau) in served.items():
+            if self.logged_requests.get(v) != n:
+                self.logged_requests[v] = n
+                self.log.log_metrics(self.run_id, {"version_requests": n, "version_tau": tau}, version=v, job="server")
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _load(self, version: int) -> Drafter:
+        """Version `version` from the store (checksums first), or the starting drafter for 0."""
+        cfg = self.engine.model.cfg
+        if version == 0:
+            return load_drafter(self.draft, cfg)
+        if version not in self.store.versions():
+            raise ValueError(f"version {version} is no longer on disk (kept: {self.store.versions()})")
+        self.store.verify(version)
+        return load_drafter(self.store.folder(version), cfg)
+
+    def _swap(self, drafter: Drafter, version: int, *, keep_old: bool = False) -> Drafter | None:
+        """Swap on the engine thread between two steps; with keep_old, a copy of the drafter it replaces."""
+        assert self.run_on_engine is not None
+
+        def swap(engine: Engine) -> Drafter | None:
+            old = copy.deepcopy(engine.drafter) if keep_old else None
+            engine.swap_drafter(drafter, version)
+            return old
+
+        return self.run_on_engine(swap).result(timeout=600)
+
+    def _reject(self, *versions: int) -> None:
+        """Set versions aside for good (kept in the swap dir: a restart does not serve them either)."""
+        self.rejected.update(versions)
+        path = Path(self.cfg.swap_dir) / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rejected": sorted(self.rejected)}))
+        os.replace(tmp, path)
+
+    def _event(self, message: str, level: str = "info") -> None:
+        print(f"adaflash serve --adapt: {message}", file=sys.stderr, flush=True)  # stdout: the ready line
+        self.log.log_event(self.run_id, message, level=level, job="server")
+
+
+def _read_state(root: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((root / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def _bytes(megabytes: float | None) -> int | None:
+    return None if megabytes is None else int(megabytes * 1e6)
+
+
+def _disk_use(root: Path) -> int:
+    total = 0
+    for path in root.rglob("*"):
+        try:
+            if path.is_file():
+                total += path.stat().st_size
+        except OSError:  # pruned while we looked
+            continue
+    return total

@@ -1,0 +1,178 @@
+"""`serve --adapt`: the rollback rule, the request fields, and the whole flow on a CPU in real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from click.testing import CliRunner
+
+from adaflash.serve.adapt_stats import RollbackRule, VersionTally
+from adaflash.serve.protocol import BadRequest, parse_generate
+
+
+def _tally(rows: list[tuple[int, str | None, int, int]]) -> VersionTally:
+    tally = VersionTally()
+    for version, tag, tokens, verify in rows:
+        tally.add(version, tag, tokens, verify)
+    return tally
+
+
+def test_the_rule_waits_for_enough_requests_then_compares_on_shared_tags():
+    rule = RollbackRule(min_requests=4, drop=0.1)
+    old = [(1, "chat", 30, 10)] * 8  # τ 3.0
+    assert rule.verdict(_tally(old + [(2, "chat", 20, 10)] * 3), 2, 1) is None  # 3 < 4 requests
+    worse, why = rule.verdict(_tally(old + [(2, "chat", 20, 10)] * 4), 2, 1)
+    assert worse and "2.00" in why and "3.00" in why
+    kept, _ = rule.verdict(_tally(old + [(2, "chat", 28, 10)] * 4), 2, 1)  # 2.8 is within 10% of 3.0
+    assert not kept
+
+
+def test_a_shift_to_a_new_tag_is_not_taken_for_a_worse_version():
+    rule = RollbackRule(min_requests=4, drop=0.1)
+    tally = _tally([(1, "chat", 40, 10)] * 8 + [(2, "code", 12, 10)] * 8)  # v2 only saw code, which is harder
+    worse, why = rule.verdict(tally, 2, 1)
+    assert not worse and "none of its tags" in why
+    tally = _tally([(1, "chat", 40, 10)] * 8 + [(1, "code", 12, 10)] * 8 + [(2, "code", 20, 10)] * 8)
+    assert rule.verdict(tally, 2, 1)[0] is False  # better on code, the tag both served
+    assert tally.as_json()[0]["tags"]["code"] == {"requests": 8, "tau": pytest.approx(1.2)}
+
+
+def test_adapt_and_tag_are_request_fields_checked_by_name():
+    body = {"text": ["a", "b"], "adapt": False, "tag": "code"}
+    items = parse_generate(body).items
+    assert [(i.adapt, i.tag) for i in items] == [(False, "code")] * 2
+    assert parse_generate({"text": "a"}).items[0].adapt is True
+    with pytest.raises(BadRequest) as err:
+        parse_generate({"text": "a", "adapt": "no"})
+    assert err.value.param == "adapt"
+    with pytest.raises(BadRequest) as err:
+        parse_generate({"text": "a", "tag": "x" * 65})
+    assert err.value.param == "tag"
+
+
+def test_adapt_refuses_what_it_cannot_train(workspace):
+    from adaflash.cli.main import cli
+
+    for args, said in ((["--method", "vanilla"], "--method must be one of dflash, adaflash, osd"),
+                       (["--method", "eagle3", "--draft", "x"], "--method must be one of"),
+                       (["--method", "adaflash", "--adapt-preset", "osd"], "length head"),
+                       (["--method", "dflash", "--engine", "sglang"], "embedded engine"),
+                       (["--method", "dflash", "--train-gpus", "zero"], "--train-gpus")):
+        result = CliRunner().invoke(cli, ["serve", "--adapt", "--dry-run", *args])
+        assert result.exit_code == 2 and said in result.output, (args, result.output)
+    result = CliRunner().invoke(cli, ["serve", "--swap-dir", "s", "--dry-run"])
+    assert result.exit_code == 2 and "--swap-dir applies to --adapt" in result.output
+
+
+# -- the whole flow, in processes --------------------------------------------------------------------
+PROMPTS = ["Hello there", "What is 2+2?", "Tell me a story", "Name three colors.", "Why is the sky blue?",
+           "Count to five", "Say hi", "A haiku about rain"]
+MAX_NEW = 12
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _generate(url: str, text: str, **fields) -> list[int]:
+    body = {"text": text, "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True},
+            **fields}
+    request = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        return json.loads(resp.read())["output_ids"]
+
+
+def _start(args: list[str], env: dict) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "adaflash.cli.main", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    assert "ready on" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc, line.strip().rsplit(" ", 1)[1]
+
+
+def _serve_until(url: str, references: dict, done, timeout: float = 240) -> int:
+    """Send rounds of requests (every answer checked against Vanilla's) until done(info) holds."""
+    deadline, sent = time.time() + timeout, 0
+    while time.time() < deadline:
+        for i, text in enumerate(PROMPTS):
+            keep_out = i == 0  # one prompt in eight asks to stay out of training
+            assert _generate(url, text, tag="chat" if i % 2 else "code", **({"adapt": False} if keep_out else {})) \
+                == references[text], text
+            sent += 1
+        if done(_get(url + "/get_server_info")["adapt"]):
+            return sent
+    raise AssertionError(f"not reached in {timeout} s: {_get(url + '/get_server_info')['adapt']}")
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    return err
+
+
+def test_an_adapting_server_trains_swaps_survives_a_killed_trainer_rolls_back_and_resumes(
+        tmp_path, tiny_llama, tiny_target):
+    from adaflash.engine.engine import Engine
+    from adaflash.engine.params import Request, SamplingParams
+    from adaflash.models.drafter_io import new_drafter, save_drafter
+    from adaflash.pipeline.buffer import SwapBuffer
+    from adaflash.pipeline.report import check_integrity
+
+    vanilla = Engine(tiny_target, "vanilla", max_batch=1, max_len=128)
+    references = {text: vanilla.generate([Request(tiny_target.encode(text),
+                                                   SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))])[0].output_ids
+                  for text in PROMPTS}
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=4, length_head=True), tmp_path / "d")
+    swap = tmp_path / "swap"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    args = ["--workspace", str(tmp_path / "ws"), "serve", "--method", "adaflash", "--target", str(tiny_llama),
+            "--draft", str(draft), "--device", "cpu", "--port", "0", "--max-batch", "4", "--context-length", "128",
+            "--adapt", "--swap-dir", str(swap), "--adapt-train-batch", "4", "--adapt-publish-every", "1",
+            "--rollback-min-requests", "100000"]
+    proc, url = _start(args, env)
+    try:
+        _serve_until(url, references, lambda a: a["drafter_version"] >= 2)  # trained, published, swapped twice
+        info = _get(url + "/get_server_info")["adapt"]
+        assert {v["version"] for v in info["versions"]} >= {0}  # v0 served the first requests
+        assert info["trainer"]["status"] == "running"
+        os.kill(info["trainer"]["pid"], signal.SIGKILL)
+        before = info["latest_published"]
+        after = _serve_until(url, references, lambda a: a["trainer"]["restarts"] >= 1
+                             and a["drafter_version"] > before)
+        assert after > 0  # served while the trainer was down
+        result = CliRunner().invoke(__import__("adaflash.cli.main", fromlist=["cli"]).cli,
+                                    ["serve", "rollback", "--to", "1", "--url", url])
+        assert result.exit_code == 0 and "rolled back" in result.output, result.output
+        assert _get(url + "/adapt")["drafter_version"] == 1
+        assert _generate(url, PROMPTS[3]) == references[PROMPTS[3]]
+        rows = SwapBuffer(swap).read(0, 10_000)
+        assert rows and all(r["rid"] and len(r["prompt_ids"]) and len(r["output_ids"]) == MAX_NEW for r in rows)
+        assert len({r["drafter_version"] for r in rows}) >= 2
+        assert tiny_target.encode(PROMPTS[0]) not in [r["prompt_ids"] for r in rows]  # it asked to stay out
+    finally:
+        err = _stop(proc)
+    assert "trainer exited with code -9" in err and "trainer restarted" in err, err[-3000:]
+    report = check_integrity(swap)
+    assert report["ok"] and report["consumed"] > 0, report  # nothing lost, nothing learned twice
+    rejected = set(json.loads((swap / "adapt.json").read_text())["rejected"])
+    newest = max(v for v in range(1, 100) if (swap / "weights" / f"v{v}").is_dir() and v not in rejected)
+    proc, url = _start(args, env)  # the same swap dir: the newest version not set aside, from the first request
+    try:
+        assert _get(url + "/adapt")["drafter_version"] == newest
+        assert _generate(url, PROMPTS[5]) == references[PROMPTS[5]]
+    finally:
+        _stop(proc)
