@@ -9,10 +9,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from adaflash.bench.shift import Sample, ShiftResult, summarize
 from adaflash.serve.adapt_stats import RollbackRule, VersionTally
 from adaflash.serve.protocol import BadRequest, parse_generate
 
@@ -42,6 +44,20 @@ def test_a_shift_to_a_new_tag_is_not_taken_for_a_worse_version():
     tally = _tally([(1, "chat", 40, 10)] * 8 + [(1, "code", 12, 10)] * 8 + [(2, "code", 20, 10)] * 8)
     assert rule.verdict(tally, 2, 1)[0] is False  # better on code, the tag both served
     assert tally.as_json()[0]["tags"]["code"] == {"requests": 8, "tau": pytest.approx(1.2)}
+
+
+def test_the_shift_summary_finds_changed_answers_and_splits_latency_at_swaps():
+    def sample(prompt, start, end, digest, holdout=True, phase="code"):
+        return Sample(phase, holdout, prompt, start, end, tokens=20, verify=10, version=1, digest=digest)
+
+    result = ShiftResult(samples=[sample("a", 0, 1, "x"), sample("a", 5, 6, "x"), sample("b", 0, 1, "y"),
+                                  sample("b", 5, 6, "z"), sample("t", 2, 4, "w", holdout=False)],
+                         switches=[(0.0, "code")], swaps=[(0.0, 0), (3.0, 1)])
+    summary = summarize(result)
+    assert summary["holdout_answers_changed"] == ["code/b"] and summary["swaps"] == 1
+    assert summary["latency"]["with_swap"]["requests"] == 1  # the one in flight at 3.0 s
+    assert summary["phases"]["code"]["tau"] == pytest.approx(2.0)
+    assert summary["phases"]["code"]["holdout_rounds"] == 2
 
 
 def test_adapt_and_tag_are_request_fields_checked_by_name():
@@ -113,6 +129,31 @@ def _serve_until(url: str, references: dict, done, timeout: float = 240) -> int:
     raise AssertionError(f"not reached in {timeout} s: {_get(url + '/get_server_info')['adapt']}")
 
 
+def _bench_shift(tmp_path, url: str) -> None:
+    """Two short phases against the adapting server: τ recorded as it goes, a picture, answers unchanged."""
+    from adaflash.cli.main import cli
+    from adaflash.runlog import RunLog
+
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{text} ({domain})", "domain": domain}) + "\n"
+                            for domain in ("chat", "code") for text in PROMPTS[:5]))
+    result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "bench", "shift", "--base-url", url,
+                                      "--phase", f"chat={data}:chat", "--phase", f"code={data}:code", "--seconds", "4",
+                                      "--holdout", "2", "--probe-every", "2", "--no-chat", "--max-new-tokens", "8",
+                                      "--concurrency", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output[result.output.index("{"):])
+    assert summary["holdout_answers_changed"] == [] and summary["holdout_prompts"] == 4
+    assert set(summary["phases"]) == {"chat", "code"} and all(p["requests"] > 0 for p in summary["phases"].values())
+    picture = Path(summary["plot"])
+    assert picture.suffix == ".svg" and "code" in picture.read_text()
+    log = RunLog.open(tmp_path / "ws")
+    run = log.list_runs(kind="bench")[0]
+    names = {row["name"] for row in log.metrics_since(0, run_id=run["id"])}
+    assert {"tau", "holdout_tau"} <= names and run["status"] == "finished"
+    assert any("phase code begins" in e["message"] for e in log.events_since(0, run_id=run["id"]))
+
+
 def _stop(proc: subprocess.Popen) -> str:
     proc.send_signal(signal.SIGTERM)
     try:
@@ -163,6 +204,7 @@ def test_an_adapting_server_trains_swaps_survives_a_killed_trainer_rolls_back_an
         assert rows and all(r["rid"] and len(r["prompt_ids"]) and len(r["output_ids"]) == MAX_NEW for r in rows)
         assert len({r["drafter_version"] for r in rows}) >= 2
         assert tiny_target.encode(PROMPTS[0]) not in [r["prompt_ids"] for r in rows]  # it asked to stay out
+        _bench_shift(tmp_path, url)
     finally:
         err = _stop(proc)
     assert "trainer exited with code -9" in err and "trainer restarted" in err, err[-3000:]

@@ -20,7 +20,7 @@ SPARK = "▁▂▃▄▅▆▇█"
 # Chart families: (title, metric names on the left axis, names on the right axis). Generation speed (tens of
 # tokens/s) and training speed (thousands) never share an axis: the smaller would lie flat on the floor.
 CHARTS = (
-    ("acceptance length τ", ("tau", "eval_tau", "block_accept_len", "avg_spec_accept_length", "accept_length"), ()),
+    ("acceptance length τ", ("tau", "holdout_tau", "eval_tau", "block_accept_len", "avg_spec_accept_length", "accept_length"), ()),
     ("tok/s: generation ◂ · ▸ training", ("tokens_per_s", "gen_throughput", "output_throughput"),
      ("train_tokens_per_s",)),
     ("training losses", ("loss", "loss_ce", "loss_rkl", "loss_fkl"), ()),

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from adaflash.cli.bench_shift import shift
 from adaflash.cli.common import (
     fail,
     length_policy_option,
@@ -494,3 +495,6 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
         for line in products:
             click.echo(f"  {line}", err=True)
     click.secho(f"recorded in the run log: adaflash runs compare {run_id}", err=True)
+
+
+bench.add_command(shift)

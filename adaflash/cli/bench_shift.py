@@ -1,0 +1,188 @@
+"""`adaflash bench shift`: replay a traffic shift against an adapting server, plot τ through it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from adaflash.cli.common import fail, runlog_of, workspace_of
+
+
+def _phase(text: str) -> tuple[str, str, str | None]:
+    """NAME=DATASET[:DOMAIN] -> (name, dataset, domain)."""
+    name, sep, source = text.partition("=")
+    if not sep or not name or not source:
+        raise click.BadParameter(f"expected NAME=DATASET[:DOMAIN] (e.g. code=suite:code), got {text!r}",
+                                 param_hint="'--phase'")
+    dataset, _, domain = source.partition(":")
+    return name, dataset, domain or None
+
+
+@click.command("shift")
+@click.option("--base-url", default="http://127.0.0.1:30000", show_default=True,
+              help="The server (started with `adaflash serve --adapt` to see it learn).")
+@click.option("--phase", "phases", multiple=True, required=True, metavar="NAME=DATASET[:DOMAIN]",
+              help="A phase of traffic, in order (repeatable): prompts of a dataset, or of one domain of it "
+                   "(`chat=suite:chat`). Requests carry the phase's name as their tag.")
+@click.option("--seconds", type=click.FloatRange(min=1), default=300.0, show_default=True, help="Length of each phase.")
+@click.option("--concurrency", type=click.IntRange(1), default=4, show_default=True, help="Requests in flight.")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--num-prompts", type=click.IntRange(1), default=1000, show_default=True,
+              help="Prompts per phase at most (held-out ones included); the traffic cycles through them.")
+@click.option("--holdout", type=click.IntRange(0), default=8, show_default=True,
+              help="Prompts per phase sent only in rounds with \"adapt\": false: τ on prompts never trained on.")
+@click.option("--probe-every", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              help="Seconds between two rounds of held-out prompts.")
+@click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the target's chat template client-side.")
+@click.option("--target", default=None, help="Tokenizer for --chat [default: the server's target].")
+@click.option("--plot", "plot_path", default=None, metavar="FILE.svg|FILE.png",
+              help="The picture [default: RUN_DIR/shift.svg].")
+@click.option("--api-key", envvar="ADAFLASH_API_KEY", default=None, help="[env ADAFLASH_API_KEY]")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_context
+def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds: float, concurrency: int,
+          max_new_tokens: int, num_prompts: int, holdout: int, probe_every: float, chat: bool, target: str | None,
+          plot_path: str | None, api_key: str | None, as_json: bool) -> None:
+    """Replay traffic that shifts from one domain to another against one server and plot τ over time.
+
+    Each phase runs --seconds; its held-out prompts measure what the drafter learned of the domain,
+    and their answers must stay identical across every drafter swap (exit 1 otherwise). The run log
+    gets τ as it goes (the dashboard's Monitor charts it), the run folder the samples (shift.json)
+    and the picture.
+    """
+    import asyncio
+
+    from adaflash.bench.shift import Phase, ShiftSettings, replay
+    from adaflash.bench.shift_plot import plot_shift
+    from adaflash.cli.bench import _server_info
+    from adaflash.workspace import runs_dir
+
+    parsed = [_phase(p) for p in phases]
+    if len({name for name, _, _ in parsed}) != len(parsed):
+        fail("--phase names must differ")
+    if plot_path and Path(plot_path).suffix.lower() not in (".svg", ".png"):
+        fail(f"--plot {plot_path}: the picture is written as .svg or .png")
+    base_url = base_url.rstrip("/")
+    info = _server_info(base_url, api_key)
+    if not info.get("adapt"):
+        click.secho("note: the server does not adapt (no `--adapt`): this measures a fixed drafter", fg="yellow", err=True)
+    renderer = _renderer(chat, target or info.get("target"))
+    plan = [_phase_prompts(ctx, name, dataset, domain, num_prompts, holdout, renderer) for name, dataset, domain in parsed]
+    settings = ShiftSettings(base_url, seconds=seconds, concurrency=concurrency, max_new_tokens=max_new_tokens,
+                             probe_every=probe_every, api_key=api_key)
+    log = runlog_of(ctx)
+    config = {"base_url": base_url, "phases": list(phases), "seconds": seconds, "concurrency": concurrency,
+              "max_new_tokens": max_new_tokens, "holdout": holdout, "probe_every": probe_every,
+              "server": {k: info.get(k) for k in ("method", "target", "draft", "hardware")}}
+    run_id = log.create_run("bench", name="shift", method=info.get("method"), target=info.get("target"), config=config)
+    run_dir = runs_dir(workspace_of(ctx)) / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    live = _LiveLog(log, run_id)
+    try:
+        result = asyncio.run(replay(settings, [Phase(*p) for p in plan], on_sample=live.sample, on_switch=live.switch))
+    except KeyboardInterrupt:
+        log.finish_run(run_id, "stopped")
+        raise
+    data = result.as_json()
+    (run_dir / "shift.json").write_text(json.dumps(data))
+    picture = plot_shift(result, plot_path or run_dir / "shift.svg",
+                         title=f"{info.get('method')} on {info.get('target')}: " + " → ".join(n for n, _, _ in parsed))
+    summary = data["summary"]
+    changed = summary["holdout_answers_changed"]
+    log.update_run(run_id, run_dir=str(run_dir), config={**config, "summary": summary, "plot": str(picture)})
+    log.finish_run(run_id, "failed" if changed else "finished",
+                   note=f"held-out answers changed: {', '.join(changed)}" if changed else None)
+    _print(summary, picture, as_json)
+    if changed:
+        fail(f"greedy answers changed across drafter versions for {', '.join(changed)}: the engine is not lossless",
+             code=1)
+
+
+def _phase_prompts(ctx: click.Context, name: str, dataset: str, domain: str | None, num_prompts: int, holdout: int,
+                   renderer) -> tuple:
+    """(name, traffic prompts, held-out prompts) of one phase."""
+    from adaflash.bench.prompts import BenchDataError, load_rows, raw_prompts
+
+    try:
+        _, rows = load_rows(dataset, workspace_of(ctx))
+    except BenchDataError as err:
+        fail(f"--phase {name}: {err}")
+    if domain is not None:
+        rows = [r for r in rows if r.domain == domain]
+        if not rows:
+            fail(f"--phase {name}={dataset}:{domain}: {dataset} has no prompts of domain {domain!r}")
+    rows = rows[:num_prompts]
+    if len(rows) <= holdout:
+        fail(f"--phase {name}: {len(rows)} prompts leave none for traffic after --holdout {holdout}")
+    prompts = [renderer.render(r) for r in rows] if renderer else raw_prompts(rows)
+    return name, prompts[holdout:], prompts[:holdout]
+
+
+def _renderer(chat: bool, target: str | None):
+    """The chat template's renderer (the server gets the exact text), or None for --no-chat."""
+    from adaflash.bench.prompts import PromptRenderer
+
+    if not chat:
+        return None
+    if not target:
+        fail("cannot apply the chat template without a target: give --target (or --no-chat)")
+    try:
+        return PromptRenderer(target, chat=True)
+    except (OSError, ValueError) as err:
+        fail(f"cannot load the tokenizer of {target} ({err}); give --target or --no-chat")
+
+
+class _LiveLog:
+    """τ in the run log while the replay runs: every 8 traffic requests, and every held-out round."""
+
+    def __init__(self, log, run_id: str) -> None:
+        self.log, self.run_id = log, run_id
+        self.recent: list[Any] = []
+        self.count = 0
+        self.rounds: dict[str, list[Any]] = {}
+
+    def switch(self, name: str) -> None:
+        self.log.log_event(self.run_id, f"phase {name} begins")
+
+    def sample(self, sample) -> None:
+        from adaflash.bench.shift import tau
+
+        if sample.error is not None:
+            return
+        self.count += 1
+        if sample.holdout:
+            group = self.rounds.setdefault(sample.phase, [])
+            group.append(sample)
+            return
+        self.recent = (self.recent + [sample])[-16:]
+        if self.count % 8 == 0:
+            self.log.log_metrics(self.run_id, {"tau": tau(self.recent), "drafter_version": sample.version},
+                                 step=self.count, version=sample.version, job=sample.phase)
+            for phase, group in self.rounds.items():
+                if group:
+                    self.log.log_metrics(self.run_id, {"holdout_tau": tau(group)}, step=self.count, job=phase)
+            self.rounds.clear()
+
+
+def _print(summary: dict[str, Any], picture: Path, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({**summary, "plot": str(picture)}, indent=2))
+        return
+
+    def f(value: Any) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    for name, p in summary["phases"].items():
+        click.echo(f"{name}: {p['requests']} requests, τ {f(p['tau_first_tenth'])} → {f(p['tau_last_tenth'])} "
+                   f"(first and last tenth); held-out τ {f(p['holdout_tau_first'])} → {f(p['holdout_tau_last'])} "
+                   f"over {p['holdout_rounds']} rounds")
+    for label, lat in summary["latency"].items():
+        ms = {k: None if lat[k] is None else lat[k] * 1000 for k in ("p50", "p99")}
+        click.echo(f"latency {label.replace('_', ' ')}: {lat['requests']} requests, p50 {f(ms['p50'])} ms, "
+                   f"p99 {f(ms['p99'])} ms")
+    click.echo(f"{summary['swaps']} drafter swaps; held-out answers identical across them: "
+               f"{'no' if summary['holdout_answers_changed'] else 'yes'} ({summary['holdout_prompts']} prompts)")
+    click.echo(f"plot: {picture}")
