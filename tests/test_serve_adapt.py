@@ -154,6 +154,21 @@ def _bench_shift(tmp_path, url: str) -> None:
     assert any("phase code begins" in e["message"] for e in log.events_since(0, run_id=run["id"]))
 
 
+def _monitor_shows_the_adapting_run(workspace) -> None:
+    """The dashboard's Monitor model, fed the serve run's rows: τ over time and per tag, τ per version,
+    the trainer's throughput and the buffer depth."""
+    from adaflash.runlog import RunLog
+    from tui.monitor_model import MonitorModel
+
+    log = RunLog.open(workspace)
+    run = log.list_runs(kind="serve")[0]
+    model = MonitorModel(run["id"])
+    model.ingest(run["id"], {run["id"]: ""}, {run["id"]: log.metrics_since(0, run_id=run["id"])})
+    assert {label for label, _, _ in model.chart(["tau"])} >= {"tau", "tau@code", "tau@chat"}
+    assert len(model.version_table()) >= 2
+    assert model.chart(["train_tokens_per_s"]) and model.chart(["buffer_depth"])
+
+
 def _stop(proc: subprocess.Popen) -> str:
     proc.send_signal(signal.SIGTERM)
     try:
@@ -208,6 +223,7 @@ def test_an_adapting_server_trains_swaps_survives_a_killed_trainer_rolls_back_an
     finally:
         err = _stop(proc)
     assert "trainer exited with code -9" in err and "trainer restarted" in err, err[-3000:]
+    _monitor_shows_the_adapting_run(tmp_path / "ws")
     report = check_integrity(swap)
     assert report["ok"] and report["consumed"] > 0, report  # nothing lost, nothing learned twice
     rejected = set(json.loads((swap / "adapt.json").read_text())["rejected"])

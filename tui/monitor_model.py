@@ -160,12 +160,13 @@ class MonitorModel:
 
     # -- views ----------------------------------------------------------------------------------
     def chart(self, names: Iterable[str]) -> list[tuple[str, list[float], list[float]]]:
-        """(label, x seconds since the run's first metric, y) of each series named, in name order."""
+        """(label, x seconds since the run's first metric, y) of each series named, in name order; a name
+        also takes its per-tag series (`tau@code`, an adapting server's τ of requests tagged code)."""
         out = []
         start = self.start or 0.0
         for name in names:
             for (_source, metric), item in sorted(self.series.items()):
-                if metric == name and item.points:
+                if (metric == name or metric.startswith(name + "@")) and item.points:  # tau@code: τ of one tag
                     xs = [t - start for t, _ in item.points]
                     ys = [v for _, v in item.points]
                     out.append((item.label, xs, ys))
