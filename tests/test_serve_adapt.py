@@ -234,3 +234,88 @@ def test_an_adapting_server_trains_swaps_survives_a_killed_trainer_rolls_back_an
         assert _generate(url, PROMPTS[5]) == references[PROMPTS[5]]
     finally:
         _stop(proc)
+
+
+# -- the adapter in process: rollback, restart, disk cap -------------------------------------------------
+def _adapter(tmp_path, tiny_target, draft, **kw):
+    from concurrent.futures import Future
+
+    from adaflash.engine.engine import Engine
+    from adaflash.models.drafter_io import load_drafter
+    from adaflash.runlog import RunLog
+    from adaflash.serve.adapt import AdaptConfig, Adapter
+
+    engine = Engine(tiny_target, "adaflash", load_drafter(draft, tiny_target.model.cfg), max_batch=2, max_len=64)
+    log = RunLog.open(tmp_path / "ws")
+    run = log.create_run("serve")
+    adapter = Adapter(AdaptConfig(swap_dir=str(tmp_path / "swap"), **kw), engine, target="tiny", draft=str(draft),
+                      log=log, run_id=run, run_dir=tmp_path / "run")
+    adapter.resume()
+
+    def now(fn):  # the engine thread, here: run at once
+        future: Future = Future()
+        future.set_result(fn(engine))
+        return future
+
+    adapter.run_on_engine = now
+    return adapter, engine
+
+
+def _weights(engine) -> list:
+    return [t.clone() for t in engine.drafter.state_dict().values()]
+
+
+def _same(a: list, b: list) -> bool:
+    return all(x.shape == y.shape and bool((x == y).all()) for x, y in zip(a, b))
+
+
+def test_a_worse_version_is_rolled_back_to_the_accepted_one_and_stays_aside_after_a_restart(tmp_path, tiny_target):
+    from adaflash.models.drafter_io import new_drafter, save_drafter
+    from adaflash.pipeline.weights import WeightStore
+
+    cfg = tiny_target.model.cfg
+    draft = save_drafter(new_drafter("dflash", cfg, block_size=4, length_head=True), tmp_path / "d")
+    adapter, engine = _adapter(tmp_path, tiny_target, draft, rollback=RollbackRule(min_requests=4, drop=0.1))
+    start = _weights(engine)
+    for _ in range(8):  # v0 serves code at τ 3
+        adapter.record("r", [1, 2], [3, 4], "x", {"drafter_version": 0, "completion_tokens": 30,
+                                                  "spec_verify_ct": 10}, tag="code", train=True)
+    store = WeightStore(tmp_path / "swap")
+    store.publish(new_drafter("dflash", cfg, block_size=4, length_head=True, seed=5), {"target": "tiny"})
+    adapter._follow()
+    assert engine.drafter_version == 1 and not _same(_weights(engine), start)
+    for _ in range(4):  # v1 serves the same tag at τ 2
+        adapter.record("r", [1, 2], [3, 4], "x", {"drafter_version": 1, "completion_tokens": 20,
+                                                  "spec_verify_ct": 10}, tag="code", train=True)
+    adapter._judge()
+    assert engine.drafter_version == 0 and _same(_weights(engine), start)
+    assert adapter.rollbacks[0]["from"] == 1 and 1 in adapter.rejected
+    adapter._follow()
+    assert engine.drafter_version == 0  # v1 is not taken again
+    restarted, engine2 = _adapter(tmp_path, tiny_target, draft)
+    assert engine2.drafter_version == 0 and 1 in restarted.rejected
+    store.publish(new_drafter("dflash", cfg, block_size=4, length_head=True, seed=6), {"target": "tiny"})
+    restarted._follow()
+    assert engine2.drafter_version == 2  # the next version is tried as usual
+    assert "rolled back from v2 to v0" in restarted.rollback(0) and engine2.drafter_version == 0
+    with pytest.raises(ValueError, match="between 0 and 2"):
+        restarted.rollback(7)
+
+
+def test_recording_pauses_at_the_disk_cap_and_serving_goes_on(tmp_path, tiny_target):
+    from adaflash.models.drafter_io import new_drafter, save_drafter
+    from adaflash.pipeline.buffer import SwapBuffer
+
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=4, length_head=True), tmp_path / "d")
+    adapter, _ = _adapter(tmp_path, tiny_target, draft, max_disk_mb=0.001)  # 1,000 bytes
+    meta = {"drafter_version": 0, "completion_tokens": 4, "spec_verify_ct": 2}
+    for _ in range(20):
+        adapter.record("r", list(range(20)), list(range(20)), "x", meta, tag=None, train=True)
+    adapter._flush()
+    assert adapter.capped and SwapBuffer(tmp_path / "swap").count() == 20
+    adapter.record("r", [1, 2], [3, 4], "x", meta, tag=None, train=True)
+    adapter._flush()
+    assert adapter.dropped_at_cap == 1 and SwapBuffer(tmp_path / "swap").count() == 20
+    assert adapter.info()["recording"] is False and adapter.tally.requests(0) == 21  # still counted for τ
+    events = [e["message"] for e in adapter.log.events_since(0, run_id=adapter.run_id)]
+    assert any("recording paused" in m for m in events)
