@@ -20,7 +20,7 @@ from adaflash.cli.common import (
     length_policy_option,
     overlap_option,
     runlog_of,
-    workspace_of,
+    workspace_path_of,
 )
 from adaflash.cli.serve_adapt import adapt_config, adapt_options, build_adapter, rollback
 from adaflash.engine.params import METHODS
@@ -98,7 +98,7 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
         gpu_ids = parse_gpus(gpus)
     except ValueError as err:
         fail(str(err))
-    adapting = adapt_config(adapt, method, engine_kind, workspace_of(ctx) if adapt["adapt"] else "")
+    adapting = adapt_config(adapt, method, engine_kind, str(workspace_path_of(ctx)))
     if engine_kind == "sglang":
         if admit_batch is not None:
             fail("--admit-batch applies to the embedded engine (SGLang schedules its own prefills)")
