@@ -55,7 +55,8 @@ def test_the_shift_summary_finds_changed_answers_and_splits_latency_at_swaps():
                          switches=[(0.0, "code")], swaps=[(0.0, 0), (3.0, 1)])
     summary = summarize(result)
     assert summary["holdout_answers_changed"] == ["code/b"] and summary["swaps"] == 1
-    assert summary["latency"]["with_swap"]["requests"] == 1  # the one in flight at 3.0 s
+    latency = summary["latency"]
+    assert [latency[k]["requests"] for k in ("before_swaps", "during_swap", "after_swaps")] == [2, 1, 2]
     assert summary["phases"]["code"]["tau"] == pytest.approx(2.0)
     assert summary["phases"]["code"]["holdout_rounds"] == 2
 

@@ -167,8 +167,9 @@ def probe_rounds(samples: list[Sample], phase: str) -> list[tuple[float, float |
 
 
 def summarize(result: ShiftResult) -> dict[str, Any]:
-    """Per phase: τ of the traffic and of the held-out rounds, first and last; latency percentiles of
-    requests with a swap in flight and without; and whether every held-out answer stayed the same."""
+    """Per phase: τ of the traffic and of the held-out rounds, first and last; latency percentiles of the
+    requests that ended before the first swap, of those in flight during a swap, and of the others after
+    it; and whether every held-out answer stayed the same."""
     swaps = [t for t, _ in result.swaps[1:]]  # the first poll is the starting version, not a swap
     ok = [s for s in result.samples if s.error is None]
 
@@ -186,8 +187,11 @@ def summarize(result: ShiftResult) -> dict[str, Any]:
             "holdout_tau_first": rounds[0][1] if rounds else None, "holdout_tau_last": rounds[-1][1] if rounds else None,
             "holdout_rounds": len(rounds),
         }
+    first = swaps[0] if swaps else float("inf")
+    groups = {"before_swaps": [s for s in ok if s.end < first], "during_swap": [s for s in ok if swapped(s)],
+              "after_swaps": [s for s in ok if s.start > first and not swapped(s)]}
     latency = {}
-    for label, group in (("with_swap", [s for s in ok if swapped(s)]), ("without_swap", [s for s in ok if not swapped(s)])):
+    for label, group in groups.items():
         seconds = [s.end - s.start for s in group]
         latency[label] = {"requests": len(seconds), "p50": percentile(seconds, 50), "p99": percentile(seconds, 99)}
     answers: dict[str, set[str]] = {}
