@@ -8,7 +8,11 @@ supervisor, the pipeline launcher, the benchmark matrix, `serve --engine sglang`
 - its pid recorded with its create time: pids are recycled, and before any signal we check that
   the live process with that pid was created at that time (a zombie counts as gone);
 - a stop is SIGTERM to the whole group plus any descendant that left it, SIGKILL to what is left
-  after a grace period; the exit status is kept (`ProcessGroup.returncode`).
+  after a grace period; the exit status is kept (`ProcessGroup.returncode`). A stop asked another
+  way (a forwarded Ctrl-C, a STOP file the child watches) gets the same grace (`ask_stop`,
+  `kill_if_overdue`);
+- one status for how it ended (`ProcessGroup.ended_as`): killed by us once a stop's grace ran out
+  reads "stopped" wherever it was started, never "failed".
 
 Torch-free, so `jobs` (which the core may not import) uses it too.
 """
@@ -23,7 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -193,6 +197,8 @@ class ProcessGroup:
     proc: subprocess.Popen
     started_at: float  # wall clock
     pid_start_time: float
+    stop_asked_at: float | None = None  # monotonic: the first stop request, from which the grace counts
+    signalled: set[int] = field(default_factory=set)  # the signals we sent it while it ran
 
     @property
     def pid(self) -> int:
@@ -201,6 +207,11 @@ class ProcessGroup:
     @property
     def pgid(self) -> int:
         return self.proc.pid  # a new session: the child leads its group
+
+    @property
+    def killed(self) -> bool:
+        """SIGKILLed by us while it ran (a stop's grace ran out, a forced stop)."""
+        return signal.SIGKILL in self.signalled
 
     @property
     def returncode(self) -> int | None:
@@ -218,20 +229,53 @@ class ProcessGroup:
     def send(self, sig: int) -> None:
         """Signal the whole group (nothing when the leader has been reaped: its pgid may be reused)."""
         if self.proc.poll() is None:
+            self.signalled.add(sig)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pgid, sig)
 
+    def ask_stop(self, sig: int | None = signal.SIGTERM) -> None:
+        """Ask the group to stop: `sig` to the whole group, or None when it was asked another way (a STOP
+        file it watches). The grace of `kill_if_overdue` counts from the first ask."""
+        if self.stop_asked_at is None:
+            self.stop_asked_at = time.monotonic()
+        if sig is not None:
+            self.send(sig)
+
+    def kill_if_overdue(self, grace: float) -> bool:
+        """SIGKILL the group if it is still up `grace` seconds after a stop was first asked; whether it was."""
+        if self.stop_asked_at is None or time.monotonic() - self.stop_asked_at <= grace or not self.alive():
+            return False
+        self.kill()
+        return True
+
     def stop(self, grace: float = 10.0) -> str:
         """SIGTERM the group and descendants, SIGKILL what is left after `grace`; the leader reaped.
-        Returns "terminated", "killed" or "gone" (see `stop_tree`); the exit status is in `returncode`."""
+        Returns "terminated", "killed" or "gone" (see `stop_tree`); the exit status is in `returncode`.
+        Also what a leader that exited left behind in its group (a torchrun rank) goes this way."""
+        running = self.alive()
+        if running:
+            self.ask_stop(None)
         outcome = stop_tree(self.pid, self.pgid, self.pid_start_time, grace=grace, reap=self.proc.poll)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
+        if running:
+            self.signalled.update((signal.SIGTERM, signal.SIGKILL) if outcome == "killed" else (signal.SIGTERM,))
         return outcome
 
     def kill(self) -> None:
-        """SIGKILL the group now (the second Ctrl-C, a failed sibling)."""
+        """SIGKILL the group now (the second Ctrl-C, a failed sibling, a stop's grace run out)."""
         self.send(signal.SIGKILL)
+
+    def ended_as(self, clean: Iterable[int] = (0,)) -> str | None:
+        """The run log's status for how the leader ended (None while it runs): "finished" on an exit code in
+        `clean` (a server that dies of the stop signal it was sent ended as asked), "stopped" when it died of
+        a signal we sent it (a stop, a kill after the grace), else "failed"."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        if code in tuple(clean):
+            return "finished"
+        return "stopped" if code < 0 and -code in self.signalled else "failed"
 
 
 def spawn(

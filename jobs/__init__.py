@@ -11,6 +11,8 @@ Modules (import what you need; nothing here prints, progress is read back from t
   - jobs.dag: the `after` graph (order, cycles, ancestors). jobs.argv: `adaflash`/`python`/torchrun argv.
 - jobs.supervisor: Supervisor: start/poll/stop/restart job processes in their own groups, readiness, restarts.
 - jobs.plan:       prepare -> PreparedRun: a run's plan (exact argv, GPUs, cache preview); creates nothing.
+- jobs.launch_plan: the dashboard's Launch form -> a one-job recipe (commands, flags, TOML) or overrides;
+                   jobs.launch_checks reads and checks the form's fields.
 - jobs.runner:     Runner: supervise a run in this process (leases, the loop, cache reuse); RunResult.
 - jobs.detached:   start_detached / launch_detached: the same in a background process; supervise_existing.
 - jobs.watch:      run_view / follow_run: read a run back from the run log (jobs, metrics, events, children).

@@ -203,8 +203,8 @@ class Runner:
     def kill_now(self) -> None:
         """SIGKILL every live job group at once (each verified by pid + create time)."""
         for state in list(self.supervisor.jobs.values()):
-            if state.pid and state.status in ACTIVE:
-                procs.stop_tree(state.pid, state.pgid, state.pid_start_time, grace=0.0)
+            if state.group is not None and state.status in ACTIVE:
+                state.group.stop(grace=0.0)
 
     def _consume_control(self) -> None:
         """Act on the requests other processes left for this run (jobs.control.request_job_action)."""

@@ -13,7 +13,6 @@ Use it from one thread; `stop_all` signals in parallel but writes the log from t
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import subprocess
@@ -89,10 +88,7 @@ class JobState:
     job_id: int
     log_path: Path
     status: str = "pending"
-    proc: subprocess.Popen | None = None
-    pid: int | None = None
-    pgid: int | None = None
-    pid_start_time: float | None = None
+    group: procs.ProcessGroup | None = None  # the latest start's
     restarts: int = 0
     exit_code: int | None = None
     started_at: float | None = None
@@ -111,8 +107,24 @@ class JobState:
         return self.spec.name
 
     @property
+    def proc(self) -> subprocess.Popen | None:
+        return self.group.proc if self.group is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        return self.group.pid if self.group is not None else None
+
+    @property
+    def pgid(self) -> int | None:
+        return self.group.pgid if self.group is not None else None
+
+    @property
+    def pid_start_time(self) -> float | None:
+        return self.group.pid_start_time if self.group is not None else None
+
+    @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.group is not None and self.group.alive()
 
     @property
     def satisfied(self) -> bool:
@@ -237,8 +249,7 @@ class Supervisor:
                 self._record(state, f"job {name} failed: {state.message}", "error", status="failed",
                              message=state.message, ended_at=state.ended_at)
                 return state
-        proc = state.proc = group.proc
-        state.pid, state.pgid, state.pid_start_time = group.pid, group.pgid, group.pid_start_time
+        state.group = group
         state.started_at = group.started_at
         state.ended_at = None
         state.exit_code = None
@@ -251,7 +262,7 @@ class Supervisor:
             state.status = "running"
             state.ready_deadline = None
         self._record(
-            state, f"job {name} started (pid {proc.pid}, GPUs {spec.gpus_label})", status=state.status,
+            state, f"job {name} started (pid {group.pid}, GPUs {spec.gpus_label})", status=state.status,
             pid=state.pid, pgid=state.pgid, pid_start_time=state.pid_start_time, started_at=state.started_at,
             ended_at=None, exit_code=None, restarts=state.restarts, message=None, command=state.argv,
         )
@@ -277,9 +288,9 @@ class Supervisor:
                     level="warning", job=state.name)
                 self.start(state.name)
                 continue
-            if state.proc is None or state.status not in ACTIVE:
+            if state.group is None or state.status not in ACTIVE:
                 continue
-            code = state.proc.poll()
+            code = state.group.poll()
             if code is not None:
                 self._exited(state, code)
                 continue
@@ -298,14 +309,14 @@ class Supervisor:
             if ok and ready.http else None
         if foreign:
             self._stop_process(state, state.spec.stop_grace)
-            self._failed(state, state.proc.returncode if state.proc else None, foreign)
+            self._failed(state, state.group.returncode if state.group else None, foreign)
         elif ok:
             state.status = "ready"
             self._record(state, f"job {state.name} is ready ({ready.describe()})", status="ready")
         elif state.ready_deadline is not None and now > state.ready_deadline:
             message = f"not ready after {ready.timeout:g}s ({ready.describe()})"
             self._stop_process(state, state.spec.stop_grace)
-            self._failed(state, state.proc.returncode if state.proc else None, message)
+            self._failed(state, state.group.returncode if state.group else None, message)
 
     def _log_matches(self, state: JobState, pattern: str) -> bool:
         try:
@@ -327,7 +338,8 @@ class Supervisor:
         if state.stop_requested:
             return
         # Whatever the leader left behind in its group goes too (a dead job leaves no orphan).
-        procs.stop_tree(None, state.pgid, state.pid_start_time, grace=state.spec.stop_grace)
+        if state.group is not None:
+            state.group.stop(grace=state.spec.stop_grace)
         if state.spec.kind == "task" and code == 0:
             state.status = "finished"
             self._record(state, f"job {state.name} finished", status="finished", exit_code=0,
@@ -360,12 +372,7 @@ class Supervisor:
     # -- stop ------------------------------------------------------------------------------------
     def _stop_process(self, state: JobState, grace: float) -> str:
         state.stop_requested = True
-        if state.proc is None:
-            return "gone"
-        outcome = procs.stop_tree(state.pid, state.pgid, state.pid_start_time, grace=grace, reap=state.proc.poll)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            state.proc.wait(timeout=5)
-        return outcome
+        return state.group.stop(grace) if state.group is not None else "gone"
 
     def _mark_stopped(self, state: JobState, outcome: str, why: str) -> None:
         """Record a job that was live, pending or awaiting a restart as stopped."""
@@ -374,15 +381,15 @@ class Supervisor:
         state.status = "stopped"
         if was_live:
             state.ended_at = time.time()
-            state.exit_code = state.proc.returncode if state.proc is not None else None
+            state.exit_code = state.group.returncode if state.group is not None else None
         state.message = f"{why} ({outcome})" if was_live else why
         self._record(state, f"job {state.name} stopped: {state.message}", status="stopped",
                      ended_at=state.ended_at, exit_code=state.exit_code, message=state.message)
 
     def _reap(self, state: JobState) -> None:
         """A job that ended on its own just before a stop keeps its own outcome (finished/failed)."""
-        if state.proc is not None and state.status in ACTIVE and not state.stop_requested:
-            code = state.proc.poll()
+        if state.group is not None and state.status in ACTIVE and not state.stop_requested:
+            code = state.group.poll()
             if code is not None:
                 self._exited(state, code)
 

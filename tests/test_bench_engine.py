@@ -325,17 +325,15 @@ def test_admit_batch_reaches_the_engine_and_the_run_config(workspace, tiny_llama
     assert bad.exit_code == 2 and "--admit-batch 2: more than the smallest --batch-sizes (1)" in bad.output
 
 
-def test_no_overlap_and_async_prefill_reach_the_engine_and_the_run_config(workspace, tiny_llama, tmp_path, monkeypatch):
+def test_no_overlap_reaches_the_engine_and_the_run_config(workspace, tiny_llama, tmp_path, monkeypatch):
     from adaflash.engine import build
     from adaflash.runlog import RunLog
 
     made = []  # the overlap each engine was asked for (None: the engine's default, on a GPU)
-    asked_beside = []  # and whether it was asked to prefill beside decoding
     real = build.Engine
 
     def spy(*args, **kw):
         made.append(kw.get("overlap", "unset"))
-        asked_beside.append(kw.get("async_prefill"))
         return real(*args, **kw)
 
     monkeypatch.setattr(build, "Engine", spy)
@@ -349,13 +347,6 @@ def test_no_overlap_and_async_prefill_reach_the_engine_and_the_run_config(worksp
         assert made and set(made) == {asked}
         config = RunLog.open(workspace).get_run(json.loads(result.stdout)["run_id"])["config"]
         assert config["overlap"] is (asked is None)
-    made.clear()
-    result = _invoke("--target", str(tiny_llama), "--methods", "vanilla", "--prompts", str(prompts), "--num-prompts",
-                     "2", "--max-new-tokens", "3", "--device", "cpu", "--warmup", "none", "--async-prefill",
-                     "--format", "json")
-    assert result.exit_code == 0, result.output
-    assert RunLog.open(workspace).get_run(json.loads(result.stdout)["run_id"])["config"]["async_prefill"] is True
-    assert asked_beside[-1] is True and set(asked_beside[:-1]) == {False}
 
 
 @pytest.mark.parametrize("order", ["interleaved", "sequential"])

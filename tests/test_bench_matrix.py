@@ -68,6 +68,31 @@ def test_server_process_escalates_to_sigkill(tmp_path):
         raise AssertionError("wait_ready should fail for a dead server")
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_killed_matrix_leaves_no_server_behind(tmp_path):
+    """The server of a matrix killed outright gets SIGTERM from the kernel, as every child of `procs.spawn`."""
+    import os
+    import signal
+    import subprocess
+
+    from adaflash.procs import start_time
+    from tests.test_jobs_supervisor import wait_for
+
+    server = "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(60)\n"
+    matrix = ("import sys, time\nfrom adaflash.bench.matrix import ServerProcess\n"
+              "ServerProcess([sys.executable, '-c', sys.argv[1], sys.argv[2]], sys.argv[3]).start()\ntime.sleep(60)\n")
+    pid_file = tmp_path / "pid"
+    proc = subprocess.Popen([sys.executable, "-c", matrix, server, str(pid_file), str(tmp_path / "s.log")])
+    try:
+        pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        wait_for(lambda: start_time(pid) is None, timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_a_suite_in_a_matrix_is_measured_per_domain_with_an_overall_row(workspace, tiny_llama, tiny_target, tmp_path):
     """Each domain of a suite is a dataset of its own in the matrix; the overall row's speed-up is the mean
     of the domains' speed-ups."""

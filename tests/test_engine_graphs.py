@@ -243,7 +243,7 @@ def test_admissions_replay_one_padded_prefill_and_stay_lossless(tiny_target, met
     padded = bucket(width, 256, floor=PREFILL_MIN_WIDTH)
     assert [key for key in engine.graphs.keys if key[0] == "prefill"] == [("prefill", 4, padded)]
     assert ("extend", 4, padded, max(128, padded), False) in engine.graphs.keys  # the admitted rows, gathered
-    # an admission's graphs have a memory pool of their own: they may run beside decoding (`async_prefill`)
+    # an admission's graphs have a memory pool of their own
     admit = {key for key, lane in engine.graphs.lanes.items() if lane == "admit"}
     assert admit == {("prefill", 4, padded), ("extend", 4, padded, max(128, padded), False)}
     assert set(engine.graphs.lanes.values()) == {"admit", "decode"}

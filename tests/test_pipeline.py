@@ -464,6 +464,31 @@ def test_a_stop_the_workers_honour_between_two_polls_still_ends_the_run_stopped_
     assert pipe.note == "stopped on request: both workers finished their step, a final version published"
 
 
+def test_a_worker_that_ignores_the_stop_is_killed_after_the_grace_and_reads_stopped(tmp_path):
+    """Killed by the launcher once the grace ran out, the job read `failed` (exit -9) in a run `stopped`; the
+    supervisor's jobs read `stopped` for the same end."""
+    import sys
+    from types import SimpleNamespace
+
+    from adaflash.pipeline.launch import Pipeline
+
+    log = RunLog.open(tmp_path / "ws")
+    run_id = log.create_run("pipeline")
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    pipe = Pipeline(log, run_id, tmp_path, SimpleNamespace(swap_dir=str(swap)), SimpleNamespace(), [], [], grace=0.3)
+    honours = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+    for role, code in (("inference", honours), ("training", "import time; time.sleep(60)")):
+        pipe.procs[role] = procs.spawn([sys.executable, "-c", code, str(swap / "STOP")])
+        pipe.job_ids[role] = log.add_job(run_id, role, ["worker"], role=role, gpus="cpu", log_path=str(tmp_path / "x"))
+    pipe.request_stop()
+    assert pipe.wait(poll=0.05) == "stopped"
+    assert pipe.note == "a worker did not stop within 0.3s of the stop request: killed"
+    jobs = {j["name"]: j for j in log.jobs(run_id)}
+    assert {n: j["status"] for n, j in jobs.items()} == {"inference": "finished", "training": "stopped"}
+    assert jobs["training"]["exit_code"] == -9
+
+
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="prctl is Linux's")
 def test_a_worker_gets_sigterm_when_its_launcher_is_killed(tmp_path):
     """A pipeline killed with SIGKILL left its workers running, orphaned, with nothing able to stop them;

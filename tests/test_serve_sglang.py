@@ -197,3 +197,48 @@ def test_a_killed_serve_command_leaves_no_sglang_behind(tmp_path):
     finally:
         if serve.poll() is None:
             serve.kill()
+
+
+DEAF_SGLANG = '''\
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: open(os.environ["FAKE_SGLANG_MARK"], "w").write("term"))
+open(os.environ["FAKE_SGLANG_PIDS"] + ".tmp", "w").write(str(os.getpid()))
+os.replace(os.environ["FAKE_SGLANG_PIDS"] + ".tmp", os.environ["FAKE_SGLANG_PIDS"])
+time.sleep(120)
+'''
+
+
+def test_a_stopped_serve_command_kills_sglang_after_the_grace_and_reads_stopped(tmp_path):
+    """SIGTERM goes to SGLang's group; one that ignores it is killed once the grace ran out (it was 60 s: 0.5 s
+    here), and the serve run reads `stopped`, as the supervisor's jobs do, not `failed`."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from adaflash.procs import start_time
+    from adaflash.runlog import RunLog
+
+    from .test_jobs_supervisor import wait_for
+
+    fake = tmp_path / "fake" / "sglang"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "launch_server.py").write_text(DEAF_SGLANG)
+    pids, mark = tmp_path / "pids", tmp_path / "mark"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]),
+           "FAKE_SGLANG_PIDS": str(pids), "FAKE_SGLANG_MARK": str(mark)}
+    main = "import sys, adaflash.cli.serve as s; s.SGLANG_STOP_GRACE = 0.5; from adaflash.cli.main import main; main()"
+    serve = subprocess.Popen([sys.executable, "-c", main, "--workspace", str(tmp_path / "ws"), "serve", "--engine",
+                              "sglang", "--method", "vanilla", "--gpus", "0", "--port", "9"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        leader = int(wait_for(lambda: pids.exists() and pids.read_text(), timeout=60))
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=30) == 0
+        assert mark.read_text() == "term" and start_time(leader) is None
+        (run,) = RunLog.open(tmp_path / "ws").list_runs(kind="serve")
+        assert run["status"] == "stopped" and run["note"] == "exit code -9 (killed after the stop grace)"
+    finally:
+        if serve.poll() is None:
+            serve.kill()

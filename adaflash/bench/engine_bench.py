@@ -407,7 +407,7 @@ class EngineBench:
         engine = build_engine(self.target, method, spec.drafts.get(method), max_batch=batch, max_len=self.max_len,
                               length_rate=spec.length_rate, min_length=spec.min_length,
                               length_policy=spec.length_policy, admit_batch=spec.admit_batch,
-                              overlap=None if spec.overlap else False, async_prefill=spec.async_prefill)
+                              overlap=None if spec.overlap else False)
         if self.warmup != "none" and engine.graphs.enabled:
             # Every graph the run can meet, as `serve` and `eval` capture them: a warm-up replays the
             # timed run's shapes, but not the rare widths AdaFlash's cost rule re-times, whose captures

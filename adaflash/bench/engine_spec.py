@@ -45,7 +45,6 @@ class EngineBenchSpec:
     order: str = "auto"  # auto (interleaved on CPU, sequential on CUDA), interleaved or sequential
     admit_batch: int | None = None  # prefill once this many slots are free (None: the engine's default)
     overlap: bool = True  # launch a greedy step before the host takes the last one's tokens (the engine's default)
-    async_prefill: bool = False  # prefill new prompts on a side stream while the batch decodes (padded shapes)
     profile: str | None = None  # a folder: after each measured cell, profile its engine's steps there (off the clock)
     profile_steps: int = 32  # engine steps recorded per profile, after as many to fill the batch
 

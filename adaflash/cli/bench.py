@@ -389,9 +389,6 @@ def _supervised_launcher(log, workspace: str, spec):
               help="Prefill new prompts once this many slots are free (as `serve --admit-batch`; default: batch // 8 "
                    "on a GPU, 1 on a CPU). At most the smallest --batch-sizes.")
 @overlap_option()
-@click.option("--async-prefill", is_flag=True,
-              help="Prefill admitted prompts on a side CUDA stream while the batch keeps decoding (greedy prompts, "
-                   "padded shapes; slower on GSM8K at batch 32 on an H200, for long prompts to try).")
 @click.option("--profile", type=click.Path(file_okay=False), default=None,
               help="After each measured cell, profile its engine's steps (torch.profiler, off the clock) into this "
                    "folder: RUN-METHOD-bBATCH.top.txt (kernels by their own time) and .trace.json (Chrome trace).")
@@ -406,7 +403,7 @@ def _supervised_launcher(log, workspace: str, spec):
 def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None, drafts: tuple[str, ...], dataset: str,
            num_prompts: int, batch_sizes: str, max_new_tokens: int, device: str, dtype: str, compare_hf: bool,
            prompt_lookup_tokens: int, warmup: str, length_rate: float, length_policy: str, min_length: int, order: str,
-           admit_batch: int | None, overlap: bool, async_prefill: bool, profile: str | None, profile_steps: int,
+           admit_batch: int | None, overlap: bool, profile: str | None, profile_steps: int,
            chat: bool, seed: int | None, label: str | None, fmt: str) -> None:
     """Measure every method through the embedded engine side by side, greedy, on the same prompts.
 
@@ -466,7 +463,6 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
                            prompt_lookup_tokens=prompt_lookup_tokens, label=label, warmup=warmup,
                            length_rate=length_rate, min_length=min_length, order=order,
                            length_policy=length_policy, admit_batch=admit_batch, overlap=overlap,
-                           async_prefill=async_prefill,
                            profile=str(Path(profile).expanduser()) if profile else None, profile_steps=profile_steps)
     log = runlog_of(ctx)
     events = EngineBenchEvents(message=lambda m: click.echo(m, err=True))

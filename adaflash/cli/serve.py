@@ -280,26 +280,19 @@ def _serve_sglang(ctx: click.Context, method: str, target: str, draft: str | Non
     except OSError as err:
         log.finish_run(run_id, "failed", note=str(err))
         fail(f"cannot start SGLang ({err}); install it with `pip install 'adaflash[sglang]'`")
-    stop_asked: list[float] = []
-
-    def forward(signum, _frame) -> None:
-        """A Ctrl-C or SIGTERM goes to SGLang's whole group; it is killed if still up after the grace period."""
-        stop_asked.append(time.monotonic())
-        group.send(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # to SGLang's whole group; killed if still up after the grace
+        signal.signal(sig, lambda signum, _frame: group.ask_stop(signum))
     url = f"http://{host}:{port}"
     threading.Thread(target=_announce_when_ready, args=(group.proc, url, api_key), daemon=True).start()
-    while group.poll() is None:
-        if stop_asked and time.monotonic() - stop_asked[0] > SGLANG_STOP_GRACE:
-            group.kill()
+    while group.alive():
+        group.kill_if_overdue(SGLANG_STOP_GRACE)
         time.sleep(0.2)
     group.stop(grace=5.0)  # whatever SGLang left in its group goes with it
     code = group.returncode
     assert code is not None
-    log.finish_run(run_id, "finished" if code in (0, -signal.SIGTERM, -signal.SIGINT) else "failed",
-                   note=f"exit code {code}")
+    # Ended by the stop signal it was sent: stopped as asked, as the embedded server's run reads.
+    status = group.ended_as(clean=(0, -signal.SIGTERM, -signal.SIGINT))
+    log.finish_run(run_id, status, note=f"exit code {code}" + (" (killed after the stop grace)" if group.killed else ""))
     sys.exit(0 if code < 0 else code)
 
 

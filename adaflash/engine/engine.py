@@ -14,8 +14,8 @@ target verifies only the pending token and emits its own next token. A step for 
 This module schedules, samples, accepts and emits. Each request's tokens, stops and Output are
 `sequence.RunningSeq`'s; the passes themselves (padded shapes, CUDA graphs, caches) run in
 `passes.DevicePasses`. On a GPU a greedy step that needs no host choice is overlapped with the host's
-work on the step before (`flight`), and admissions may prefill beside decoding (`admission`). How many
-drafts a step verifies is `verify_lengths`'s.
+work on the step before (`flight`); when prompts are admitted is `admission`'s. How many drafts a step
+verifies is `verify_lengths`'s.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adaflash.engine.admission import Admission, Admitting
+from adaflash.engine.admission import Admitting
 from adaflash.engine.capture import capture_all
 from adaflash.engine.flight import Flight, Landed
 from adaflash.engine.graphs import GraphRunner
@@ -79,7 +79,6 @@ class Engine(Admitting, VerifyLengths):
         admit_batch: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         overlap: bool | None = None,
-        async_prefill: bool = False,
     ) -> None:
         if method != "vanilla" and drafter is None:
             raise ValueError(f"method {method!r} needs a drafter (--draft DIR)")
@@ -127,10 +126,6 @@ class Engine(Admitting, VerifyLengths):
         self.overlap = self.passes.padded if overlap is None else overlap
         self._flight: Flight | None = None
         self._settled: list[StepEvent] = []  # events of a flight read outside `step`
-        # Prefill new prompts beside decoding (`admission`): on padded shapes only, on a side stream on a GPU.
-        self.async_prefill = async_prefill and self.passes.padded
-        self._side = torch.cuda.Stream(self.device) if self.async_prefill and self.device.type == "cuda" else None
-        self._admission: Admission | None = None
         if drafter is not None:
             self.passes.install_drafter(drafter)
 
@@ -226,14 +221,10 @@ class Engine(Admitting, VerifyLengths):
             if seq.request.rid == rid:
                 del self.active[slot]
                 return True
-        admission = self._admission
-        if admission is not None and rid in {s.request.rid for s in admission.seqs} - admission.aborted:
-            admission.aborted.add(rid)
-            return True
         return False
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.active or self._settled or self._admission)
+        return bool(self.waiting or self.active or self._settled)
 
     def generate(self, requests: Iterable[Request],
                  on_event: Callable[[StepEvent], None] | None = None) -> list[Output]:
@@ -259,21 +250,12 @@ class Engine(Admitting, VerifyLengths):
         in the next call, and the step after it is launched the moment its tokens are read, before the
         host takes them (stops, events, the caller's work), so the device never waits for that work.
         A row whose stop string only the text shows steps once more for nothing; its result is dropped.
-        With `async_prefill` an admission prefills beside decoding and its rows join at a later call
-        (`admission`), at once when nothing else is left to step.
         """
         events, self._settled = self._settled, []
         landed = self._land()  # first: a flight's time is its own, no prefill inside it
-        events += self._join(wait=False)
         if self._admitting():
-            if self._beside():
-                self._admission = self._begin_admission()
-            else:
-                events += self._prefill()
+            events += self._prefill()
         decoding = self._decoding(landed)
-        if not decoding and self._admission is not None:  # nothing else to step: wait for it
-            events += self._join(wait=True)
-            decoding = self._decoding(landed)
         chooser = self._length_chooser(len(decoding)) if decoding else None  # once a step: it plans
         if decoding and self._overlappable(decoding, chooser):
             self._flight = self._launch(decoding, landed)
@@ -346,7 +328,6 @@ class Engine(Admitting, VerifyLengths):
         landed = self._land()
         if landed is not None:
             self._settled += self._take_landed(landed)
-        self._settled += self._join(wait=True)
 
     @torch.no_grad()
     def _decode(self, seqs: list[RunningSeq], chooser: LengthChooser | None) -> list[StepEvent]:
@@ -403,8 +384,7 @@ class Engine(Admitting, VerifyLengths):
         """The slots a step runs over (`DevicePasses.rows_for`), whether they are 0..b-1 in order, and
         per row its slot, pending token and length on the device, in one host-to-device copy (free
         slots that pad the batch get zeros)."""
-        # While an admission is out its slots are reserved: no free slot pads a pass (the scratch slot does).
-        slots, in_order = self.passes.rows_for([s.slot for s in seqs], fill=fill and self._admission is None)
+        slots, in_order = self.passes.rows_for([s.slot for s in seqs], fill=fill)
         live = {s.slot: (p, n) for s, p, n in zip(seqs, pending, lengths)}
         columns = torch.tensor([slots, [live[r][0] if r in live else 0 for r in slots],
                                 [live[r][1] if r in live else 0 for r in slots]], device=self.device)

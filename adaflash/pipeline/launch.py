@@ -4,7 +4,7 @@ Each worker is started with `adaflash.procs.spawn` (its own process group, SIGTE
 dies, which it takes as a stop request), its log file in the run folder and CUDA_VISIBLE_DEVICES
 from its role's GPUs (`cpu` hides every GPU); several training GPUs mean a torchrun job. A stop
 request (signal or `adaflash pipeline stop`) is a STOP file both workers watch; a worker that
-does not exit within the grace period is killed with its group. With a time budget the workers
+does not exit within the grace period is killed with its group and reads `stopped`. With a time budget the workers
 stop on their own at the deadline (the trainers publish a final version); the launcher only
 steps in, as for a stop request, when one of them is still running a grace period later.
 """
@@ -118,9 +118,8 @@ class Pipeline:
         consistent; `note` says it was stopped); workers killed after the grace period leave it `stopped`.
         """
         status = "finished"
-        stop_sent_at: float | None = None
         budget_stop = False
-        while any(p.poll() is None for p in self.procs.values()):
+        while any(p.alive() for p in self.procs.values()):
             if self.deadline is not None and not budget_stop and time.time() > self.deadline + self.budget_grace:
                 budget_stop = True
                 self.log.log_event(self.run_id, f"time budget passed {self.budget_grace:g}s ago and a worker is "
@@ -134,20 +133,19 @@ class Pipeline:
                     self.log.log_event(self.run_id, f"{role} worker failed with exit code {code}: {tail}", level="error",
                                        job=role)
                     self.request_stop()
-            if SwapBuffer(self.infer.swap_dir).stop_requested() and stop_sent_at is None:
-                stop_sent_at = time.time()
-            if stop_sent_at is not None and time.time() - stop_sent_at > self.grace:
-                self.kill()
-                if status == "finished":
-                    status = "stopped"
-                    self.note = f"a worker did not stop within {self.grace:g}s of the stop request: killed"
+            if SwapBuffer(self.infer.swap_dir).stop_requested():
+                for proc in self.procs.values():
+                    proc.ask_stop(None)  # the STOP file is the request; the grace counts from here
+            killed = [proc.kill_if_overdue(self.grace) for proc in self.procs.values()]
+            if any(killed) and status == "finished":
+                status = "stopped"
+                self.note = f"a worker did not stop within {self.grace:g}s of the stop request: killed"
             time.sleep(poll)
         failed = []
         for role, proc in self.procs.items():
             proc.stop(grace=5.0)  # what a worker left in its group (a torchrun rank) goes with it
             code = proc.returncode
-            self.log.update_job(self.job_ids[role], status="finished" if code == 0 else "failed", exit_code=code,
-                                ended_at=time.time())
+            self.log.update_job(self.job_ids[role], status=proc.ended_as(), exit_code=code, ended_at=time.time())
             if code != 0 and status != "stopped":
                 failed.append(f"{role} worker exited with code {code} (its log: {self.run_dir / f'{role}.log'})")
         if failed:
@@ -157,10 +155,6 @@ class Pipeline:
             # no failure and no budget stop, the STOP file is the user's (or a signal's) request.
             self.note = "stopped on request: both workers finished their step, a final version published"
         return status
-
-    def kill(self) -> None:
-        for proc in self.procs.values():
-            proc.kill()
 
 
 def _tail(path: Path, lines: int = 8) -> str:

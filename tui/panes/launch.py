@@ -26,11 +26,8 @@ from textual.widgets import (
     Static,
 )
 
-from tui.actions import bindings_for
-from tui.backend import RECIPES_DIR, LaunchPlan
-from tui.launch_plan import (
+from jobs.launch_plan import (
     DEFAULT_ROLES,
-    MODES,
     PRESETS,
     ROLES_OF_MODE,
     SERVER_METHODS,
@@ -39,12 +36,16 @@ from tui.launch_plan import (
     build,
     default_roles,
 )
+from tui.actions import bindings_for
+from tui.backend import RECIPES_DIR, LaunchPlan
 from tui.panes.base import Pane
 from tui.widgets import CPU, AssignGrid
 
 if TYPE_CHECKING:
     from jobs.gpus import Snapshot
 
+MODES = (("recipe", "Recipe"), ("pipeline", "Pipeline"), ("server", "Baseline server"),
+         ("bench", "Benchmark matrix"))
 FIELDS_OF_MODE = {
     "recipe": ("recipe-fields",),
     "pipeline": ("pipeline-fields", "model-fields"),

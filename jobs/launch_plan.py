@@ -1,0 +1,223 @@
+"""A launch as the dashboard's form states it -> the recipe that `jobs` plans, validates and starts.
+
+Why a recipe even for one server: `jobs` is the only thing that starts processes (leases,
+supervision, detach, logs, the run log), and it speaks recipes. A method choice becomes a
+one-job recipe written into the workspace (kept, so the launch can be repeated with
+`adaflash run <file>`); a recipe choice becomes `--set` overrides of the chosen recipe. Which
+command and flags each launch means lives here, not in the TUI, which only asks; every check of
+the result is `jobs.plan.prepare`'s.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from adaflash.models.builtin_drafters import OFFLINE_INIT, builtin_drafter_of
+from jobs.launch_checks import drafts_of, integer, minutes, warn_dataset, warn_missing, warn_target
+
+PRESETS = (("adaflash", "AdaFlash"), ("osd", "OSD"))
+SERVER_METHODS = (("vanilla", "Vanilla"), ("eagle3", "EAGLE-3"), ("dflash", "DFlash"), ("mtp", "MTP"),
+                  ("osd", "OSD"), ("adaflash", "AdaFlash"))
+DEFAULT_ROLES = ("inference", "training", "server")
+ROLES_OF_MODE = {"pipeline": ("inference", "training"), "server": ("server",), "bench": ("server",)}
+
+# Seconds a pipeline job gets to stop cleanly when its run is stopped: the workers finish the step in
+# flight and publish (a CPU training step takes ~45 s, the pipeline's own grace is 60 s).
+PIPELINE_STOP_GRACE = 120.0
+HEADER = "# Written by adaflash-tui; run it again with: adaflash run <this file>\n"
+
+
+@dataclass(frozen=True)
+class LaunchChoice:
+    """What the form says, frozen so a worker can plan it while the user keeps typing."""
+
+    mode: str = "recipe"
+    recipe: str = ""
+    sets: str = ""  # recipe mode: extra KEY.PATH=VALUE overrides, space separated
+    preset: str = "adaflash"
+    method: str = "vanilla"
+    bench_methods: tuple[str, ...] = ("vanilla", "dflash", "adaflash")
+    target: str = "smollm2-135m"
+    draft: str = ""
+    dataset: str = ""
+    max_samples: str = ""
+    max_new_tokens: str = ""  # pipeline: empty means the pipeline's own default
+    batch_size: str = ""
+    max_minutes: str = ""
+    port: str = "30000"
+    concurrency: str = "1"
+    num_prompts: str = "16"
+    roles: tuple[tuple[str, tuple[int, ...] | None], ...] = ()
+    edited: tuple[str, ...] = ()  # roles (and "share") the user changed: recipe mode overrides only these
+    share: bool = False
+
+    @property
+    def role_map(self) -> dict[str, tuple[int, ...] | None]:
+        return dict(self.roles)
+
+
+@dataclass
+class Built:
+    """The recipe to plan: a path (with its text to write first, for method modes) and overrides."""
+
+    recipe_path: str | None
+    recipe_text: str | None
+    overrides: list[str]
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Job:
+    """One method mode's job: its recipe name, description and the `[jobs.NAME]` table."""
+
+    name: str
+    description: str
+    table: dict[str, Any]
+
+
+def _pipeline(choice: LaunchChoice, workspace: Path | None, errors: list[str], warnings: list[str]) -> _Job:
+    target, draft, dataset = choice.target.strip(), choice.draft.strip(), choice.dataset.strip()
+    if not draft and not builtin_drafter_of(target, OFFLINE_INIT):
+        errors.append("drafter: required (the initial drafter folder, e.g. an offline DFlash)")
+    if not dataset:
+        errors.append("dataset: required (prompts as a .jsonl file or a prepared dataset's name)")
+    warn_missing(draft, "drafter", warnings)
+    warn_dataset(dataset, "train", workspace, warnings)
+    samples = integer(choice.max_samples, "max samples", errors, optional=True)
+    new_tokens = integer(choice.max_new_tokens, "max new tokens", errors, optional=True)
+    batch = integer(choice.batch_size, "batch size", errors, optional=True)
+    budget = minutes(choice.max_minutes, errors)
+    command = ["adaflash", "pipeline", "--target", target, *(["--draft", draft] if draft else []), "--data", dataset,
+               "--infer-gpus", "{gpus.inference}", "--train-gpus", "{gpus.training}", "--preset", choice.preset]
+    for flag, value in (("--max-samples", samples), ("--max-new-tokens", new_tokens), ("--batch-size", batch),
+                        ("--max-minutes", budget)):
+        if value:
+            command += [flag, str(int(value)) if float(value).is_integer() else str(value)]
+    return _Job(f"tui-pipeline-{choice.preset}",
+                f"{dict(PRESETS).get(choice.preset, choice.preset)} pipeline from adaflash-tui",
+                {"command": command, "gpus": ["inference", "training"], "stop_grace": PIPELINE_STOP_GRACE})
+
+
+def _server(choice: LaunchChoice, errors: list[str], warnings: list[str]) -> _Job:
+    target, draft = choice.target.strip(), choice.draft.strip()
+    port = integer(choice.port, "port", errors, low=1, high=65535) or 0
+    if choice.method != "vanilla" and not draft and not builtin_drafter_of(target, choice.method):
+        errors.append(f"drafter: required for {choice.method} (a drafter folder)")
+    warn_missing(draft, "drafter", warnings)
+    command = ["adaflash", "serve", "--method", choice.method, "--target", target,
+               *(["--draft", draft] if draft else []), "--port", str(port), "--gpus", "{gpus.server}"]
+    return _Job(f"tui-serve-{choice.method}",
+                f"{dict(SERVER_METHODS).get(choice.method, choice.method)} server from adaflash-tui",
+                {"command": command, "kind": "service", "role": "server",
+                 "ready": {"http": f"http://127.0.0.1:{port}/health", "timeout": 900}})
+
+
+def _bench(choice: LaunchChoice, workspace: Path | None, errors: list[str], warnings: list[str]) -> _Job:
+    target, dataset = choice.target.strip(), choice.dataset.strip()
+    methods = tuple(choice.bench_methods)
+    if not methods:
+        errors.append("methods: pick at least one")
+    elif "vanilla" not in methods:
+        warnings.append("no Vanilla in the matrix: speed-ups need a Vanilla row of the same run")
+    if not dataset:
+        errors.append("dataset: required (prepared names or FILE.jsonl, comma separated)")
+    for each in (d.strip() for d in dataset.split(",") if d.strip()):
+        warn_dataset(each, "test", workspace, warnings)
+    drafts = drafts_of(choice.draft, methods, errors)
+    for spec in drafts:
+        method, _, folder = spec.partition("=")
+        if method not in methods:
+            errors.append(f"drafter: {method}= names no method of the matrix ({', '.join(methods) or 'none'})")
+        warn_missing(folder, f"drafter of {method}", warnings)
+    given = {d.split("=", 1)[0] for d in drafts}
+    missing = [m for m in methods if m not in ("vanilla", "mtp") and m not in given and not builtin_drafter_of(target, m)]
+    if missing:
+        errors.append(f"drafter: required for {', '.join(missing)} (DIR, or method=DIR,...)")
+    conc = [c.strip() for c in choice.concurrency.split(",") if c.strip()]
+    for c in conc or [""]:
+        integer(c, "concurrency", errors)
+    prompts = integer(choice.num_prompts, "prompts", errors) or 1
+    command = ["adaflash", "bench", "matrix", "--methods", ",".join(methods), "--datasets", dataset,
+               "--concurrency", ",".join(conc), "--target", target]
+    for d in drafts:
+        command += ["--draft", d]
+    command += ["--num-prompts", str(prompts), "--gpus", "{gpus.server}"]
+    return _Job("tui-bench-matrix", "benchmark matrix from adaflash-tui", {"command": command, "role": "server"})
+
+
+def method_recipe(choice: LaunchChoice, workspace: Path | None = None) -> tuple[str, list[str], list[str]]:
+    """(recipe TOML text, form errors, warnings) for a method mode; with the `workspace`, datasets given by
+    name are looked for in it."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    if not choice.target.strip():
+        errors.append("target: required (a built-in name, HF id or folder)")
+    warn_target(choice.target.strip(), warnings)
+    if choice.mode == "pipeline":
+        job = _pipeline(choice, workspace, errors, warnings)
+    elif choice.mode == "server":
+        job = _server(choice, errors, warnings)
+    elif choice.mode == "bench":
+        job = _bench(choice, workspace, errors, warnings)
+    else:
+        raise ValueError(f"not a method mode: {choice.mode!r}")
+    roles = choice.role_map
+    gpus: dict[str, Any] = {role: _gpus(roles.get(role)) for role in ROLES_OF_MODE[choice.mode]}
+    recipe = {"run": {"name": job.name, "description": job.description}, "gpus": {**gpus, "share": choice.share},
+              "jobs": {job.name.split("-", 1)[1].replace("-", "_"): job.table}}
+    return HEADER + tomli_w.dumps(recipe), errors, warnings
+
+
+def _gpus(gpus: tuple[int, ...] | None) -> str | list[int]:
+    return "cpu" if gpus is None else list(gpus)
+
+
+def _override_gpus(gpus: tuple[int, ...] | None) -> str:
+    return "cpu" if gpus is None else "[" + ",".join(str(i) for i in gpus) + "]"
+
+
+def recipe_overrides(choice: LaunchChoice) -> tuple[list[str], list[str]]:
+    """(--set overrides, errors) of a recipe mode: the roles the user edited, share, typed --set."""
+    errors: list[str] = []
+    overrides = [f"gpus.{role}={_override_gpus(gpus)}" for role, gpus in choice.roles if role in choice.edited]
+    if "share" in choice.edited:
+        overrides.append(f"gpus.share={'true' if choice.share else 'false'}")
+    try:
+        typed = shlex.split(choice.sets)
+    except ValueError as err:
+        return overrides, [f"overrides: {err}"]
+    for item in typed:
+        if "=" not in item:
+            errors.append(f"overrides: expected KEY.PATH=VALUE, got {item!r}")
+        else:
+            overrides.append(item)
+    return overrides, errors
+
+
+def build(choice: LaunchChoice, recipes_dir: Path, *, final: str | None = None,
+          workspace: Path | None = None) -> Built:
+    """What to plan for a choice. `final` names a method recipe for a launch (else a draft file)."""
+    if choice.mode == "recipe":
+        overrides, errors = recipe_overrides(choice)
+        recipe = choice.recipe.strip()
+        if not recipe:
+            errors.append("recipe: pick one from the list or type a path to a .toml file")
+            return Built(None, None, overrides, errors)
+        return Built(recipe, None, overrides, errors)
+    text, errors, warnings = method_recipe(choice, workspace)
+    name = f"tui-{choice.mode}-{final}.toml" if final else f"tui-draft-{choice.mode}.toml"
+    return Built(str(recipes_dir / name), text, [], errors, warnings)
+
+
+def default_roles(indices: list[int]) -> dict[str, tuple[int, ...] | None]:
+    """A sensible first assignment: inference and the server on the first GPU, training on the rest."""
+    if not indices:
+        return {role: None for role in DEFAULT_ROLES}
+    first, rest = indices[0], indices[1:]
+    return {"inference": (first,), "training": tuple(rest) if rest else (first,), "server": (first,)}
