@@ -25,6 +25,12 @@ SERVER_METHODS = (("vanilla", "Vanilla"), ("eagle3", "EAGLE-3"), ("dflash", "DFl
                   ("osd", "OSD"), ("adaflash", "AdaFlash"))
 DEFAULT_ROLES = ("inference", "training", "server")
 ROLES_OF_MODE = {"pipeline": ("inference", "training"), "server": ("server",), "bench": ("server",)}
+ADAPT_METHODS = ("dflash", "adaflash", "osd")  # a server that learns its traffic trains DFlash drafters
+
+
+def roles_of(mode: str, adapt: bool = False) -> tuple[str, ...]:
+    """The GPU roles a method mode uses: an adapting server's trainer takes the training role."""
+    return ROLES_OF_MODE[mode] + (("training",) if mode == "server" and adapt else ())
 
 # Seconds a pipeline job gets to stop cleanly when its run is stopped: the workers finish the step in
 # flight and publish (a CPU training step takes ~45 s, the pipeline's own grace is 60 s).
@@ -55,6 +61,7 @@ class LaunchChoice:
     roles: tuple[tuple[str, tuple[int, ...] | None], ...] = ()
     edited: tuple[str, ...] = ()  # roles (and "share") the user changed: recipe mode overrides only these
     share: bool = False
+    adapt: bool = False  # server mode: `serve --adapt`, its trainer on the training role
 
     @property
     def role_map(self) -> dict[str, tuple[int, ...] | None]:
@@ -112,9 +119,17 @@ def _server(choice: LaunchChoice, errors: list[str], warnings: list[str]) -> _Jo
     warn_missing(draft, "drafter", warnings)
     command = ["adaflash", "serve", "--method", choice.method, "--target", target,
                *(["--draft", draft] if draft else []), "--port", str(port), "--gpus", "{gpus.server}"]
-    return _Job(f"tui-serve-{choice.method}",
-                f"{dict(SERVER_METHODS).get(choice.method, choice.method)} server from adaflash-tui",
-                {"command": command, "kind": "service", "role": "server",
+    placement: dict[str, Any] = {"role": "server"}
+    if choice.adapt:
+        if choice.method not in ADAPT_METHODS:
+            errors.append(f"learn the traffic: needs DFlash, AdaFlash or OSD (it trains DFlash drafters), "
+                          f"not {choice.method}")
+        command += ["--adapt", "--train-gpus", "{gpus.training}"]
+        placement = {"gpus": ["server", "training"]}
+    return _Job(f"tui-serve-{choice.method}{'-adapt' if choice.adapt else ''}",
+                f"{dict(SERVER_METHODS).get(choice.method, choice.method)} server from adaflash-tui"
+                + (", learning its traffic" if choice.adapt else ""),
+                {"command": command, "kind": "service", **placement,
                  "ready": {"http": f"http://127.0.0.1:{port}/health", "timeout": 900}})
 
 
@@ -168,7 +183,7 @@ def method_recipe(choice: LaunchChoice, workspace: Path | None = None) -> tuple[
     else:
         raise ValueError(f"not a method mode: {choice.mode!r}")
     roles = choice.role_map
-    gpus: dict[str, Any] = {role: _gpus(roles.get(role)) for role in ROLES_OF_MODE[choice.mode]}
+    gpus: dict[str, Any] = {role: _gpus(roles.get(role)) for role in roles_of(choice.mode, choice.adapt)}
     recipe = {"run": {"name": job.name, "description": job.description}, "gpus": {**gpus, "share": choice.share},
               "jobs": {job.name.split("-", 1)[1].replace("-", "_"): job.table}}
     return HEADER + tomli_w.dumps(recipe), errors, warnings

@@ -52,6 +52,18 @@ def test_server_choice_is_a_service_with_a_readiness_check() -> None:
     assert job.command[-4:] == ["--port", "31000", "--gpus", "cpu"]
 
 
+def test_an_adapting_server_puts_its_trainer_on_the_training_role() -> None:
+    text, errors, _ = method_recipe(choice(mode="server", method="adaflash", adapt=True,
+                                           roles={"server": (0,), "training": (1,)}))
+    assert errors == []
+    job = next(iter(parse_recipe(text, "tui.toml").jobs.values()))
+    assert job.kind == "service" and job.launcher and job.gpus == (0, 1)
+    assert job.command[-5:] == ["--gpus", "0", "--adapt", "--train-gpus", "1"]
+    _, errors, _ = method_recipe(choice(mode="server", method="vanilla", adapt=True,
+                                        roles={"server": (0,), "training": (1,)}))
+    assert errors == ["learn the traffic: needs DFlash, AdaFlash or OSD (it trains DFlash drafters), not vanilla"]
+
+
 def test_bench_choice_needs_drafters_and_valid_numbers() -> None:
     bad = choice(mode="bench", bench_methods=("vanilla", "dflash"), dataset="gsm8k", concurrency="1,x",
                  num_prompts="0", target="org/other-model")

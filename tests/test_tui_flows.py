@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Input, Select
+from textual.widgets import Checkbox, DataTable, Input, Select
 
 from adaflash.runlog import RunLog
 from jobs.control import LIVE_RUN_STATUSES, stop_run, supervisor_pid
@@ -392,6 +392,13 @@ async def test_launch_shows_invalid_choices_inline_and_refuses(ws: Path, leases:
         app.query_one("#port", Input).value = "99999"
         await settle(pilot)
         assert any(e.startswith("port:") for e in launch.errors)
+        # a server that learns its traffic: its trainer takes the training role; vanilla cannot learn
+        app.query_one("#port", Input).value = "31000"
+        app.query_one("#adapt", Checkbox).value = True
+        await settle(pilot)
+        assert "training" in launch.used_roles()
+        assert any(e.startswith("learn the traffic") for e in launch.errors)
+        app.query_one("#adapt", Checkbox).value = False
         # an override that is not one, a GPU the machine lacks
         await pilot.click("#mode-recipe")
         app.query_one("#recipe-sets", Input).value = "oops"

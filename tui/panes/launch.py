@@ -29,12 +29,12 @@ from textual.widgets import (
 from jobs.launch_plan import (
     DEFAULT_ROLES,
     PRESETS,
-    ROLES_OF_MODE,
     SERVER_METHODS,
     Built,
     LaunchChoice,
     build,
     default_roles,
+    roles_of,
 )
 from tui.actions import bindings_for
 from tui.backend import RECIPES_DIR, LaunchPlan
@@ -119,6 +119,8 @@ class LaunchPane(Pane):
                     yield from field("method", Select([(t, v) for v, t in SERVER_METHODS], value="vanilla",
                                                       allow_blank=False, id="server-method", compact=True))
                     yield from field("port", Input("30000", placeholder="port", id="port", compact=True))
+                    yield Checkbox("learn the traffic (--adapt: a trainer on the training role)", False, id="adapt",
+                                   compact=True)
                 with Vertical(id="bench-fields", classes="fields hidden"):
                     yield SelectionList[str](*((t, v, v in ("vanilla", "dflash", "adaflash"))
                                                for v, t in SERVER_METHODS), id="bench-methods", compact=True)
@@ -153,7 +155,7 @@ class LaunchPane(Pane):
     def used_roles(self) -> list[str]:
         if self.mode == "recipe":
             return list(self.recipe_roles)
-        return list(ROLES_OF_MODE[self.mode])
+        return list(roles_of(self.mode, self.query_one("#adapt", Checkbox).value))
 
     def assignment(self) -> dict[str, tuple[int, ...] | None]:
         """Roles -> GPUs as the grid shows them for the current mode."""
@@ -191,7 +193,7 @@ class LaunchPane(Pane):
             max_samples=value("max-samples"), max_new_tokens=value("max-new-tokens"), batch_size=value("batch-size"),
             max_minutes=value("max-minutes"), port=value("port"), concurrency=value("concurrency"),
             num_prompts=value("num-prompts"), roles=tuple(sorted(roles.items())),
-            edited=tuple(sorted(edited)), share=self.share,
+            edited=tuple(sorted(edited)), share=self.share, adapt=self.query_one("#adapt", Checkbox).value,
         )
 
     # -- planning -------------------------------------------------------------------------------------
@@ -379,7 +381,10 @@ class LaunchPane(Pane):
 
     def on_checkbox_changed(self, event: Checkbox.Changed) -> None:
         event.stop()
-        if event.checkbox.id == "share":
+        if event.checkbox.id == "adapt":
+            self._draw_grid()
+            self.replan()
+        elif event.checkbox.id == "share":
             if self.mode == "recipe":
                 self.recipe_share_edit = event.value
             else:
