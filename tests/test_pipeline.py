@@ -251,6 +251,19 @@ def test_pipeline_bad_inputs(tmp_path, tiny_target):
     assert RunLog.open(tmp_path / "ws").list_runs() == []
 
 
+def test_the_adaflash_preset_refuses_a_drafter_without_a_length_head_before_anything_starts(tmp_path, tiny_llama,
+                                                                                             tiny_target):
+    """The inference worker used to serve such a drafter as plain DFlash without a word."""
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    base = ["--workspace", str(tmp_path / "ws"), "pipeline", "--target", str(tiny_llama), "--draft", str(draft),
+            "--data", str(tmp_path / "p.jsonl"), "--dry-run"]
+    result = CliRunner().invoke(cli, base)
+    assert result.exit_code == 2 and "needs a DFlash drafter with a length head" in result.output, result.output
+    assert "--preset osd" in result.output and "Traceback" not in result.output
+    assert CliRunner().invoke(cli, [*base, "--preset", "osd"]).exit_code == 0
+
+
 def test_pipeline_refuses_a_drafter_that_does_not_fit_the_target_before_anything_starts(tmp_path, tiny_llama,
                                                                                         tiny_target):
     """A drafter of another hidden size (or vocabulary) recorded a run and started two workers that crashed;

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaflash.engine.params import DEFAULT_LENGTH_POLICY, METHODS
+from adaflash.engine.params import DEFAULT_LENGTH_POLICY
+from adaflash.methods import METHOD_NAMES, VANILLA, method_of
 from adaflash.models.builtin_drafters import builtin_drafter_of
 from adaflash.models.registry import resolve_drafter
 
-BENCH_METHODS = METHODS
 # Sub-folders of --draft-dir tried for each method, in order. The smollm2-cpu recipe writes {drafters}/dflash,
 # .../adaflash-init (offline length head) and .../adaflash-online (the pipeline's newest version, preferred).
 DRAFT_SUBDIRS = {"dflash": ("dflash",), "adaflash": ("adaflash", "adaflash-online", "adaflash-init"), "osd": ("osd",),
@@ -72,10 +72,10 @@ def parse_methods(text: str) -> list[str]:
     items = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     if not items:
         raise EngineBenchError("--methods is empty; give e.g. vanilla,dflash,adaflash")
-    unknown = [m for m in items if m not in BENCH_METHODS]
+    unknown = [m for m in items if m not in METHOD_NAMES]
     if unknown:
-        raise EngineBenchError(f"--methods: unknown method(s) {', '.join(unknown)}; choose from {', '.join(BENCH_METHODS)}")
-    return sorted(items, key=lambda m: m != "vanilla")
+        raise EngineBenchError(f"--methods: unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHOD_NAMES)}")
+    return sorted(items, key=lambda m: m != VANILLA)
 
 
 def resolve_drafts(methods: list[str], draft_dir: str | None, explicit: dict[str, str],
@@ -85,7 +85,7 @@ def resolve_drafts(methods: list[str], draft_dir: str | None, explicit: dict[str
     drafts: dict[str, str] = {}
     missing = []
     for method in methods:
-        if method == "vanilla":
+        if not method_of(method).needs_drafter:
             continue
         if method in explicit:
             drafts[method] = str(resolve_drafter(explicit[method]))

@@ -18,7 +18,7 @@ from adaflash.cli.common import (
     runlog_of,
     workspace_of,
 )
-from adaflash.engine.params import METHODS
+from adaflash.methods import METHOD_NAMES, SPECULATIVE_NAMES, VANILLA, method_of
 
 SUMMARY = [("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
            ("total_input_tokens", "Total input tokens"), ("total_output_tokens", "Total generated tokens"),
@@ -118,7 +118,7 @@ class _Progress:
 @click.option("--label", default=None, help="A name for this result (shown in comparisons).")
 @click.option("--chat/--no-chat", default=True, show_default=True,
               help="Apply the target's chat template client-side (the server gets the exact text).")
-@click.option("--method", type=click.Choice(METHODS), default=None, help="Metadata [default: from /get_server_info].")
+@click.option("--method", type=click.Choice(METHOD_NAMES), default=None, help="Metadata [default: from /get_server_info].")
 @click.option("--target", default=None, help="Metadata and tokenizer [default: from /get_server_info].")
 @click.option("--draft", default=None, help="Metadata [default: from /get_server_info].")
 @click.option("--seed", type=int, default=None, help="Sample --num-prompts prompts with this seed (default: the first N).")
@@ -229,9 +229,9 @@ def matrix(ctx: click.Context, methods: str, datasets: str, concurrency_list: st
     from adaflash.bench.matrix import MatrixEvents, MatrixSpec, run_matrix
 
     method_list = _split(methods, "--methods")
-    unknown = [m for m in method_list if m not in METHODS]
+    unknown = [m for m in method_list if m not in METHOD_NAMES]
     if unknown:
-        fail(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        fail(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHOD_NAMES)}")
     try:
         levels = [int(c) for c in _split(concurrency_list, "--concurrency")]
     except ValueError:
@@ -241,10 +241,10 @@ def matrix(ctx: click.Context, methods: str, datasets: str, concurrency_list: st
     draft_map: dict[str, str] = {}
     for item in drafts:
         key, sep, value = item.partition("=")
-        if not sep or key not in METHODS or not value:
-            fail(f"--draft takes METHOD=DIR with METHOD one of {', '.join(METHODS)}, got {item!r}")
+        if not sep or key not in METHOD_NAMES or not value:
+            fail(f"--draft takes METHOD=DIR with METHOD one of {', '.join(METHOD_NAMES)}, got {item!r}")
         draft_map[key] = value
-    missing = [m for m in method_list if m != "vanilla" and m not in draft_map and not (m == "mtp" and engine == "sglang")]
+    missing = [m for m in method_list if method_of(m).needs_draft_on(engine) and m not in draft_map]
     if engine == "embedded":
         from adaflash.models.builtin_drafters import builtin_drafter_of
 
@@ -256,7 +256,7 @@ def matrix(ctx: click.Context, methods: str, datasets: str, concurrency_list: st
                 note_builtin_drafter(f"{method} runs", builtin, f"--draft {method}=DIR")
     if missing:
         fail(f"no drafter for {', '.join(missing)}: add --draft METHOD=DIR for each")
-    if "vanilla" not in method_list:
+    if VANILLA not in method_list:
         click.secho("note: no vanilla in --methods, so the comparison will have no speed-up column", fg="yellow", err=True)
     from adaflash.bench.prompts import domains_of
 
@@ -353,8 +353,8 @@ def _supervised_launcher(log, workspace: str, spec):
 
 @bench.command("engine")
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF model folder or hub id.")
-@click.option("--methods", default="vanilla", show_default=True,
-              help=f"Comma-separated, from {', '.join(METHODS)}; Vanilla is every row's reference.")
+@click.option("--methods", default=VANILLA, show_default=True,
+              help=f"Comma-separated, from {', '.join(METHOD_NAMES)}; Vanilla is every row's reference.")
 @click.option("--draft-dir", default=None, type=click.Path(file_okay=False),
               help="A folder with one drafter per method: DIR/dflash, DIR/adaflash (or adaflash-online, adaflash-init), "
                    "DIR/eagle3, DIR/mtp.")
@@ -432,8 +432,8 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     explicit: dict[str, str] = {}
     for item in drafts:
         key, sep, value = item.partition("=")
-        if not sep or key not in METHODS or key == "vanilla" or not value:
-            fail(f"--draft takes METHOD=DIR with METHOD one of {', '.join(m for m in METHODS if m != 'vanilla')}, "
+        if not sep or key not in SPECULATIVE_NAMES or not value:
+            fail(f"--draft takes METHOD=DIR with METHOD one of {', '.join(SPECULATIVE_NAMES)}, "
                  f"got {item!r}")
         explicit[key] = value
     try:
@@ -457,7 +457,7 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
         builtin = builtin_drafter_of(target, method) if method not in explicit else None
         if builtin and folder == str(resolve_drafter(builtin)):
             note_builtin_drafter(f"{method} runs", builtin, f"--draft {method}=DIR")
-    if "vanilla" not in method_list:
+    if VANILLA not in method_list:
         click.secho("note: no vanilla in --methods: no speed-up column and no lossless check", fg="yellow", err=True)
     name, prompts = _prompts(ctx, dataset, num_prompts, seed, chat, target)
     spec = EngineBenchSpec(target=target, methods=method_list, batch_sizes=sizes, drafts=draft_map, dataset=name,

@@ -23,7 +23,7 @@ from adaflash.data.column_map import parse_column_map
 from adaflash.data.errors import DatasetError
 from adaflash.data.prepare import prepare_dataset
 from adaflash.data.resolve import resolve_dataset
-from adaflash.engine.params import METHODS
+from adaflash.methods import METHOD_NAMES, VANILLA
 
 
 @click.group()
@@ -204,7 +204,7 @@ def vary(ctx: click.Context, dataset_file: str, variants: int, num_samples: int 
 
 @data.command("regenerate", short_help="Answer a dataset's prompts with the target, for drafter training.")
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
-@click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
+@click.option("--method", type=click.Choice(METHOD_NAMES), default=VANILLA, show_default=True)
 @click.option("--draft", default=None, metavar="DIR|NAME",
               help="Drafter folder or built-in drafter's name (methods other than vanilla; dflash and adaflash "
                    "default to the target's built-in drafter for each: `adaflash draft builtins`).")

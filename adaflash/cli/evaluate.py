@@ -13,6 +13,7 @@ from adaflash.cli.common import (
     runlog_of,
     workspace_of,
 )
+from adaflash.methods import VANILLA, method_of
 
 
 def _parse_methods(specs: tuple[str, ...], target: str) -> list[tuple[str, str | None]]:
@@ -31,7 +32,7 @@ def _parse_methods(specs: tuple[str, ...], target: str) -> list[tuple[str, str |
             fail(str(err))
         if out[-1][1] and not draft:
             note_builtin_drafter(f"--method {method} runs", out[-1][1], f"--method {method}=DIR")
-        if method == "vanilla" and draft:
+        if draft and not method_of(method).needs_drafter:
             fail(f"--method {spec}: vanilla runs without a drafter")
     return out
 
@@ -94,7 +95,7 @@ def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_si
         log.add_bench_result(run_id, record)
         results.append(record)
         click.echo(f"{method}: τ={metrics['accept_length']:.2f} {metrics['output_throughput']:.1f} tok/s", err=True)
-    base = next((r["output_throughput"] for r in results if r["method"] == "vanilla"), None)
+    base = next((r["output_throughput"] for r in results if r["method"] == VANILLA), None)
     for r in results:
         r["speedup"] = r["output_throughput"] / base if base else None
     log.finish_run(run_id)

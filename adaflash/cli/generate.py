@@ -9,7 +9,7 @@ import time
 import click
 
 from adaflash.cli.common import chosen_drafter, fail, length_policy_option, run_guard, runlog_of
-from adaflash.engine.params import METHODS
+from adaflash.methods import METHOD_NAMES, VANILLA
 
 
 @click.command()
@@ -18,7 +18,7 @@ from adaflash.engine.params import METHODS
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
               help='JSONL: {"prompt": ...} or a normalized row with "conversations" per line.')
 @click.option("--limit", type=int, default=None, help="Read at most this many prompts from --prompts.")
-@click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
+@click.option("--method", type=click.Choice(METHOD_NAMES), default=VANILLA, show_default=True)
 @click.option("--draft", default=None, metavar="DIR|NAME",
               help="Drafter folder or built-in drafter's name (methods other than vanilla; dflash and adaflash "
                    "default to the target's built-in drafter for each: `adaflash draft builtins`).")

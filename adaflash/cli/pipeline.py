@@ -90,13 +90,14 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     if not data:
         fail("--data FILE is required: the prompts the inference worker answers (see `adaflash pipeline --help`)")
     draft = _initial_drafter(target, draft)
-    _check_drafter(draft, target)
-    _check_prompts(data, skip)
     chosen = dict(PRESETS[preset or "adaflash"])
     if loss:
         chosen["loss"] = loss
     if length_head is not None:
         chosen["length_head"] = length_head
+    served = "adaflash" if chosen["length_head"] else "dflash"  # what the inference worker runs
+    _check_drafter(draft, target, served)
+    _check_prompts(data, skip)
     try:
         infer_list, train_list = parse_gpus(infer_gpus, "--infer-gpus"), parse_gpus(train_gpus, "--train-gpus")
     except ValueError as err:
@@ -122,7 +123,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     deadline = time.time() + max_minutes * 60 if max_minutes else None
     device = lambda gpus: "cuda" if gpus else "cpu"  # noqa: E731  (CUDA_VISIBLE_DEVICES narrows it)
     infer = InferenceConfig(target=target, draft=str(Path(draft).resolve()), data=str(Path(data).resolve()), swap_dir=swap,
-                            run_id=run_id, workspace=workspace, method="adaflash" if chosen["length_head"] else "dflash",
+                            run_id=run_id, workspace=workspace, method=served,
                             batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
                             length_policy=length_policy,
                             max_samples=max_samples, skip=skip, loop=loop, duration=duration, device=device(infer_list),
@@ -176,13 +177,17 @@ def _check_prompts(data: str, skip: int) -> None:
         fail(f"--skip {skip}: {data} holds only {count} prompts, none would be left")
 
 
-def _check_drafter(draft: str, target: str) -> None:
-    """The pipeline trains DFlash drafters (with or without a length head) that fit the target.
+def _check_drafter(draft: str, target: str, served: str) -> None:
+    """The pipeline trains DFlash drafters that fit the target and the method its inference worker serves
+    (AdaFlash reads the length head from the first step, so the drafter must have one).
 
     The fit is the check `generate` and `serve` make when they build their engine (hidden size, vocabulary,
-    target layer ids, weights against config), made here against the target's config alone, so a mismatched
-    drafter is refused before a run is recorded, not by two workers failing with tracebacks.
+    target layer ids, weights against config, the method's needs), made here against the target's config
+    alone, so a mismatched drafter is refused before a run is recorded, not by two workers failing with
+    tracebacks.
     """
+    from adaflash.engine.engine import fitting_drafter
+    from adaflash.methods import method_of
     from adaflash.models.drafter_io import DrafterError, drafter_method, load_drafter, read_drafter_config
     from adaflash.models.layers import DecoderConfig
     from adaflash.models.loading import local_folder
@@ -199,9 +204,13 @@ def _check_drafter(draft: str, target: str) -> None:
     except (OSError, ValueError, KeyError) as err:
         fail(f"--target {target}: {err}")
     try:
-        load_drafter(draft, target_cfg)
+        drafter = load_drafter(draft, target_cfg)
     except DrafterError as err:
         fail(f"--draft does not fit --target {target}: {err}")
+    try:
+        fitting_drafter(method_of(served), drafter)
+    except ValueError as err:
+        fail(f"--draft {draft}: {err}; or train without one (--preset osd or --no-length-head)")
 
 
 def _check_budget(lr_decay_minutes: float, max_minutes: float | None) -> None:

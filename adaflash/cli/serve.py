@@ -14,13 +14,13 @@ import time
 import click
 
 from adaflash.cli.common import chosen_drafter, fail, length_policy_option, overlap_option, runlog_of
-from adaflash.engine.params import METHODS
+from adaflash.methods import METHOD_NAMES, VANILLA
 
 DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longer than this many tokens
 
 
 @click.command()
-@click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
+@click.option("--method", type=click.Choice(METHOD_NAMES), default=VANILLA, show_default=True)
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
 @click.option("--draft", default=None, metavar="DIR|NAME",
               help="Drafter folder or built-in drafter's name (every method but vanilla; optional for mtp on SGLang; "

@@ -36,12 +36,26 @@ from adaflash.engine.passes import DevicePasses, LengthChooser
 from adaflash.engine.sampling import accept, sample_for
 from adaflash.engine.sequence import RunningSeq
 from adaflash.engine.verify_lengths import VerifyLengths
+from adaflash.methods import VANILLA, Method, method_of
 from adaflash.models.cache import KVCache
 from adaflash.models.drafters import Drafter
 from adaflash.models.loading import Target
 
-BLOCK_METHODS = ("dflash", "adaflash", "osd")
-CHAIN_METHODS = ("eagle3", "mtp")
+
+def fitting_drafter(method: Method, drafter: Drafter | None) -> Drafter | None:
+    """The drafter `method` runs, checked against the method table (Vanilla drops any drafter given)."""
+    if not method.needs_drafter:
+        return None
+    if drafter is None:
+        raise ValueError(f"method {method.name!r} needs a drafter (--draft DIR)")
+    if drafter.kind != method.kind:
+        raise ValueError(f"method {method.name!r} needs a {method.kind} drafter, got a {drafter.kind} drafter "
+                         f"({drafter.method})")
+    if method.length_head and getattr(drafter, "length_head", None) is None:
+        raise ValueError(f"method {method.name!r} needs a DFlash drafter with a length head; this {drafter.method} "
+                         "drafter has none (create one with `adaflash draft new --length-head` or "
+                         "`adaflash train length-head`)")
+    return drafter
 
 
 @dataclass
@@ -62,7 +76,7 @@ class Engine(Admitting, VerifyLengths):
     def __init__(
         self,
         target: Target,
-        method: str = "vanilla",
+        method: str = VANILLA,
         drafter: Drafter | None = None,
         *,
         max_batch: int = 16,
@@ -81,14 +95,7 @@ class Engine(Admitting, VerifyLengths):
         overlap: bool | None = None,
         async_prefill: bool = False,
     ) -> None:
-        if method != "vanilla" and drafter is None:
-            raise ValueError(f"method {method!r} needs a drafter (--draft DIR)")
-        if drafter is not None:
-            wanted = "block" if method in BLOCK_METHODS else "chain"
-            if method == "vanilla":
-                drafter = None
-            elif drafter.kind != wanted:
-                raise ValueError(f"method {method!r} needs a {wanted} drafter, got a {drafter.kind} drafter ({drafter.method})")
+        drafter = fitting_drafter(method_of(method), drafter)
         self.target = target
         self.method = method
         self.model = target.model
@@ -177,6 +184,7 @@ class Engine(Admitting, VerifyLengths):
         """
         if self.drafter is None:
             raise ValueError("this engine runs without a drafter; nothing to swap")
+        fitting_drafter(method_of(self.method), drafter)
         if drafter.kind != self.drafter.kind or list(drafter.target_layer_ids) != self.passes.capture:
             raise ValueError("the new drafter does not match the running one (kind or target_layer_ids differ)")
         self._settle()  # the context is rebuilt from every position the target has kept

@@ -11,6 +11,7 @@ import torch
 from adaflash.engine.length_policy import CostRule
 from adaflash.engine.params import LENGTH_POLICIES
 from adaflash.engine.passes import LengthChooser
+from adaflash.methods import method_of
 
 if TYPE_CHECKING:
     from adaflash.models.drafters import Drafter
@@ -31,7 +32,7 @@ class VerifyLengths:
         self.length_policy = length_policy
         self.cost_rule: CostRule | None = None  # made for the drafter's block on first use
         self.num_steps = num_steps
-        self.use_length_head = (method == "adaflash") if use_length_head is None else use_length_head
+        self.use_length_head = method_of(method).length_head if use_length_head is None else use_length_head
         self.verify_length = verify_length  # a fixed block length to verify (baseline for the head)
 
     def _draft_steps(self) -> int | None:

@@ -101,9 +101,7 @@ class InferenceWorker:
             self.refused.add(version)
             self._event(f"refused version {version}: {why}", level="warning")
         drafter = loaded[1] if loaded else load_drafter(cfg.draft, self.target.model.cfg)
-        has_head = getattr(drafter, "length_head", None) is not None
-        method = cfg.method if has_head or cfg.method != "adaflash" else "dflash"
-        engine = Engine(self.target, method, drafter, max_batch=cfg.batch_size, seed=cfg.seed,
+        engine = Engine(self.target, cfg.method, drafter, max_batch=cfg.batch_size, seed=cfg.seed,
                         max_len=min(self.target.max_context, 4096), length_policy=cfg.length_policy)
         engine.drafter_version = loaded[0] if loaded else 0
         return engine
