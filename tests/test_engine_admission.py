@@ -1,4 +1,4 @@
-"""Prefills beside decoding (`Engine(async_prefill=True)`): admitted prompts join the batch a step later.
+"""Prefills beside decoding (`EngineConfig(async_prefill=True)`): admitted prompts join the batch a step later.
 
 On a GPU the prefill runs on a side stream; here, on padded shapes on a CPU, it runs as it is launched
 and joins at the next step, so the scheduling is what is tested: outputs equal the plain engine's, the
@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request, SamplingParams
 from adaflash.engine.passes import DevicePasses
@@ -21,8 +22,8 @@ from tests.test_engine_overlap import plain, requests_for
 
 def beside(target, method: str, *, async_prefill: bool = True) -> Engine:
     drafter = drafter_for(method, target) if method != "vanilla" else None
-    return Engine(target, method, drafter, max_batch=4, max_len=512, pad_shapes=True, async_prefill=async_prefill,
-                  use_length_head=False if method == "adaflash" else None)
+    return Engine(target, method, drafter,
+                  config=EngineConfig(max_batch=4, max_len=512, pad_shapes=True, async_prefill=async_prefill, use_length_head=False if method == "adaflash" else None))
 
 
 @pytest.mark.parametrize("method", ["vanilla", "dflash", "adaflash"])
@@ -123,8 +124,10 @@ def test_sampled_prompts_are_admitted_the_usual_way(tiny_target, monkeypatch):
 
 
 def test_off_by_default_and_without_padding(tiny_target):
-    assert not Engine(tiny_target, "vanilla", max_batch=2, max_len=256, pad_shapes=True).async_prefill
-    assert not Engine(tiny_target, "vanilla", max_batch=2, max_len=256, async_prefill=True).async_prefill
+    assert not Engine(tiny_target, "vanilla",
+                      config=EngineConfig(max_batch=2, max_len=256, pad_shapes=True)).async_prefill
+    assert not Engine(tiny_target, "vanilla",
+                      config=EngineConfig(max_batch=2, max_len=256, async_prefill=True)).async_prefill
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a side stream needs a GPU")
@@ -137,7 +140,7 @@ def test_prefills_on_a_side_stream_give_the_cpu_engines_tokens(tiny_llama, metho
     gpu = load_target(str(tiny_llama), device="cuda", dtype="float32")
     reference = plain(cpu, requests_for(cpu))
     drafter = drafter_for(method, gpu) if method != "vanilla" else None
-    engine = Engine(gpu, method, drafter, max_batch=4, max_len=512, async_prefill=True)
+    engine = Engine(gpu, method, drafter, config=EngineConfig(max_batch=4, max_len=512, async_prefill=True))
     assert engine._side is not None
     engine.capture_graphs()
     began, begin = [], Engine._begin_admission
@@ -157,12 +160,12 @@ def test_a_wide_admission_is_split_to_the_prefill_token_budget(tiny_target, meth
     requests = requests_for(tiny_target)
     widest = max(len(r.prompt_ids) for r in requests)
     wide = Engine(tiny_target, method, drafter_for(method, tiny_target) if method != "vanilla" else None,
-                  max_batch=8, max_len=512, use_length_head=None)
+                  config=EngineConfig(max_batch=8, max_len=512, use_length_head=None))
     reference = {o.rid: o.output_ids for o in wide.generate(requests_for(tiny_target))}
     wide_prefills = wide.step_counts["prefill"]
     monkeypatch.setattr(admission, "PREFILL_TOKENS", 2 * widest)
     engine = Engine(tiny_target, method, drafter_for(method, tiny_target) if method != "vanilla" else None,
-                    max_batch=8, max_len=512, use_length_head=None)
+                    config=EngineConfig(max_batch=8, max_len=512, use_length_head=None))
     sizes = []
     admitted = engine._admitted
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from adaflash.engine.config import EngineConfig
 from adaflash.methods import (
     DRAFTER_ARCHITECTURES,
     METHOD_NAMES,
@@ -73,7 +74,7 @@ def test_server_info_reports_the_table_s_algorithm(tiny_target):
 
     drafter = new_drafter("dflash", tiny_target.model.cfg, block_size=4, length_head=True)
     for method in ("adaflash", "osd"):
-        engine = Engine(tiny_target, method, drafter, max_batch=1, max_len=64)
+        engine = Engine(tiny_target, method, drafter, config=EngineConfig(max_batch=1, max_len=64))
         info = EmbeddedServer(engine, target="tiny").info()
         assert (info["method"], info["speculative_algorithm"]) == (method, "DFLASH")
 
@@ -84,8 +85,8 @@ def test_an_adaflash_engine_refuses_a_drafter_without_a_length_head(tiny_target)
 
     plain = new_drafter("dflash", tiny_target.model.cfg, block_size=4)
     with pytest.raises(ValueError, match="'adaflash' needs a DFlash drafter with a length head"):
-        Engine(tiny_target, "adaflash", plain, max_batch=1, max_len=64)
+        Engine(tiny_target, "adaflash", plain, config=EngineConfig(max_batch=1, max_len=64))
     headed = Engine(tiny_target, "adaflash", new_drafter("dflash", tiny_target.model.cfg, block_size=4,
-                                                         length_head=True), max_batch=1, max_len=64)
+                                                         length_head=True), config=EngineConfig(max_batch=1, max_len=64))
     with pytest.raises(ValueError, match="length head"):
         headed.swap_drafter(plain)

@@ -203,7 +203,8 @@ class EngineBench:
             if not method_of(method).needs_drafter:
                 continue
             try:
-                build_engine(self.target, method, spec.drafts[method], max_batch=1, max_len=self.max_len)
+                build_engine(self.target, method, spec.drafts[method],
+                             config=spec.engine_config.replace(max_batch=1, max_len=self.max_len))
             except (DrafterError, ValueError) as err:
                 raise EngineBenchError(f"--draft {method}={spec.drafts[method]}: {err}") from None
         _free(self.target.device)
@@ -405,10 +406,8 @@ class EngineBench:
         spec = self.spec
         if self._engines is not None and (method, batch) in self._engines:
             return self._engines[(method, batch)]
-        engine = build_engine(self.target, method, spec.drafts.get(method), max_batch=batch, max_len=self.max_len,
-                              length_rate=spec.length_rate, min_length=spec.min_length,
-                              length_policy=spec.length_policy, admit_batch=spec.admit_batch,
-                              overlap=None if spec.overlap else False, async_prefill=spec.async_prefill)
+        engine = build_engine(self.target, method, spec.drafts.get(method),
+                              config=spec.engine_config.replace(max_batch=batch, max_len=self.max_len))
         if self.warmup != "none" and engine.graphs.enabled:
             # Every graph the run can meet, as `serve` and `eval` capture them: a warm-up replays the
             # timed run's shapes, but not the rare widths AdaFlash's cost rule re-times, whose captures

@@ -10,14 +10,9 @@ from typing import Any
 
 import click
 
-from adaflash.cli.common import (
-    fail,
-    length_policy_option,
-    note_builtin_drafter,
-    overlap_option,
-    runlog_of,
-    workspace_of,
-)
+from adaflash.cli.common import fail, note_builtin_drafter, runlog_of, workspace_of
+from adaflash.cli.engine_options import engine_options
+from adaflash.engine.config import EngineConfig
 from adaflash.methods import METHOD_NAMES, SPECULATIVE_NAMES, VANILLA, method_of
 
 SUMMARY = [("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
@@ -375,19 +370,11 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.option("--warmup", type=click.Choice(["auto", "short", "full", "none"]), default="auto", show_default=True,
               help="Unmeasured pass per engine: short (a few tokens per slot), full (the measured requests once, "
                    "so every CUDA graph is captured before timing); auto = full on CUDA, short elsewhere.")
-@click.option("--length-rate", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
-              help="AdaFlash: scale on the predicted length.")
-@length_policy_option
-@click.option("--min-length", type=click.IntRange(1), default=2, show_default=True,
-              help="AdaFlash: fewest block positions verified.")
 @click.option("--order", type=click.Choice(["auto", "interleaved", "sequential"]), default="auto", show_default=True,
               help="interleaved: every method's engine gets all prompts queued and they take turns of a few steps, "
                    "each on its own clock, so a drifting machine slows every row alike; sequential: one method "
                    "after the other, all prompts queued at once; auto = interleaved on CPU, sequential on CUDA.")
-@click.option("--admit-batch", type=click.IntRange(1), default=None,
-              help="Prefill new prompts once this many slots are free (as `serve --admit-batch`; default: batch // 8 "
-                   "on a GPU, 1 on a CPU). At most the smallest --batch-sizes.")
-@overlap_option()
+@engine_options(skip=("max_len", "seed"), notes={"admit_batch": "At most the smallest --batch-sizes."})
 @click.option("--async-prefill", is_flag=True,
               help="Prefill admitted prompts on a side CUDA stream while the batch keeps decoding (greedy prompts, "
                    "padded shapes; slower on GSM8K at batch 32 on an H200, for long prompts to try).")
@@ -404,9 +391,8 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.pass_context
 def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None, drafts: tuple[str, ...], dataset: str,
            num_prompts: int, batch_sizes: str, max_new_tokens: int, device: str, dtype: str, compare_hf: bool,
-           prompt_lookup_tokens: int, warmup: str, length_rate: float, length_policy: str, min_length: int, order: str,
-           admit_batch: int | None, overlap: bool, async_prefill: bool, profile: str | None, profile_steps: int,
-           chat: bool, seed: int | None, label: str | None, fmt: str) -> None:
+           prompt_lookup_tokens: int, warmup: str, order: str, engine_cfg: EngineConfig, async_prefill: bool,
+           profile: str | None, profile_steps: int, chat: bool, seed: int | None, label: str | None, fmt: str) -> None:
     """Measure every method through the embedded engine side by side, greedy, on the same prompts.
 
     Per batch size: output tok/s, τ and whether greedy output is identical to our Vanilla's; with
@@ -439,6 +425,7 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     try:
         method_list = parse_methods(methods)
         sizes = parse_batch_sizes(batch_sizes)
+        admit_batch = engine_cfg.admit_batch
         if admit_batch is not None and admit_batch > min(sizes):
             fail(f"--admit-batch {admit_batch}: more than the smallest --batch-sizes ({min(sizes)}), whose engine "
                  f"would never admit a prompt while a row decodes")
@@ -463,9 +450,7 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     spec = EngineBenchSpec(target=target, methods=method_list, batch_sizes=sizes, drafts=draft_map, dataset=name,
                            max_new_tokens=max_new_tokens, device=device, dtype=dtype, compare_hf=compare_hf,
                            prompt_lookup_tokens=prompt_lookup_tokens, label=label, warmup=warmup,
-                           length_rate=length_rate, min_length=min_length, order=order,
-                           length_policy=length_policy, admit_batch=admit_batch, overlap=overlap,
-                           async_prefill=async_prefill,
+                           engine_config=engine_cfg.replace(async_prefill=async_prefill), order=order,
                            profile=str(Path(profile).expanduser()) if profile else None, profile_steps=profile_steps)
     log = runlog_of(ctx)
     events = EngineBenchEvents(message=lambda m: click.echo(m, err=True))

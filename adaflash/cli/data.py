@@ -257,6 +257,7 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
     from adaflash.data.regenerate import PartialRows, fit_max_len, shard_of
     from adaflash.data.regenerate import regenerate as run_regenerate
     from adaflash.engine.build import build_engine
+    from adaflash.engine.config import EngineConfig
     from adaflash.engine.params import SamplingParams
     from adaflash.models.drafter_io import DrafterError
     from adaflash.models.loading import load_target
@@ -276,7 +277,8 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
         loaded = load_target(target, device=device, dtype=dtype)
         cache_len = (min(max_len, loaded.max_context) if max_len else
                      fit_max_len(loaded, todo or prompts, chat=chat, max_new_tokens=max_new_tokens))
-        engine = build_engine(loaded, method, draft, max_batch=batch_size, max_len=cache_len, seed=seed)
+        engine = build_engine(loaded, method, draft,
+                              config=EngineConfig(max_batch=batch_size, max_len=cache_len, seed=seed))
     except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)

@@ -16,7 +16,6 @@ from adaflash.cli.common import (
     existing_runlog_of,
     fail,
     fmt_cell,
-    length_policy_option,
     note_builtin_drafter,
     output_format_option,
     prompt_file,
@@ -25,6 +24,7 @@ from adaflash.cli.common import (
     workspace_of,
     workspace_path_of,
 )
+from adaflash.cli.engine_options import engine_options
 
 PRESETS = {
     "adaflash": {"loss": "rkl-mix", "length_head": True},
@@ -67,24 +67,29 @@ PRESETS = {
 @click.option("--duration", type=click.FloatRange(0, min_open=True), default=None,
               help="Inference stops taking prompts this many seconds after it starts; the trainers then drain the buffer.")
 @click.option("--min-buffer", type=click.IntRange(1), default=8, show_default=True)
-@click.option("--batch-size", type=click.IntRange(1), default=16, show_default=True, help="Inference batch.")
+@click.option("--batch-size", type=click.IntRange(1), default=16, show_default=True,
+              help="Inference batch: prompts answered at once.")
 @click.option("--train-batch", type=click.IntRange(1), default=8, show_default=True, help="Trajectories per training step.")
 @click.option("--publish-every", type=click.IntRange(1), default=2, show_default=True, help="Steps between versions.")
 @click.option("--keep", type=click.IntRange(1), default=3, show_default=True, help="Versions kept on disk.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
-@length_policy_option
+@engine_options()
 @click.option("--dry-run", is_flag=True, help="Print the worker command lines and exit.")
 @click.pass_context
 def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, train_procs, preset, loss, length_head, alpha,
              kl_temperature, clip, lr, warmup_steps, lr_decay_minutes, swap_dir, max_samples, skip, loop, max_minutes, duration, min_buffer,
-             batch_size, train_batch, publish_every, keep, max_new_tokens, temperature, length_policy, dry_run) -> None:
-    """Run the async on-policy pipeline: inference worker → swap buffer → training worker(s) → hot swap."""
+             batch_size, train_batch, publish_every, keep, max_new_tokens, temperature, engine_cfg, dry_run) -> None:
+    """Run the async on-policy pipeline: inference worker → swap buffer → training worker(s) → hot swap.
+
+    The engine options (--length-rate, --admit-batch, --overlap, ...) are the inference worker's.
+    """
     if ctx.invoked_subcommand is not None:
         return
     from adaflash.pipeline.inference import InferenceConfig
     from adaflash.pipeline.launch import Pipeline, parse_gpus
     from adaflash.pipeline.training import TrainingConfig
+    from adaflash.train.losses import LossConfig
     from adaflash.workspace import runs_dir
 
     if not data:
@@ -124,12 +129,11 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     device = lambda gpus: "cuda" if gpus else "cpu"  # noqa: E731  (CUDA_VISIBLE_DEVICES narrows it)
     infer = InferenceConfig(target=target, draft=str(Path(draft).resolve()), data=str(Path(data).resolve()), swap_dir=swap,
                             run_id=run_id, workspace=workspace, method=served,
-                            batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                            length_policy=length_policy,
-                            max_samples=max_samples, skip=skip, loop=loop, duration=duration, device=device(infer_list),
+                            engine=engine_cfg.replace(max_batch=batch_size), max_new_tokens=max_new_tokens,
+                            temperature=temperature, max_samples=max_samples, skip=skip, loop=loop, duration=duration, device=device(infer_list),
                             deadline=deadline)
     train = TrainingConfig(target=target, draft=str(Path(draft).resolve()), swap_dir=swap, run_id=run_id, workspace=workspace,
-                           loss=chosen["loss"], alpha=alpha, kl_temperature=kl_temperature, clip=clip,
+                           loss=LossConfig(chosen["loss"], alpha, kl_temperature, clip),
                            length_head=chosen["length_head"], lr=lr, warmup_steps=warmup_steps, min_buffer=min_buffer, train_batch=train_batch,
                            publish_every=publish_every, keep=keep, device=device(train_list), deadline=deadline,
                            lr_decay_seconds=lr_decay_minutes * 60)
@@ -144,7 +148,8 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
                                                          "train_procs": train_procs or len(train_list) or 1,
                                                          "max_samples": max_samples, "skip": skip, "loop": loop, "duration": duration,
                                                          "max_minutes": max_minutes, "deadline": deadline,
-                                                         "lr": lr, "lr_decay_minutes": lr_decay_minutes})
+                                                         "lr": lr, "lr_decay_minutes": lr_decay_minutes,
+                                                         "engine_config": infer.engine.to_json()})
     log.update_run(run_id, status="running")
     click.echo(f"pipeline {run_id}: {method} (loss {chosen['loss']}, length head {chosen['length_head']}), "
                f"inference on {infer_gpus}, training on {train_gpus}; swap dir {swap}")

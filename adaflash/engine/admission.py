@@ -1,4 +1,4 @@
-"""Prefills beside decoding (`Engine(async_prefill=True)`): new prompts prefill on a side CUDA stream
+"""Prefills beside decoding (`EngineConfig(async_prefill=True)`): new prompts prefill on a side CUDA stream
 while the batch keeps stepping, and join it once their first tokens are read.
 
 Why: on an H200 a batch-32 admission (about five prompts) replays some 2.8 ms of small kernels, about

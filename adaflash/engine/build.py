@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine, fitting_drafter
 from adaflash.methods import VANILLA, method_of
 from adaflash.models.builtin_drafters import builtin_drafter_of
@@ -30,10 +30,11 @@ def build_engine(
     method: str = VANILLA,
     draft: str | None = None,
     *,
+    config: EngineConfig | None = None,
     device: str | None = None,
     dtype: str | None = None,
-    **engine_kw: Any,
 ) -> Engine:
+    config = config or EngineConfig()
     draft = drafter_for(method, draft, target)
     loaded = target if isinstance(target, Target) else load_target(target, device=device, dtype=dtype)
     drafter = load_drafter(draft, loaded.model.cfg) if draft else None
@@ -43,9 +44,9 @@ def build_engine(
         except ValueError as err:
             raise ValueError(f"--draft {draft}: {err}") from None
     graphs = os.environ.get("ADAFLASH_CUDA_GRAPHS", "").strip().lower()
-    if graphs and "cuda_graphs" not in engine_kw:
+    if graphs and config.cuda_graphs is None:
         if graphs not in ("0", "1", "false", "true", "off", "on"):
             raise ValueError(f"ADAFLASH_CUDA_GRAPHS={graphs!r}: expected 0 or 1")
         # The escape hatch for a GPU path problem: eager kernels, same outputs.
-        engine_kw["cuda_graphs"] = graphs in ("1", "true", "on") and loaded.device.type == "cuda"
-    return Engine(loaded, method, drafter, **engine_kw)
+        config = config.replace(cuda_graphs=graphs in ("1", "true", "on") and loaded.device.type == "cuda")
+    return Engine(loaded, method, drafter, config=config)
