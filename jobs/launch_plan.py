@@ -17,15 +17,14 @@ from typing import Any
 
 import tomli_w
 
+from adaflash.methods import ONLINE_TRAINABLE, TABLE, method_of
 from adaflash.models.builtin_drafters import OFFLINE_INIT, builtin_drafter_of
 from jobs.launch_checks import drafts_of, integer, minutes, warn_dataset, warn_missing, warn_target
 
 PRESETS = (("adaflash", "AdaFlash"), ("osd", "OSD"))
-SERVER_METHODS = (("vanilla", "Vanilla"), ("eagle3", "EAGLE-3"), ("dflash", "DFlash"), ("mtp", "MTP"),
-                  ("osd", "OSD"), ("adaflash", "AdaFlash"))
+SERVER_METHODS = tuple((m.name, m.display) for m in TABLE)  # (name, what the form shows)
 DEFAULT_ROLES = ("inference", "training", "server")
 ROLES_OF_MODE = {"pipeline": ("inference", "training"), "server": ("server",), "bench": ("server",)}
-ADAPT_METHODS = ("dflash", "adaflash", "osd")  # a server that learns its traffic trains DFlash drafters
 
 
 def roles_of(mode: str, adapt: bool = False) -> tuple[str, ...]:
@@ -121,7 +120,7 @@ def _server(choice: LaunchChoice, errors: list[str], warnings: list[str]) -> _Jo
                *(["--draft", draft] if draft else []), "--port", str(port), "--gpus", "{gpus.server}"]
     placement: dict[str, Any] = {"role": "server"}
     if choice.adapt:
-        if choice.method not in ADAPT_METHODS:
+        if choice.method not in ONLINE_TRAINABLE:
             errors.append(f"learn the traffic: needs DFlash, AdaFlash or OSD (it trains DFlash drafters), "
                           f"not {choice.method}")
         command += ["--adapt", "--train-gpus", "{gpus.training}"]
@@ -151,7 +150,8 @@ def _bench(choice: LaunchChoice, workspace: Path | None, errors: list[str], warn
             errors.append(f"drafter: {method}= names no method of the matrix ({', '.join(methods) or 'none'})")
         warn_missing(folder, f"drafter of {method}", warnings)
     given = {d.split("=", 1)[0] for d in drafts}
-    missing = [m for m in methods if m not in ("vanilla", "mtp") and m not in given and not builtin_drafter_of(target, m)]
+    missing = [m for m in methods if method_of(m).needs_draft_on("embedded") and m not in given
+               and not builtin_drafter_of(target, m)]
     if missing:
         errors.append(f"drafter: required for {', '.join(missing)} (DIR, or method=DIR,...)")
     conc = [c.strip() for c in choice.concurrency.split(",") if c.strip()]

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from adaflash.bench.metrics import RequestResult, compute_metrics, gsm8k_correct, last_number, percentile
+from adaflash.engine.config import EngineConfig
 
 GSM8K_ROWS = [
     {"id": f"gsm8k-test-{i:05d}",
@@ -27,7 +28,8 @@ def live(tiny_llama):
     from adaflash.serve.running import RunningServer
     from adaflash.serve.server import EmbeddedServer
 
-    engine = build_engine(str(tiny_llama), "vanilla", device="cpu", max_batch=4, max_len=256)
+    engine = build_engine(str(tiny_llama), "vanilla",
+                          config=EngineConfig(max_batch=4, max_len=256), device="cpu")
     running = RunningServer(EmbeddedServer(engine, target=str(tiny_llama), hardware="test-cpu"))
     yield running
     running.stop()

@@ -159,7 +159,7 @@ def test_length_rate_and_min_length_reach_the_engine_and_the_run_config(workspac
     real = build.build_engine
 
     def spy(target, method="vanilla", draft=None, **kw):
-        seen.append({"method": method, **kw})
+        seen.append({"method": method, **kw["config"].to_json()})
         return real(target, method, draft, **kw)
 
     monkeypatch.setattr(build, "build_engine", spy)
@@ -167,12 +167,11 @@ def test_length_rate_and_min_length_reach_the_engine_and_the_run_config(workspac
                      "--prompts", str(prompt_file), "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu",
                      "--length-rate", "1.7", "--min-length", "3", "--length-policy", "cost", "--format", "json")
     assert result.exit_code == 0, result.output
-    measured = [s for s in seen if "length_rate" in s]
-    assert {s["method"] for s in measured} == {"vanilla", "adaflash"}
-    assert all(s["length_rate"] == 1.7 and s["min_length"] == 3 and s["length_policy"] == "cost" for s in measured)
+    assert {s["method"] for s in seen} == {"vanilla", "adaflash"}
+    assert all(s["length_rate"] == 1.7 and s["min_length"] == 3 and s["length_policy"] == "cost" for s in seen)
     run = RunLog.open(workspace).get_run(json.loads(result.stdout)["run_id"])
-    assert run["config"]["length_rate"] == 1.7 and run["config"]["min_length"] == 3
-    assert run["config"]["length_policy"] == "cost"
+    settings = run["config"]["engine_config"]
+    assert settings["length_rate"] == 1.7 and settings["min_length"] == 3 and settings["length_policy"] == "cost"
     bad = _invoke("--target", str(tiny_llama), "--prompts", str(prompt_file), "--length-rate", "0")
     assert bad.exit_code == 2 and "--length-rate" in bad.output
     bad = _invoke("--target", str(tiny_llama), "--prompts", str(prompt_file), "--length-policy", "fastest")
@@ -320,7 +319,7 @@ def test_admit_batch_reaches_the_engine_and_the_run_config(workspace, tiny_llama
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["records"][0]["passes"]["prefill"]["steps"] == 2
-    assert RunLog.open(workspace).get_run(payload["run_id"])["config"]["admit_batch"] == 4
+    assert RunLog.open(workspace).get_run(payload["run_id"])["config"]["engine_config"]["admit_batch"] == 4
     bad = _invoke("--target", str(tiny_llama), "--prompts", str(prompts), "--batch-sizes", "1,8", "--admit-batch", "2")
     assert bad.exit_code == 2 and "--admit-batch 2: more than the smallest --batch-sizes (1)" in bad.output
 
@@ -329,24 +328,24 @@ def test_no_overlap_reaches_the_engine_and_the_run_config(workspace, tiny_llama,
     from adaflash.engine import build
     from adaflash.runlog import RunLog
 
-    made = []  # the overlap each engine was asked for (None: the engine's default, on a GPU)
+    made = []  # the overlap each engine was asked for (None: the engine's default, on a GPU only)
     real = build.Engine
 
     def spy(*args, **kw):
-        made.append(kw.get("overlap", "unset"))
+        made.append(kw["config"].overlap)
         return real(*args, **kw)
 
     monkeypatch.setattr(build, "Engine", spy)
     prompts = tmp_path / "two.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Count to {i + 2}."}) + "\n" for i in range(2)))
-    for flag, asked in (("--no-overlap", False), ("--overlap", None)):
+    for flags, asked in ((["--no-overlap"], False), (["--overlap"], True), ([], None)):
         made.clear()
         result = _invoke("--target", str(tiny_llama), "--methods", "vanilla", "--prompts", str(prompts), "--num-prompts",
-                         "2", "--max-new-tokens", "3", "--device", "cpu", "--warmup", "none", flag, "--format", "json")
+                         "2", "--max-new-tokens", "3", "--device", "cpu", "--warmup", "none", *flags, "--format", "json")
         assert result.exit_code == 0, result.output
         assert made and set(made) == {asked}
         config = RunLog.open(workspace).get_run(json.loads(result.stdout)["run_id"])["config"]
-        assert config["overlap"] is (asked is None)
+        assert config["engine_config"]["overlap"] is asked
 
 
 @pytest.mark.parametrize("order", ["interleaved", "sequential"])
@@ -478,7 +477,7 @@ def test_a_suite_is_measured_per_domain_with_an_overall_row_of_means(workspace, 
     real_build = build.build_engine
 
     def counting(target, method, *args, **kw):
-        built.append((method, kw.get("max_batch")))
+        built.append((method, kw["config"].max_batch))
         return real_build(target, method, *args, **kw)
 
     monkeypatch.setattr(build, "build_engine", counting)

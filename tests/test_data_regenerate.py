@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from adaflash.cli.main import cli
+from adaflash.engine.config import EngineConfig
 from adaflash.runlog import RunLog
 
 PROMPTS = [
@@ -50,7 +51,7 @@ def test_regenerate_keeps_the_exact_prompt_and_the_answer(tmp_path, tiny_llama, 
     assert summary["rows"] == 3 and summary["skipped"] == 0
 
     # the same prompts through a fresh engine, greedily: the rows must hold exactly this
-    engine = Engine(tiny_target, max_batch=2)
+    engine = Engine(tiny_target, config=EngineConfig(max_batch=2))
     texts = [tiny_target.render([{"role": "user", "content": "What is 2 + 3?"}]),
              tiny_target.render("Name a colour."),
              tiny_target.render([{"role": "user", "content": "Count to three."}])]

@@ -9,6 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from adaflash.cli.main import cli
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine
 from adaflash.models.drafter_io import DrafterError, frequent_tokens, load_drafter, new_drafter, save_drafter
 from adaflash.train.data import load_sequences
@@ -31,7 +32,7 @@ def test_draft_vocab_drafter_is_lossless_and_round_trips(tmp_path, tiny_target, 
     assert json.loads((tmp_path / "d" / "config.json").read_text())["draft_vocab_size"] == 64
     loaded = load_drafter(tmp_path / "d", tiny_target.model.cfg)
     assert torch.equal(loaded.draft_vocab, vocab)
-    engine = Engine(tiny_target, method, loaded, max_batch=2, max_len=512)
+    engine = Engine(tiny_target, method, loaded, config=EngineConfig(max_batch=2, max_len=512))
     outputs = engine.generate(make_requests(tiny_target, n=2, max_new_tokens=16))
     assert [o.output_ids for o in outputs] == [o.output_ids for o in vanilla(tiny_target, make_requests(tiny_target, n=2, max_new_tokens=16))]
     drafts, _ = loaded.draft(engine.draft_cache, torch.tensor([0]), torch.tensor([5]), torch.tensor([1]),
@@ -46,7 +47,8 @@ def test_a_whole_vocabulary_drafter_takes_a_draft_vocabulary(tmp_path, tiny_targ
     save_drafter(drafter, tmp_path / "d")
     loaded = load_drafter(tmp_path / "d", tiny_target.model.cfg)
     assert loaded.draft_vocab.tolist() == list(range(40, 72))
-    drafts, _ = loaded.draft(Engine(tiny_target, "dflash", loaded, max_batch=1, max_len=64).draft_cache,
+    drafts, _ = loaded.draft(Engine(tiny_target, "dflash", loaded,
+                                    config=EngineConfig(max_batch=1, max_len=64)).draft_cache,
                              torch.tensor([0]), torch.tensor([5]), torch.tensor([1]), tiny_target.model, 1)
     assert set(drafts.flatten().tolist()) <= set(range(40, 72))
 

@@ -8,6 +8,7 @@ import torch
 from click.testing import CliRunner
 
 from adaflash.cli.main import cli
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine
 from adaflash.models.drafter_io import load_drafter, new_drafter, save_drafter
 from tests.test_engine_lossless import make_requests
@@ -16,7 +17,7 @@ from tests.test_train import learnable, regen  # noqa: F401  (module fixtures)
 
 def drafts_of(target, drafter) -> tuple[torch.Tensor, list[list[int]]]:
     """The drafter's block hidden states and drafts after two prompts' prefill."""
-    engine = Engine(target, "dflash", drafter, max_batch=2, max_len=512)
+    engine = Engine(target, "dflash", drafter, config=EngineConfig(max_batch=2, max_len=512))
     for request in make_requests(target, n=2, max_new_tokens=24):
         engine.add(request)
     engine.step()  # the prefill: the drafter's context holds both prompts

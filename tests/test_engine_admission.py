@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine
 from tests.test_engine_lossless import drafter_for
 from tests.test_engine_overlap import requests_for
@@ -19,12 +20,12 @@ def test_a_wide_admission_is_split_to_the_prefill_token_budget(tiny_target, meth
     requests = requests_for(tiny_target)
     widest = max(len(r.prompt_ids) for r in requests)
     wide = Engine(tiny_target, method, drafter_for(method, tiny_target) if method != "vanilla" else None,
-                  max_batch=8, max_len=512, use_length_head=None)
+                  config=EngineConfig(max_batch=8, max_len=512, use_length_head=None))
     reference = {o.rid: o.output_ids for o in wide.generate(requests_for(tiny_target))}
     wide_prefills = wide.step_counts["prefill"]
     monkeypatch.setattr(admission, "PREFILL_TOKENS", 2 * widest)
     engine = Engine(tiny_target, method, drafter_for(method, tiny_target) if method != "vanilla" else None,
-                    max_batch=8, max_len=512, use_length_head=None)
+                    config=EngineConfig(max_batch=8, max_len=512, use_length_head=None))
     sizes = []
     admitted = engine._admitted
 

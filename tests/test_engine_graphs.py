@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine
 from adaflash.engine.graphs import GraphRunner, bucket
 from adaflash.engine.params import Request, SamplingParams
@@ -31,7 +32,8 @@ def test_padded_shapes_stay_lossless(tiny_target, method):
     requests = make_requests(tiny_target, n=3, max_new_tokens=24, ignore_eos=True)
     reference = vanilla(tiny_target, requests)
     drafter = None if method == "vanilla" else drafter_for(method, tiny_target)
-    engine = Engine(tiny_target, method, drafter, max_batch=5, max_len=512, pad_shapes=True)
+    engine = Engine(tiny_target, method, drafter,
+                    config=EngineConfig(max_batch=5, max_len=512, pad_shapes=True))
     outputs = engine.generate(make_requests(tiny_target, n=3, max_new_tokens=24, ignore_eos=True))
     assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
 
@@ -49,7 +51,7 @@ def test_cuda_graphs_need_a_gpu(tiny_target):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(ValueError, match="CUDA device"):
-        Engine(tiny_target, "vanilla", cuda_graphs=True)
+        Engine(tiny_target, "vanilla", config=EngineConfig(cuda_graphs=True))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -60,7 +62,7 @@ def test_cuda_graph_replay_is_lossless(tiny_llama, method):
     gpu = load_target(str(tiny_llama), device="cuda", dtype="float32")
     reference = vanilla(cpu, make_requests(cpu, max_new_tokens=32, ignore_eos=True))
     drafter = None if method == "vanilla" else drafter_for(method, gpu)
-    engine = Engine(gpu, method, drafter, max_batch=3, max_len=512)
+    engine = Engine(gpu, method, drafter, config=EngineConfig(max_batch=3, max_len=512))
     assert engine.graphs.enabled
     outputs = engine.generate(make_requests(gpu, max_new_tokens=32, ignore_eos=True))
     assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
@@ -73,7 +75,7 @@ def test_cuda_graphs_survive_a_swap_to_another_shape(tiny_llama):
     gpu = load_target(str(tiny_llama), device="cuda", dtype="float32")
     cpu = load_target(str(tiny_llama), device="cpu")
     reference = vanilla(cpu, make_requests(cpu, max_new_tokens=24, ignore_eos=True))
-    engine = Engine(gpu, "dflash", drafter_for("dflash", gpu), max_batch=4, max_len=512)
+    engine = Engine(gpu, "dflash", drafter_for("dflash", gpu), config=EngineConfig(max_batch=4, max_len=512))
     done = generate_with_swap(engine, make_requests(gpu, max_new_tokens=24, ignore_eos=True),
                               drafter_for("adaflash", gpu), version=2)  # gains a length head
     assert [done[f"r{i}"].output_ids for i in range(4)] == [o.output_ids for o in reference]
@@ -120,7 +122,8 @@ class _ReplayingRunner(GraphRunner):
 def test_replayed_passes_stay_lossless(tiny_target, method):
     """Every pass replayed as a graph would be (prefills, steps, drafts, extends), batch sizes mixed."""
     drafter = None if method == "vanilla" else drafter_for(method, tiny_target)
-    engine = Engine(tiny_target, method, drafter, max_batch=4, max_len=256, pad_shapes=True)
+    engine = Engine(tiny_target, method, drafter,
+                    config=EngineConfig(max_batch=4, max_len=256, pad_shapes=True))
     engine.graphs = _ReplayingRunner()
     for n in (3, 1, 4):
         reference = vanilla(tiny_target, make_requests(tiny_target, n=n, max_new_tokens=20, ignore_eos=True))
@@ -132,13 +135,14 @@ def test_replayed_passes_stay_lossless(tiny_target, method):
 def test_rows_for_runs_in_order_where_it_can(tiny_target):
     """Which rows a decode pass runs over: slots 0..b-1 in order where the live ones allow, free slots
     padding when the caller takes results by slot (`fill`), the live rows alone otherwise."""
-    padded = Engine(tiny_target, "vanilla", max_batch=8, max_len=256, pad_shapes=True).passes
+    padded = Engine(tiny_target, "vanilla",
+                    config=EngineConfig(max_batch=8, max_len=256, pad_shapes=True)).passes
     assert padded.rows_for([0, 1, 2, 3], fill=False) == ([0, 1, 2, 3], True)
     assert padded.rows_for([0, 2, 3], fill=True) == ([0, 1, 2, 3], True)  # slot 1 free: it pads
     assert padded.rows_for([0, 2, 3], fill=False) == ([0, 2, 3], False)  # results by row: no padding slot
     assert padded.rows_for([0, 1, 5], fill=True) == ([0, 1, 5], False)  # slot 5 is past the 4 rows padded to
     assert padded.rows_for([0, 1, 2], fill=False) == ([0, 1, 2], False)  # padded to 4 by the scratch slot
-    exact = Engine(tiny_target, "vanilla", max_batch=8, max_len=256).passes
+    exact = Engine(tiny_target, "vanilla", config=EngineConfig(max_batch=8, max_len=256)).passes
     assert exact.rows_for([0, 1, 2], fill=True) == ([0, 1, 2], True)
     assert exact.rows_for([0, 2], fill=True) == ([0, 2], False)  # on a CPU padding costs real work
 
@@ -152,7 +156,8 @@ def test_free_slots_pad_replayed_steps_in_order_losslessly(tiny_target, method):
                         for i, (r, n) in enumerate(zip(make_requests(tiny_target) * 2, lengths))]
     reference = vanilla(tiny_target, requests())
     drafter = None if method == "vanilla" else drafter_for(method, tiny_target)
-    engine = Engine(tiny_target, method, drafter, max_batch=4, max_len=256, pad_shapes=True, admit_batch=2)
+    engine = Engine(tiny_target, method, drafter,
+                    config=EngineConfig(max_batch=4, max_len=256, pad_shapes=True, admit_batch=2))
     engine.graphs = _ReplayingRunner()
     layouts = []
     rows_for = engine.passes.rows_for
@@ -169,8 +174,8 @@ def test_no_buffer_a_graph_points_at_is_reallocated(tiny_target, method):
     """Graphs keep raw addresses: capturing every shape (up to the widest context) and decoding must leave
     the KV caches, the token and feature buffers where they were. (With max_len under 256 a CPU engine
     allocates them whole, as a GPU one does.)"""
-    engine = Engine(tiny_target, method, drafter_for(method, tiny_target), max_batch=2, max_len=200,
-                    pad_shapes=True)
+    engine = Engine(tiny_target, method, drafter_for(method, tiny_target),
+                    config=EngineConfig(max_batch=2, max_len=200, pad_shapes=True))
     engine.graphs = _RecordingRunner()
     passes = engine.passes
     buffers = lambda: [passes.feats, passes.tokens, passes.cache.k, passes.cache.v, passes.cache.lens,  # noqa: E731
@@ -187,7 +192,8 @@ def test_no_buffer_a_graph_points_at_is_reallocated(tiny_target, method):
 def test_capture_graphs_covers_every_shape_decoding_meets(tiny_target, method):
     """A server captures up front; decoding mixed batches must then meet no shape left uncaptured."""
     drafter = None if method == "vanilla" else drafter_for(method, tiny_target)
-    engine = Engine(tiny_target, method, drafter, max_batch=3, max_len=256, pad_shapes=True)
+    engine = Engine(tiny_target, method, drafter,
+                    config=EngineConfig(max_batch=3, max_len=256, pad_shapes=True))
     engine.graphs = _RecordingRunner()
     engine.capture_graphs()
     captured = set(engine.graphs.keys)
@@ -209,19 +215,20 @@ def test_a_greedy_padded_step_is_one_pass(tiny_target):
     ONE pass (one graph on a GPU). When the length head chooses, the draft is a pass of its own (the host
     reads the choice); sampled requests keep the separate verify and extend passes."""
     greedy = lambda: make_requests(tiny_target, n=2, max_new_tokens=16, ignore_eos=True)  # noqa: E731
-    engine = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target), max_batch=3, max_len=256, pad_shapes=True)
+    engine = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target),
+                    config=EngineConfig(max_batch=3, max_len=256, pad_shapes=True))
     engine.graphs = _RecordingRunner()
     engine.generate(greedy())
     assert decode_kinds(engine.graphs.keys) == {"draft_and_step"}
     engine.graphs.keys.clear()
     engine.generate(make_requests(tiny_target, n=2, max_new_tokens=16, ignore_eos=True, temperature=0.8))
     assert decode_kinds(engine.graphs.keys) == {"draft", "verify", "extend"}
-    ada = Engine(tiny_target, "adaflash", drafter_for("adaflash", tiny_target), max_batch=3, max_len=256,
-                 pad_shapes=True, length_policy="rate")
+    ada = Engine(tiny_target, "adaflash", drafter_for("adaflash", tiny_target),
+                 config=EngineConfig(max_batch=3, max_len=256, pad_shapes=True, length_policy="rate"))
     ada.graphs = _RecordingRunner()
     ada.generate(greedy())
     assert decode_kinds(ada.graphs.keys) == {"draft", "greedy_step"}
-    plain = Engine(tiny_target, "vanilla", max_batch=3, max_len=256, pad_shapes=True)
+    plain = Engine(tiny_target, "vanilla", config=EngineConfig(max_batch=3, max_len=256, pad_shapes=True))
     plain.graphs = _RecordingRunner()
     plain.generate(greedy())
     assert {key[0] for key in plain.graphs.keys} == {"prefill", "greedy_step"}
@@ -234,7 +241,8 @@ def test_admissions_replay_one_padded_prefill_and_stay_lossless(tiny_target, met
     from adaflash.engine import passes
 
     reference = vanilla(tiny_target, make_requests(tiny_target, n=3, max_new_tokens=12, ignore_eos=True))
-    engine = Engine(tiny_target, method, drafter_for(method, tiny_target), max_batch=4, max_len=256, pad_shapes=True)
+    engine = Engine(tiny_target, method, drafter_for(method, tiny_target),
+                    config=EngineConfig(max_batch=4, max_len=256, pad_shapes=True))
     engine.graphs = _RecordingRunner()
     requests = make_requests(tiny_target, n=3, max_new_tokens=12, ignore_eos=True)
     width = max(len(r.prompt_ids) for r in requests)
@@ -260,7 +268,8 @@ def test_a_settled_whole_block_drafts_without_the_length_head(tiny_target):
     from adaflash.engine.length_policy import CostRule
 
     drafter = drafter_for("adaflash", tiny_target)
-    engine = Engine(tiny_target, "adaflash", drafter, max_batch=3, max_len=256, pad_shapes=True, length_policy="cost")
+    engine = Engine(tiny_target, "adaflash", drafter,
+                    config=EngineConfig(max_batch=3, max_len=256, pad_shapes=True, length_policy="cost"))
     engine.graphs = _RecordingRunner()
     engine.capture_graphs()
     captured = set(engine.graphs.keys)
@@ -342,7 +351,8 @@ def test_bf16_graph_replay_gives_the_eager_passes_tokens(tiny_llama, method):
     outputs = []
     for graphs in (True, False):
         drafter = None if method == "vanilla" else drafter_for(method, gpu)
-        engine = Engine(gpu, method, drafter, max_batch=3, max_len=512, cuda_graphs=graphs, pad_shapes=True)
+        engine = Engine(gpu, method, drafter,
+                        config=EngineConfig(max_batch=3, max_len=512, cuda_graphs=graphs, pad_shapes=True))
         outputs.append([o.output_ids for o in engine.generate(make_requests(gpu, max_new_tokens=32, ignore_eos=True))])
     assert outputs[0] == outputs[1]
 

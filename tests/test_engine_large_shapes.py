@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaflash.engine.config import EngineConfig
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
@@ -38,9 +40,9 @@ def test_a_full_batch_of_long_prompts_decodes_as_a_small_batch_does(smollm2_fold
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 40000, (3000,), generator=gen).tolist() for _ in range(256)]
     params = SamplingParams(max_new_tokens=6, ignore_eos=True)
-    wide = Engine(target, "vanilla", max_batch=256, max_len=3100)
+    wide = Engine(target, "vanilla", config=EngineConfig(max_batch=256, max_len=3100))
     outputs = wide.generate([Request(p, params, rid=str(i)) for i, p in enumerate(prompts)])
-    small = Engine(target, "vanilla", max_batch=4, max_len=3100)
+    small = Engine(target, "vanilla", config=EngineConfig(max_batch=4, max_len=3100))
     reference = small.generate([Request(p, params, rid=str(i)) for i, p in enumerate(prompts[:4])])
     assert [o.output_ids for o in outputs[:4]] == [o.output_ids for o in reference]
     assert all(len(o.output_ids) == 6 for o in outputs)

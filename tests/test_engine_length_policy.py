@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine
 from adaflash.engine.length_policy import CostRule
 from adaflash.engine.params import Request, SamplingParams
@@ -142,7 +143,8 @@ def test_probe_steps_do_not_count_for_a_mode():
 def test_cost_policy_is_lossless_and_learns_the_widths(tiny_target, batch):
     reference = vanilla(tiny_target, make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))
     drafter = oracle_engine(tiny_target, make_requests(tiny_target), reference, "adaflash").drafter
-    engine = Engine(tiny_target, "adaflash", drafter, max_batch=batch, max_len=512, length_policy="cost")
+    engine = Engine(tiny_target, "adaflash", drafter,
+                    config=EngineConfig(max_batch=batch, max_len=512, length_policy="cost"))
     drafter.engine = engine
     outputs = engine.generate(make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))
     assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
@@ -156,8 +158,8 @@ def test_cost_policy_is_lossless_and_learns_the_widths(tiny_target, batch):
 
 
 def test_unknown_policy_is_refused(tiny_target):
-    with pytest.raises(ValueError, match="length policy"):
-        Engine(tiny_target, "vanilla", max_batch=1, max_len=64, length_policy="fast")
+    with pytest.raises(ValueError, match="length_policy must be one of cost, rate"):
+        Engine(tiny_target, "vanilla", config=EngineConfig(max_batch=1, max_len=64, length_policy="fast"))
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -166,8 +168,8 @@ def test_a_flat_cost_verifies_whole_blocks_through_the_engine(tiny_target, padde
     path and on the padded one a GPU takes."""
     reference = vanilla(tiny_target, make_requests(tiny_target, max_new_tokens=40, ignore_eos=True))
     drafter = oracle_engine(tiny_target, make_requests(tiny_target), reference, "adaflash").drafter
-    engine = Engine(tiny_target, "adaflash", drafter, max_batch=1, max_len=512, length_policy="cost",
-                    pad_shapes=padded)
+    engine = Engine(tiny_target, "adaflash", drafter,
+                    config=EngineConfig(max_batch=1, max_len=512, length_policy="cost", pad_shapes=padded))
     drafter.engine = engine
     block = drafter.block_size
     engine.cost_rule = trained(CostRule(block, engine.min_length, max_batch=1, refresh=0), 1, lambda w: 1.0)
@@ -213,7 +215,8 @@ def test_the_tail_of_a_run_takes_whole_blocks_without_timing_tries(tiny_target):
                 for r, n in zip(make_requests(tiny_target, 4), lengths)]
     reference = vanilla(tiny_target, requests())
     drafter = oracle_engine(tiny_target, requests(), reference, "adaflash").drafter
-    engine = Engine(tiny_target, "adaflash", drafter, max_batch=4, max_len=512, length_policy="cost")
+    engine = Engine(tiny_target, "adaflash", drafter,
+                    config=EngineConfig(max_batch=4, max_len=512, length_policy="cost"))
     drafter.engine = engine
     engine.cost_rule = trained(CostRule(drafter.block_size, engine.min_length, max_batch=4, refresh=0), 4,
                                lambda w: 1.0)

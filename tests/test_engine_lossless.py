@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request, SamplingParams
 from adaflash.models.drafter_io import new_drafter
@@ -33,6 +34,7 @@ class OracleDrafter(Drafter):
 
     kind = "block"
     method = "dflash"
+    predicts_length = True  # a random ratio per row, as a length head would give
 
     def __init__(self, cfg, refs: list[list[int]], block_size=8, error_rate=0.25, seed=0):
         super().__init__(cfg, [0], block_size)
@@ -92,13 +94,14 @@ def generate_with_swap(engine, requests, drafter, version, at_step=3):
 
 
 def vanilla(target, requests):
-    return Engine(target, "vanilla", max_batch=len(requests), max_len=512).generate(requests)
+    return Engine(target, "vanilla",
+                  config=EngineConfig(max_batch=len(requests), max_len=512)).generate(requests)
 
 
 def oracle_engine(target, requests, reference, method="dflash", **kw):
     refs = [r.prompt_ids + o.output_ids + [0] * 32 for r, o in zip(requests, reference)]
     drafter = OracleDrafter(target.model.cfg, refs, **kw)
-    engine = Engine(target, method, drafter, max_batch=len(requests), max_len=512)
+    engine = Engine(target, method, drafter, config=EngineConfig(max_batch=len(requests), max_len=512))
     drafter.engine = engine
     return engine
 
@@ -107,7 +110,8 @@ def oracle_engine(target, requests, reference, method="dflash", **kw):
 @pytest.mark.parametrize("batch", [1, 4])
 def test_untrained_drafters_are_lossless_on_tiny(tiny_target, method, batch):
     reference = vanilla(tiny_target, make_requests(tiny_target))
-    engine = Engine(tiny_target, method, drafter_for(method, tiny_target), max_batch=batch, max_len=512)
+    engine = Engine(tiny_target, method, drafter_for(method, tiny_target),
+                    config=EngineConfig(max_batch=batch, max_len=512))
     outputs = engine.generate(make_requests(tiny_target))
     assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
     for out in outputs:
@@ -120,7 +124,8 @@ def test_untrained_drafters_are_lossless_on_tiny(tiny_target, method, batch):
 def test_untrained_drafters_are_lossless_on_smollm2(smollm2_target, method):
     requests = make_requests(smollm2_target, n=2, max_new_tokens=16)
     reference = vanilla(smollm2_target, requests)
-    engine = Engine(smollm2_target, method, drafter_for(method, smollm2_target), max_batch=2, max_len=512)
+    engine = Engine(smollm2_target, method, drafter_for(method, smollm2_target),
+                    config=EngineConfig(max_batch=2, max_len=512))
     outputs = engine.generate(make_requests(smollm2_target, n=2, max_new_tokens=16))
     assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
 
@@ -146,7 +151,8 @@ def test_the_shipped_drafters_are_lossless_and_trained_on_smollm2(smollm2_target
         reference = [o.output_ids for o in vanilla(smollm2_target, requests(prompts))]
         runs = [("dflash", general), ("adaflash", general)] + ([("dflash", "smollm2-135m-dflash")] if name == "math" else [])
         for method, draft in runs:
-            outputs = build_engine(smollm2_target, method, draft, max_batch=2, max_len=512).generate(requests(prompts))
+            outputs = build_engine(smollm2_target, method, draft,
+                                   config=EngineConfig(max_batch=2, max_len=512)).generate(requests(prompts))
             assert [o.output_ids for o in outputs] == reference, (name, method, draft)
             tau[(name, method, draft)] = sum(o.meta_info["spec_accept_length"] for o in outputs) / len(outputs)
     assert all(t > 1.3 for t in tau.values()), tau
@@ -197,7 +203,7 @@ def test_stop_string_mid_block_is_exact(smollm2_target):
 @pytest.mark.parametrize("method", ["vanilla", "dflash", "eagle3"])
 def test_max_new_tokens_is_exact(tiny_target, method):
     drafter = None if method == "vanilla" else drafter_for(method, tiny_target)
-    engine = Engine(tiny_target, method, drafter, max_batch=4, max_len=512)
+    engine = Engine(tiny_target, method, drafter, config=EngineConfig(max_batch=4, max_len=512))
     for n in (1, 7, 13):
         outputs = engine.generate(make_requests(tiny_target, max_new_tokens=n, ignore_eos=True))
         assert all(o.meta_info["completion_tokens"] == n for o in outputs)
@@ -206,7 +212,8 @@ def test_max_new_tokens_is_exact(tiny_target, method):
 
 def test_hot_swap_mid_generation_keeps_output(tiny_target):
     reference = vanilla(tiny_target, make_requests(tiny_target, max_new_tokens=24, ignore_eos=True))
-    engine = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target, seed=1), max_batch=4, max_len=512)
+    engine = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target, seed=1),
+                    config=EngineConfig(max_batch=4, max_len=512))
     done = generate_with_swap(engine, make_requests(tiny_target, max_new_tokens=24, ignore_eos=True),
                               drafter_for("dflash", tiny_target, seed=2), version=7)
     assert [done[f"r{i}"].output_ids for i in range(4)] == [o.output_ids for o in reference]
@@ -228,7 +235,7 @@ def test_an_installed_drafter_runs_fused_and_a_swap_fills_its_fused_weights(tiny
     drafter = make(1)
     plain = copy.deepcopy(drafter)
     keys = {k: v.shape for k, v in drafter.state_dict().items()}
-    engine = Engine(tiny_target, method, drafter, max_batch=2, max_len=256)
+    engine = Engine(tiny_target, method, drafter, config=EngineConfig(max_batch=2, max_len=256))
     attns = [m for m in engine.drafter.modules() if isinstance(m, Attention)]
     assert attns and all(a.qkv is not None for a in attns)
     assert {k: v.shape for k, v in engine.drafter.state_dict().items()} == keys
@@ -275,7 +282,7 @@ def test_sampling_matches_the_target_distribution(tiny_target):
             return torch.tensor([[best[1], 0, 0]] * len(rows)), None
 
     drafter = LikelyDrafter(model.cfg, [], block_size=4)
-    engine = Engine(tiny_target, "dflash", drafter, max_batch=100, max_len=128, seed=3)
+    engine = Engine(tiny_target, "dflash", drafter, config=EngineConfig(max_batch=100, max_len=128, seed=3))
     outputs = engine.generate([Request(prompt, SamplingParams(**params)) for _ in range(n)])
     counts: dict[tuple[int, int], int] = {}
     for out in outputs:
@@ -331,8 +338,10 @@ def test_busy_engine_admits_prompts_in_groups_and_keeps_outputs(tiny_target):
     """With admit_batch 2 a full engine waits for two free slots before it prefills again."""
     requests = lambda: [Request(r.prompt_ids, SamplingParams(max_new_tokens=6 + 5 * i, ignore_eos=True), rid=r.rid)  # noqa: E731
                         for i, r in enumerate(make_requests(tiny_target) * 2)]
-    reference = Engine(tiny_target, "vanilla", max_batch=1, max_len=512).generate(requests())
-    engine = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target), max_batch=3, max_len=512, admit_batch=2)
+    reference = Engine(tiny_target, "vanilla",
+                       config=EngineConfig(max_batch=1, max_len=512)).generate(requests())
+    engine = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target),
+                    config=EngineConfig(max_batch=3, max_len=512, admit_batch=2))
     admitted: list[tuple[int, int]] = []  # (prompts prefilled, rows decoding at that moment)
     prefill = engine.passes.prefill
     engine.passes.prefill = lambda ids, rows, length: (admitted.append((ids.shape[0], len(engine.active))),
@@ -346,10 +355,12 @@ def test_busy_engine_admits_prompts_in_groups_and_keeps_outputs(tiny_target):
 
 
 def test_admit_batch_defaults_to_an_eighth_of_a_padded_batch(tiny_target):
-    assert Engine(tiny_target, "vanilla", max_batch=32, max_len=256, pad_shapes=True).admit_batch == 4
-    assert Engine(tiny_target, "vanilla", max_batch=32, max_len=256).admit_batch == 1  # CPU: exact shapes
-    with pytest.raises(ValueError, match="admit_batch must be at least 1"):
-        Engine(tiny_target, "vanilla", max_batch=4, max_len=256, admit_batch=0)
+    assert Engine(tiny_target, "vanilla",
+                  config=EngineConfig(max_batch=32, max_len=256, pad_shapes=True)).admit_batch == 4
+    assert Engine(tiny_target, "vanilla",
+                  config=EngineConfig(max_batch=32, max_len=256)).admit_batch == 1  # CPU: exact shapes
+    with pytest.raises(ValueError, match="admit_batch must be an integer >= 1"):
+        Engine(tiny_target, "vanilla", config=EngineConfig(max_batch=4, max_len=256, admit_batch=0))
 
 
 def test_a_dflash_block_attends_in_the_cache_as_over_its_context_and_block(tiny_target):

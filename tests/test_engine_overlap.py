@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request, SamplingParams
 from adaflash.engine.sequence import RunningSeq
@@ -23,15 +24,15 @@ def requests_for(target, **params) -> list[Request]:
 
 
 def plain(target, requests) -> dict[str, object]:
-    engine = Engine(target, "vanilla", max_batch=3, max_len=512, overlap=False)
+    engine = Engine(target, "vanilla", config=EngineConfig(max_batch=3, max_len=512, overlap=False))
     return {o.rid: o for o in engine.generate(requests)}
 
 
 def overlapped(target, method, *, padded: bool = False):
     """`padded`: shapes padded to buckets as on a GPU (graphs off), where overlap is the default."""
     drafter = drafter_for(method, target) if method != "vanilla" else None
-    return Engine(target, method, drafter, max_batch=3, max_len=512, overlap=None if padded else True,
-                  pad_shapes=padded, use_length_head=False if method == "adaflash" else None)
+    return Engine(target, method, drafter,
+                  config=EngineConfig(max_batch=3, max_len=512, overlap=None if padded else True, pad_shapes=padded, use_length_head=False if method == "adaflash" else None))
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -144,8 +145,8 @@ def test_adaflash_mixes_overlapped_whole_blocks_with_steps_the_head_sizes(tiny_t
     """The cost rule probes widths and may let the head choose (steps the host must see) between whole
     blocks (overlapped): the switch either way keeps every row's tokens."""
     reference = plain(tiny_target, requests_for(tiny_target))
-    engine = Engine(tiny_target, "adaflash", drafter_for("adaflash", tiny_target), max_batch=3, max_len=512,
-                    pad_shapes=True, length_policy="cost")
+    engine = Engine(tiny_target, "adaflash", drafter_for("adaflash", tiny_target),
+                    config=EngineConfig(max_batch=3, max_len=512, pad_shapes=True, length_policy="cost"))
     outputs = engine.generate(requests_for(tiny_target))
     assert {o.rid: o.output_ids for o in outputs} == {rid: o.output_ids for rid, o in reference.items()}
     assert engine.step_counts["whole"] > 0 and engine.step_counts["probe"] + engine.step_counts["choose"] > 0

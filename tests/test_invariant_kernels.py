@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaflash.engine.config import EngineConfig
 from tests.json_script import run_json_script
 
 triton = pytest.importorskip("triton")  # the kernel-tests extra installs it; torch's CPU wheels do not
@@ -145,10 +146,11 @@ def test_bf16_speculative_decoding_gives_vanilla_tokens_on_smollm2(smollm2_folde
     def requests():
         return make_requests(target, prompts=GSM8K_LIKE, max_new_tokens=160, ignore_eos=True)
 
-    reference = [o.output_ids for o in build_engine(target, max_batch=1, max_len=1024).generate(requests())]
+    reference = [o.output_ids for o in build_engine(target,
+                                                    config=EngineConfig(max_batch=1, max_len=1024)).generate(requests())]
     for method, draft in (("dflash", "smollm2-135m-dflash"), ("adaflash", "smollm2-135m-dflash"),
                           ("adaflash", "smollm2-135m-general")):
-        engine = build_engine(target, method, draft, max_batch=4, max_len=1024)
+        engine = build_engine(target, method, draft, config=EngineConfig(max_batch=4, max_len=1024))
         outputs = engine.generate(requests())
         assert [o.output_ids for o in outputs] == reference, (method, draft)
         assert sum(o.meta_info["spec_accept_length"] for o in outputs) / len(outputs) > 1.5

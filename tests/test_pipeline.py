@@ -8,10 +8,12 @@ from click.testing import CliRunner
 
 from adaflash import procs
 from adaflash.cli.main import cli
+from adaflash.engine.config import EngineConfig
 from adaflash.models.drafter_io import DrafterError, load_drafter, new_drafter, save_drafter
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
+from adaflash.train.losses import LossConfig
 
 
 def test_buffer_appends_in_order_and_survives_a_torn_line(tmp_path):
@@ -135,7 +137,7 @@ def test_inference_worker_refuses_a_torn_version_and_keeps_going(tmp_path, tiny_
     run = log.create_run("pipeline")
     produced = run_inference(InferenceConfig(target=str(tiny_llama), draft=str(draft), data=str(prompts),
                                              swap_dir=str(tmp_path / "swap"), run_id=run, workspace=str(tmp_path / "ws"),
-                                             method="dflash", batch_size=2, max_new_tokens=8))
+                                             method="dflash", engine=EngineConfig(max_batch=2), max_new_tokens=8))
     assert produced == 5
     rows = SwapBuffer(tmp_path / "swap").read(0, 10)
     assert [r["seq"] for r in rows] == list(range(5))
@@ -157,7 +159,7 @@ def test_inference_worker_restarted_after_a_kill_resumes_after_its_buffered_answ
     def infer(max_samples: int) -> int:
         return run_inference(InferenceConfig(target=str(tiny_llama), draft=str(draft), data=str(prompts),
                                              swap_dir=str(tmp_path / "swap"), run_id=run, workspace=str(tmp_path / "ws"),
-                                             method="dflash", batch_size=2, max_new_tokens=6, loop=True,
+                                             method="dflash", engine=EngineConfig(max_batch=2), max_new_tokens=6, loop=True,
                                              max_samples=max_samples, flush_every=1))
 
     assert infer(3) == 3
@@ -251,6 +253,19 @@ def test_pipeline_bad_inputs(tmp_path, tiny_target):
     assert RunLog.open(tmp_path / "ws").list_runs() == []
 
 
+def test_the_adaflash_preset_refuses_a_drafter_without_a_length_head_before_anything_starts(tmp_path, tiny_llama,
+                                                                                             tiny_target):
+    """The inference worker used to serve such a drafter as plain DFlash without a word."""
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    base = ["--workspace", str(tmp_path / "ws"), "pipeline", "--target", str(tiny_llama), "--draft", str(draft),
+            "--data", str(tmp_path / "p.jsonl"), "--dry-run"]
+    result = CliRunner().invoke(cli, base)
+    assert result.exit_code == 2 and "needs a DFlash drafter with a length head" in result.output, result.output
+    assert "--preset osd" in result.output and "Traceback" not in result.output
+    assert CliRunner().invoke(cli, [*base, "--preset", "osd"]).exit_code == 0
+
+
 def test_pipeline_refuses_a_drafter_that_does_not_fit_the_target_before_anything_starts(tmp_path, tiny_llama,
                                                                                         tiny_target):
     """A drafter of another hidden size (or vocabulary) recorded a run and started two workers that crashed;
@@ -288,7 +303,7 @@ def trainer_on_buffer(tmp_path, tiny_llama, tiny_target, *, total: int, first: i
     log = RunLog.open(tmp_path / "ws")
     run = log.create_run("pipeline")
     cfg = TrainingConfig(target=str(tiny_llama), draft=str(draft), swap_dir=str(swap), run_id=run,
-                         workspace=str(tmp_path / "ws"), loss="fkl", length_head=False, min_buffer=2, train_batch=4,
+                         workspace=str(tmp_path / "ws"), loss=LossConfig("fkl"), length_head=False, min_buffer=2, train_batch=4,
                          publish_every=1, poll_seconds=0.05)
     return swap, buffer, rows, cfg
 
@@ -363,7 +378,7 @@ def test_length_policy_reaches_the_inference_worker(tmp_path):
     assert result.exit_code == 0, result.output
     line = next(x for x in result.output.splitlines() if x.startswith("inference:"))
     payload = _json.loads(line[line.index("'{") + 1: line.rindex("}'") + 1])
-    assert payload["length_policy"] == "cost"
+    assert payload["engine"]["length_policy"] == "cost"
 
 
 def test_learning_rate_warms_up_holds_then_anneals_to_zero_at_the_deadline():
@@ -393,7 +408,7 @@ def test_training_worker_anneals_what_it_logs(tmp_path, tiny_llama, tiny_target)
     log = RunLog.open(tmp_path / "ws")
     run = log.create_run("pipeline")
     cfg = TrainingConfig(target=str(tiny_llama), draft=str(draft), swap_dir=str(swap), run_id=run,
-                         workspace=str(tmp_path / "ws"), loss="fkl", length_head=False, min_buffer=2, train_batch=2,
+                         workspace=str(tmp_path / "ws"), loss=LossConfig("fkl"), length_head=False, min_buffer=2, train_batch=2,
                          publish_every=1, poll_seconds=0.05, lr=1e-3, warmup_steps=0,
                          deadline=time.time() + 600, lr_decay_seconds=1200)
     assert run_training(cfg) == 6

@@ -21,6 +21,7 @@ from adaflash.pipeline.report import check_integrity, pipeline_report
 from adaflash.pipeline.training import TrainingConfig, run_training
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
+from adaflash.train.losses import LossConfig
 
 WORDS = ["one", "two", "three", "four", "five", "six", "seven"]
 UNUSABLE = 4  # an empty answer: consumed, never learned from
@@ -51,7 +52,7 @@ def test_torchrun_training_counts_every_row_once(tmp_path, tiny_llama, tiny_targ
         # blocks_per_seq above the number of anchors: every anchor is used, so ranks and a single
         # process draw the same blocks whatever their random streams
         return TrainingConfig(target=str(tiny_llama), draft=str(draft), swap_dir=str(swap), run_id=run_id,
-                              workspace=str(ws), loss="fkl", length_head=True, min_buffer=1, train_batch=3,
+                              workspace=str(ws), loss=LossConfig("fkl"), length_head=True, min_buffer=1, train_batch=3,
                               publish_every=1, blocks_per_seq=64, poll_seconds=0.05, device="cpu")
 
     ddp_swap, ref_swap = tmp_path / "swap-ddp", tmp_path / "swap-ref"

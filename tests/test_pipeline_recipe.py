@@ -68,7 +68,7 @@ def test_h200x2_recipe_places_inference_on_gpu0_and_torchrun_training_on_the_res
     train = shlex.split(workers["training"])
     assert "torch.distributed.run" not in train  # one training GPU: a single process
     payload = json.loads(train[-1])
-    assert payload["device"] == "cuda" and payload["loss"] == "rkl-mix" and payload["length_head"] is True
+    assert payload["device"] == "cuda" and payload["loss"]["kind"] == "rkl-mix" and payload["length_head"] is True
     assert before + 15 * 60 - 5 <= payload["deadline"] <= time.time() + 15 * 60
     assert payload["lr_decay_seconds"] == 0.0  # a constant rate unless the recipe's vars ask
     assert json.loads(shlex.split(workers["inference"])[-1])["loop"] is True  # a budget cycles over the prompts
@@ -94,7 +94,7 @@ def test_h200x2_recipe_scales_training_and_fits_one_gpu(tmp_path):
     workers = _workers(tmp_path, ws, argv, one["pipeline"]["env"])
     assert workers["inference"].startswith("CUDA_VISIBLE_DEVICES=0 ")
     assert workers["training"].startswith("CUDA_VISIBLE_DEVICES=0 ")
-    assert json.loads(shlex.split(workers["training"])[-1])["loss"] == "fkl"
+    assert json.loads(shlex.split(workers["training"])[-1])["loss"]["kind"] == "fkl"
 
     # without share = true the one-GPU variant is refused (the recipe turns sharing on for it)
     result = CliRunner().invoke(cli, ["--workspace", str(ws), "run", "smollm2-h200x2", "--dry-run",

@@ -13,12 +13,14 @@ import pytest
 from click.testing import CliRunner
 
 from adaflash.cli.main import cli
+from adaflash.engine.config import EngineConfig
 from adaflash.models.drafter_io import new_drafter, save_drafter
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.ledger import ConsumeLedger
 from adaflash.pipeline.report import check_integrity, pipeline_report
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
+from adaflash.train.losses import LossConfig
 
 
 class Clock:
@@ -220,7 +222,7 @@ def test_inference_worker_records_served_requests_per_version_and_the_hot_swap(t
     helper.start()
     produced = run_inference(InferenceConfig(target=str(tiny_llama), draft=str(draft), data=str(prompts),
                                              swap_dir=str(swap), run_id=run, workspace=str(ws), method="dflash",
-                                             batch_size=1, max_new_tokens=6, loop=True, flush_every=1))
+                                             engine=EngineConfig(max_batch=1), max_new_tokens=6, loop=True, flush_every=1))
     helper.join(timeout=60)
     assert not failures, failures
     rows = SwapBuffer(swap).read(0, produced)
@@ -262,7 +264,7 @@ def test_a_time_budget_ends_both_workers_with_a_final_version(tmp_path, tiny_lla
     SwapBuffer(swap).append([{"prompt_text": tiny_target.render("Count."), "response": "one two three"}] * 4)
     # the producer is not done and rows wait, but the budget is spent: stop, publish a final version
     consumed = run_training(TrainingConfig(target=str(tiny_llama), draft=str(draft), swap_dir=str(swap), run_id=run,
-                                           workspace=str(ws), loss="fkl", length_head=False, min_buffer=1,
+                                           workspace=str(ws), loss=LossConfig("fkl"), length_head=False, min_buffer=1,
                                            deadline=past, poll_seconds=0.05))
     assert consumed == 0
     store = WeightStore(swap)

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from adaflash.engine.config import EngineConfig
+
 PROMPTS = ["Once upon a time", "The capital of France is", "def fib(n):", "Colors of the rainbow:"]
 MAX_NEW = 8
 
@@ -37,8 +39,10 @@ def engines(tiny_llama: Path, tmp_path_factory):
 
     target = load_target(str(tiny_llama), device="cpu")
     draft = save_drafter(new_drafter("dflash", target.model.cfg, seed=3), tmp_path_factory.mktemp("d") / "draft")
-    vanilla = build_engine(str(tiny_llama), "vanilla", None, device="cpu", max_batch=4, max_len=128, seed=1)
-    dflash = build_engine(str(tiny_llama), "dflash", str(draft), device="cpu", max_batch=4, max_len=128, seed=2)
+    vanilla = build_engine(str(tiny_llama), "vanilla", None,
+                           config=EngineConfig(max_batch=4, max_len=128, seed=1), device="cpu")
+    dflash = build_engine(str(tiny_llama), "dflash", str(draft),
+                          config=EngineConfig(max_batch=4, max_len=128, seed=2), device="cpu")
     return target, vanilla, dflash
 
 

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from adaflash.bench.shift import Sample, ShiftResult, summarize
+from adaflash.engine.config import EngineConfig
 from adaflash.serve.adapt_stats import RollbackRule, VersionTally
 from adaflash.serve.protocol import BadRequest, parse_generate
 
@@ -189,7 +190,7 @@ def test_an_adapting_server_trains_swaps_survives_a_killed_trainer_rolls_back_an
     from adaflash.pipeline.buffer import SwapBuffer
     from adaflash.pipeline.report import check_integrity
 
-    vanilla = Engine(tiny_target, "vanilla", max_batch=1, max_len=128)
+    vanilla = Engine(tiny_target, "vanilla", config=EngineConfig(max_batch=1, max_len=128))
     references = {text: vanilla.generate([Request(tiny_target.encode(text),
                                                    SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))])[0].output_ids
                   for text in PROMPTS}
@@ -246,7 +247,8 @@ def _adapter(tmp_path, tiny_target, draft, **kw):
     from adaflash.runlog import RunLog
     from adaflash.serve.adapt import AdaptConfig, Adapter
 
-    engine = Engine(tiny_target, "adaflash", load_drafter(draft, tiny_target.model.cfg), max_batch=2, max_len=64)
+    engine = Engine(tiny_target, "adaflash", load_drafter(draft, tiny_target.model.cfg),
+                    config=EngineConfig(max_batch=2, max_len=64))
     log = RunLog.open(tmp_path / "ws")
     run = log.create_run("serve")
     adapter = Adapter(AdaptConfig(swap_dir=str(tmp_path / "swap"), **kw), engine, target="tiny", draft=str(draft),

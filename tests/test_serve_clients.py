@@ -12,6 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from adaflash.engine.config import EngineConfig
+
 NAME = "tiny-chat"
 CHAT = [{"role": "user", "content": "Name three colors."}]
 
@@ -21,7 +23,8 @@ def _start(tiny_llama: Path, **kw):
     from adaflash.serve.running import RunningServer
     from adaflash.serve.server import EmbeddedServer
 
-    engine = build_engine(str(tiny_llama), "vanilla", None, device="cpu", max_batch=4, max_len=256)
+    engine = build_engine(str(tiny_llama), "vanilla", None,
+                          config=EngineConfig(max_batch=4, max_len=256), device="cpu")
     return RunningServer(EmbeddedServer(engine, target=str(tiny_llama), served_model_name=NAME,
                                         max_new_tokens_limit=64, **kw))
 

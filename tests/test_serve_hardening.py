@@ -17,6 +17,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from adaflash.engine.config import EngineConfig
+
 PARTIAL_HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 DEEP = b"[" * 100_000 + b"]" * 100_000
 HUGE = "9" * 5000
@@ -27,7 +29,8 @@ def _start(tiny_llama: Path, *, max_batch: int = 4, **kw):
     from adaflash.serve.running import RunningServer
     from adaflash.serve.server import EmbeddedServer
 
-    engine = build_engine(str(tiny_llama), "vanilla", None, device="cpu", max_batch=max_batch, max_len=256)
+    engine = build_engine(str(tiny_llama), "vanilla", None,
+                          config=EngineConfig(max_batch=max_batch, max_len=256), device="cpu")
     return RunningServer(EmbeddedServer(engine, target="tiny", **kw))
 
 

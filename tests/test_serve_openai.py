@@ -9,6 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from adaflash.engine.config import EngineConfig
+
 MAX_NEW = 10
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three colors."}]
 
@@ -19,7 +21,7 @@ def engine_alone(tiny_target):
     from adaflash.engine.engine import Engine
     from adaflash.engine.params import Request, SamplingParams
 
-    engine = Engine(tiny_target, "vanilla", max_batch=1, max_len=256)
+    engine = Engine(tiny_target, "vanilla", config=EngineConfig(max_batch=1, max_len=256))
 
     def run(text: str) -> list[int]:
         request = Request(tiny_target.encode(text), SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
@@ -34,7 +36,8 @@ def server(tiny_llama: Path):
     from adaflash.serve.running import RunningServer
     from adaflash.serve.server import EmbeddedServer
 
-    engine = build_engine(str(tiny_llama), "vanilla", None, device="cpu", max_batch=8, max_len=256)
+    engine = build_engine(str(tiny_llama), "vanilla", None,
+                          config=EngineConfig(max_batch=8, max_len=256), device="cpu")
     running = RunningServer(EmbeddedServer(engine, target="tiny", max_new_tokens_limit=64))
     yield running
     running.stop()

@@ -9,6 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from adaflash.engine.config import EngineConfig
+
 PROMPTS = ["Hello there", "What is 2+2?", "Tell me a story about a cat", "Name three colors.",
            "Why is the sky blue?", "Count to five", "Say hi", "A haiku about rain"]
 MAX_NEW = 10
@@ -20,7 +22,7 @@ def references(tiny_target) -> dict[str, list[int]]:
     from adaflash.engine.engine import Engine
     from adaflash.engine.params import Request, SamplingParams
 
-    engine = Engine(tiny_target, "vanilla", max_batch=1, max_len=128)
+    engine = Engine(tiny_target, "vanilla", config=EngineConfig(max_batch=1, max_len=128))
     out = {}
     for text in PROMPTS:
         request = Request(tiny_target.encode(text), SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True))
@@ -40,8 +42,8 @@ def _start(tiny_llama: Path, method: str = "vanilla", draft: Path | None = None,
     from adaflash.serve.running import RunningServer
     from adaflash.serve.server import EmbeddedServer
 
-    engine = build_engine(str(tiny_llama), method, str(draft) if draft else None, device="cpu", max_batch=8,
-                          max_len=256)
+    engine = build_engine(str(tiny_llama), method, str(draft) if draft else None,
+                          config=EngineConfig(max_batch=8, max_len=256), device="cpu")
     return RunningServer(EmbeddedServer(engine, target=str(tiny_llama), draft=str(draft) if draft else None, **kw))
 
 
@@ -286,7 +288,8 @@ def test_a_client_that_leaves_frees_its_slot(tiny_llama):
     from adaflash.serve.running import RunningServer
     from adaflash.serve.server import EmbeddedServer
 
-    engine = build_engine(str(tiny_llama), "vanilla", None, device="cpu", max_batch=4, max_len=4096)
+    engine = build_engine(str(tiny_llama), "vanilla", None,
+                          config=EngineConfig(max_batch=4, max_len=4096), device="cpu")
     running = RunningServer(EmbeddedServer(engine, target=str(tiny_llama)))
     long = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
 

@@ -109,10 +109,10 @@ def test_serve_dry_run_prints_the_command(workspace):
     refused = CliRunner().invoke(cli, ["serve", "--engine", "sglang", "--method", "eagle3", "--dry-run"])
     assert refused.exit_code == 2 and "needs --draft" in refused.output
     grouped = CliRunner().invoke(cli, ["serve", "--method", "vanilla", "--dry-run", "--admit-batch", "4"])
-    assert grouped.exit_code == 0 and json.loads(grouped.stdout)["admit_batch"] == 4
-    assert json.loads(grouped.stdout)["overlap"] is True
+    assert grouped.exit_code == 0 and json.loads(grouped.stdout)["engine_config"]["admit_batch"] == 4
+    assert json.loads(grouped.stdout)["engine_config"]["overlap"] is None  # the engine's choice: on a GPU only
     plain = CliRunner().invoke(cli, ["serve", "--method", "vanilla", "--dry-run", "--no-overlap"])
-    assert plain.exit_code == 0 and json.loads(plain.stdout)["overlap"] is False
+    assert plain.exit_code == 0 and json.loads(plain.stdout)["engine_config"]["overlap"] is False
     # SGLang has its own overlap scheduler: --no-overlap turns it off the same way
     for flag, passed in (("--no-overlap", True), ("--overlap", False)):
         sglang = CliRunner().invoke(cli, ["serve", "--engine", "sglang", "--method", "vanilla", "--dry-run", flag])

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request, SamplingParams
 from adaflash.models.loading import load_target
@@ -62,7 +63,7 @@ def test_greedy_equals_transformers_generate_on_smollm2(smollm2_folder, device):
         out = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)
         expected.append(out[0, len(ids):].tolist())
         requests.append(Request(ids, SamplingParams(max_new_tokens=24)))
-    outputs = Engine(target, "vanilla", max_batch=2, max_len=256).generate(requests)
+    outputs = Engine(target, "vanilla", config=EngineConfig(max_batch=2, max_len=256)).generate(requests)
     assert [o.output_ids for o in outputs] == expected
 
 

@@ -9,6 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from adaflash.cli.main import cli
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request, SamplingParams
 from adaflash.models.drafter_io import load_drafter
@@ -38,7 +39,7 @@ def regen(tmp_path_factory, learnable):
     tiny_target = learnable
     path = tmp_path_factory.mktemp("regen") / "regen.jsonl"
     texts = [tiny_target.render(p) for p in PROMPTS]
-    outputs = Engine(tiny_target, "vanilla", max_batch=12, max_len=256).generate(
+    outputs = Engine(tiny_target, "vanilla", config=EngineConfig(max_batch=12, max_len=256)).generate(
         [Request(tiny_target.encode(t), SamplingParams(max_new_tokens=48, ignore_eos=True), prompt_text=t) for t in texts])
     with path.open("w") as handle:
         for out in outputs:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 
+from adaflash.engine.config import EngineConfig
 from adaflash.models.drafter_io import new_drafter, save_drafter
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.runlog import RunLog
+from adaflash.train.losses import LossConfig
 
 
 def test_inference_records_prompts_in_flight_and_tokens_before_its_first_flush(tmp_path, tiny_llama, tiny_target):
@@ -20,7 +22,7 @@ def test_inference_records_prompts_in_flight_and_tokens_before_its_first_flush(t
     run = log.create_run("pipeline")
     run_inference(InferenceConfig(target=str(tiny_llama), draft=str(draft), data=str(prompts),
                                   swap_dir=str(tmp_path / "swap"), run_id=run, workspace=str(tmp_path / "ws"),
-                                  method="dflash", batch_size=2, max_new_tokens=6, flush_every=100))
+                                  method="dflash", engine=EngineConfig(max_batch=2), max_new_tokens=6, flush_every=100))
     rows = log.metrics_since(0, run_id=run)
     first_flush = min(r["id"] for r in rows if r["name"] == "samples")
     early = {r["name"]: r["value"] for r in rows if r["id"] < first_flush}
@@ -38,7 +40,7 @@ def test_training_records_the_step_under_way_before_it_ends(tmp_path, tiny_llama
     log = RunLog.open(tmp_path / "ws")
     run = log.create_run("pipeline")
     run_training(TrainingConfig(target=str(tiny_llama), draft=str(draft), swap_dir=str(tmp_path / "swap"), run_id=run,
-                                workspace=str(tmp_path / "ws"), loss="fkl", length_head=False, min_buffer=2,
+                                workspace=str(tmp_path / "ws"), loss=LossConfig("fkl"), length_head=False, min_buffer=2,
                                 train_batch=2, publish_every=1, poll_seconds=0.05))
     rows = log.metrics_since(0, run_id=run)
     began = [(r["id"], r["value"]) for r in rows if r["name"] == "training_step"]

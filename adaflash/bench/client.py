@@ -18,6 +18,7 @@ import aiohttp
 
 from adaflash.bench.metrics import RequestResult, accuracy, compute_metrics, local_hardware
 from adaflash.bench.prompts import BenchPrompt
+from adaflash.methods import method_for_algorithm
 
 READ_BUFSIZE = 16 * 1024 * 1024  # a cumulative stream chunk of a long answer can be large
 
@@ -164,11 +165,11 @@ def server_accept_length(info: dict[str, Any]) -> float | None:
 def method_from_info(info: dict[str, Any]) -> str | None:
     if info.get("method"):
         return str(info["method"])
+    if not info:
+        return None
     algorithm = info.get("speculative_algorithm")
-    if algorithm is None:
-        return "vanilla" if info else None
-    return {"DFLASH": "dflash", "EAGLE3": "eagle3", "EAGLE": "eagle3", "NEXTN": "mtp"}.get(str(algorithm).upper(),
-                                                                                         str(algorithm).lower())
+    method = method_for_algorithm(None if algorithm is None else str(algorithm))
+    return method.name if method else str(algorithm).lower()
 
 
 def build_record(

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from adaflash.engine.params import METHODS
+from adaflash.methods import METHOD_NAMES, VANILLA, method_for_algorithm, sglang_algorithms
 
 STANDALONE = "standalone"
 FAIRNESS_RULES = (
@@ -35,7 +35,7 @@ TITLES = {
     "median_tpot_ms": "TPOT p50 ms", "p99_tpot_ms": "TPOT p99 ms", "median_itl_ms": "ITL p50 ms",
     "p99_itl_ms": "ITL p99 ms",
 }
-_ORDER = {m: i for i, m in enumerate(METHODS)}
+_ORDER = {m: i for i, m in enumerate(METHOD_NAMES)}
 
 
 def group_of(record: dict[str, Any]) -> str:
@@ -62,7 +62,7 @@ def comparison_rows(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]
     """(rows sorted for reading, warnings about missing Vanilla rows and unfair pairs)."""
     vanilla: dict[tuple, dict[str, Any]] = {}
     for record in records:
-        if record.get("method") == "vanilla":
+        if record.get("method") == VANILLA:
             key = (group_of(record), record.get("target"), record.get("dataset"), record.get("concurrency"))
             if key not in vanilla or (record.get("result_id") or 0) >= (vanilla[key].get("result_id") or 0):
                 vanilla[key] = record
@@ -85,7 +85,7 @@ def comparison_rows(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]]
             row[name] = _num(record.get(name))
         where = f"{row['method']} on {row['dataset']} at concurrency {row['concurrency']}"
         if base is None:
-            if row["method"] != "vanilla":
+            if row["method"] != VANILLA:
                 warnings.append(f"{where} ({_group_name(key[0])}): no Vanilla row with the same target, dataset "
                                 "and concurrency, so no speed-up")
         elif base is not record:
@@ -108,7 +108,7 @@ def overall_records(records: list[dict[str, Any]], suite: str, domains: list[str
 
     out = []
     keys = dict.fromkeys((r["method"], r["concurrency"]) for r in records if r.get("domain"))
-    vanilla = {(r["domain"], r["concurrency"]): r for r in records if r.get("domain") and r["method"] == "vanilla"}
+    vanilla = {(r["domain"], r["concurrency"]): r for r in records if r.get("domain") and r["method"] == VANILLA}
     for method, batch in keys:
         rows = {r["domain"]: r for r in records if r.get("domain") and (r["method"], r["concurrency"]) == (method, batch)}
         if set(rows) != set(domains):
@@ -221,7 +221,6 @@ def export_records(records: list[dict[str, Any]], fmt: str) -> str:
 
 
 # -- import of SGLang bench_serving results ------------------------------------------------------------
-SGLANG_METHODS = {"DFLASH": "dflash", "EAGLE3": "eagle3", "EAGLE": "eagle3", "NEXTN": "mtp"}
 SERVER_INFO_KEEP = ("model_path", "speculative_algorithm", "speculative_draft_model_path", "tp_size",
                     "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
                     "speculative_dflash_block_size", "max_running_requests", "version", "method", "target", "draft",
@@ -262,21 +261,19 @@ def _method(obj: dict[str, Any], info: dict[str, Any]) -> str:
     """The result's own `method` (an adaflash server reports it), else SGLang's speculative_algorithm."""
     own = obj.get("method") if isinstance(obj.get("method"), str) else info.get("method")
     if own:
-        if own not in METHODS:
-            raise ImportFormatError(f"method {own!r} is none of {', '.join(METHODS)}: give --method")
+        if own not in METHOD_NAMES:
+            raise ImportFormatError(f"method {own!r} is none of {', '.join(METHOD_NAMES)}: give --method")
         return str(own)
     if not info:
         raise ImportFormatError("cannot tell the method (no method, no server_info.speculative_algorithm): "
                                 "give --method")
     algorithm = info.get("speculative_algorithm")
-    if algorithm is None:
-        return "vanilla"
-    method = SGLANG_METHODS.get(str(algorithm).upper())
+    method = method_for_algorithm(None if algorithm is None else str(algorithm))
     if method is None:
         raise ImportFormatError(
-            f"server_info.speculative_algorithm {algorithm!r} is none of {', '.join(SGLANG_METHODS)} (or null "
+            f"server_info.speculative_algorithm {algorithm!r} is none of {', '.join(sglang_algorithms())} (or null "
             "for Vanilla): give --method to say which method these results measure")
-    return method
+    return method.name
 
 
 def from_sglang(obj: dict[str, Any], *, method: str | None = None, dataset: str | None = None,

@@ -45,6 +45,7 @@ from adaflash.bench.hf_generate import hf_generate
 from adaflash.bench.metrics import TokenGaps, accuracy, compute_metrics, engine_results
 from adaflash.bench.prompts import BenchPrompt, domains_of
 from adaflash.engine.params import DRAFT_MARGIN
+from adaflash.methods import VANILLA, method_of
 
 WARMUP_TOKENS = 8  # at most; never more than half of max_new_tokens (prefill + a few decode/verify steps)
 
@@ -199,10 +200,11 @@ class EngineBench:
         # Build every speculative engine once at batch 1 before measuring anything, so a drafter
         # that does not fit the target (or the method) fails in seconds, not after the first rows.
         for method in spec.methods:
-            if method == "vanilla":
+            if not method_of(method).needs_drafter:
                 continue
             try:
-                build_engine(self.target, method, spec.drafts[method], max_batch=1, max_len=self.max_len)
+                build_engine(self.target, method, spec.drafts[method],
+                             config=spec.engine_config.replace(max_batch=1, max_len=self.max_len))
             except (DrafterError, ValueError) as err:
                 raise EngineBenchError(f"--draft {method}={spec.drafts[method]}: {err}") from None
         _free(self.target.device)
@@ -275,8 +277,8 @@ class EngineBench:
             measured = self._interleaved(batch) if self.order == "interleaved" else None
             vanilla: list[list[int]] | None = None
             for method in spec.methods:
-                reference = first_vanilla if method == "vanilla" else vanilla
-                name = f"vanilla@b{spec.batch_sizes[0]}" if method == "vanilla" else f"vanilla@b{batch}"
+                reference = first_vanilla if method == VANILLA else vanilla
+                name = f"{VANILLA}@b{spec.batch_sizes[0]}" if method == VANILLA else f"{VANILLA}@b{batch}"
                 if measured is not None:
                     outputs, duration, gaps, passes = measured[method]
                 else:
@@ -288,7 +290,7 @@ class EngineBench:
                 ids = [list(o.output_ids) for o in outputs]
                 metrics = {**self._metrics(outputs, duration, gaps), "passes": passes}
                 self._record(method, batch, metrics, ids, reference, name, "embedded")
-                if method == "vanilla":
+                if method == VANILLA:
                     vanilla = ids
                     if first_vanilla is None:
                         first_vanilla = ids
@@ -404,10 +406,8 @@ class EngineBench:
         spec = self.spec
         if self._engines is not None and (method, batch) in self._engines:
             return self._engines[(method, batch)]
-        engine = build_engine(self.target, method, spec.drafts.get(method), max_batch=batch, max_len=self.max_len,
-                              length_rate=spec.length_rate, min_length=spec.min_length,
-                              length_policy=spec.length_policy, admit_batch=spec.admit_batch,
-                              overlap=None if spec.overlap else False)
+        engine = build_engine(self.target, method, spec.drafts.get(method),
+                              config=spec.engine_config.replace(max_batch=batch, max_len=self.max_len))
         if self.warmup != "none" and engine.graphs.enabled:
             # Every graph the run can meet, as `serve` and `eval` capture them: a warm-up replays the
             # timed run's shapes, but not the rare widths AdaFlash's cost rule re-times, whose captures
@@ -479,7 +479,7 @@ class EngineBench:
         metrics["accept_rate"] = None
         if lookup:
             metrics["prompt_lookup_num_tokens"] = lookup
-        self._record(method, batch, metrics, outputs, reference, f"vanilla@b{batch}" if reference else None,
+        self._record(method, batch, metrics, outputs, reference, f"{VANILLA}@b{batch}" if reference else None,
                      "transformers")
 
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaflash.engine.params import DEFAULT_LENGTH_POLICY, METHODS
+from adaflash.engine.config import EngineConfig
+from adaflash.methods import METHOD_NAMES, VANILLA, method_of
 from adaflash.models.builtin_drafters import builtin_drafter_of
 from adaflash.models.registry import resolve_drafter
 
-BENCH_METHODS = METHODS
 # Sub-folders of --draft-dir tried for each method, in order. The smollm2-cpu recipe writes {drafters}/dflash,
 # .../adaflash-init (offline length head) and .../adaflash-online (the pipeline's newest version, preferred).
 DRAFT_SUBDIRS = {"dflash": ("dflash",), "adaflash": ("adaflash", "adaflash-online", "adaflash-init"), "osd": ("osd",),
@@ -39,17 +39,15 @@ class EngineBenchSpec:
     prompt_lookup_tokens: int = 10
     label: str | None = None
     warmup: str = "auto"  # auto (full on CUDA, short elsewhere), short, full or none
-    length_rate: float = 1.0  # AdaFlash: scale on the head's predicted length
-    min_length: int = 2  # AdaFlash: fewest block positions verified
-    length_policy: str = DEFAULT_LENGTH_POLICY  # AdaFlash: rate (the design's rule) or cost (measured step cost)
+    # Every engine's settings; each cell sets its own max_batch (a batch size) and max_len (fits the prompts).
+    engine_config: EngineConfig = field(default_factory=EngineConfig)
     order: str = "auto"  # auto (interleaved on CPU, sequential on CUDA), interleaved or sequential
-    admit_batch: int | None = None  # prefill once this many slots are free (None: the engine's default)
-    overlap: bool = True  # launch a greedy step before the host takes the last one's tokens (the engine's default)
     profile: str | None = None  # a folder: after each measured cell, profile its engine's steps there (off the clock)
     profile_steps: int = 32  # engine steps recorded per profile, after as many to fill the batch
 
     def config(self) -> dict[str, Any]:
-        return {"bench": "engine", **{k: getattr(self, k) for k in self.__dataclass_fields__}}
+        return {"bench": "engine", **{k: getattr(self, k) for k in self.__dataclass_fields__},
+                "engine_config": self.engine_config.to_json()}
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -71,10 +69,10 @@ def parse_methods(text: str) -> list[str]:
     items = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     if not items:
         raise EngineBenchError("--methods is empty; give e.g. vanilla,dflash,adaflash")
-    unknown = [m for m in items if m not in BENCH_METHODS]
+    unknown = [m for m in items if m not in METHOD_NAMES]
     if unknown:
-        raise EngineBenchError(f"--methods: unknown method(s) {', '.join(unknown)}; choose from {', '.join(BENCH_METHODS)}")
-    return sorted(items, key=lambda m: m != "vanilla")
+        raise EngineBenchError(f"--methods: unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHOD_NAMES)}")
+    return sorted(items, key=lambda m: m != VANILLA)
 
 
 def resolve_drafts(methods: list[str], draft_dir: str | None, explicit: dict[str, str],
@@ -84,7 +82,7 @@ def resolve_drafts(methods: list[str], draft_dir: str | None, explicit: dict[str
     drafts: dict[str, str] = {}
     missing = []
     for method in methods:
-        if method == "vanilla":
+        if not method_of(method).needs_drafter:
             continue
         if method in explicit:
             drafts[method] = str(resolve_drafter(explicit[method]))

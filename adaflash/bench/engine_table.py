@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adaflash.engine.params import METHODS
+from adaflash.methods import METHOD_NAMES, VANILLA
 
 HF_GENERATE = "hf-generate"
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
@@ -16,8 +16,8 @@ HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 def table_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows for the printed table: speed-up vs our Vanilla row of the same dataset (a suite's domain) and
     batch size, τ, lossless check. A suite's overall row shows its own speed-up: the mean over domains."""
-    base = {_cell(r): r["output_throughput"] for r in records if r["method"] == "vanilla"}
-    order = {m: i for i, m in enumerate((*METHODS, HF_GENERATE, HF_PROMPT_LOOKUP))}
+    base = {_cell(r): r["output_throughput"] for r in records if r["method"] == VANILLA}
+    order = {m: i for i, m in enumerate((*METHOD_NAMES, HF_GENERATE, HF_PROMPT_LOOKUP))}
     rows = []
     for r in sorted(records, key=lambda r: (r["concurrency"], str(r.get("dataset")),
                                             order.get(r["method"], len(order)))):
@@ -30,7 +30,7 @@ def table_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "speed-up": f"{speedup:.2f}x" if speedup else None,
             "τ": None if r.get("accept_length") is None else f"{r['accept_length']:.2f}",
             "accept rate": None if r.get("accept_rate") is None else f"{100 * r['accept_rate']:.1f}%",
-            "identical": (("ref" if r["method"] == "vanilla" else None) if mismatches is None
+            "identical": (("ref" if r["method"] == VANILLA else None) if mismatches is None
                           else "yes" if mismatches == 0 else f"no ({mismatches}/{r['completed']})"),
             "tokens": r.get("total_output_tokens"),
             "wall s": f"{r['duration']:.2f}" if r.get("duration") is not None else None, "n": r["completed"],
@@ -83,11 +83,11 @@ def speedup_breakdown(records: list[dict[str, Any]]) -> list[str]:
     larger share of the faster run (`with prefills`), and host time between passes (`measured`).
     Rates are tokens per second of each part, so rows whose outputs differ compare fairly too.
     """
-    vanilla = {_cell(r): r for r in records if r["method"] == "vanilla" and r.get("passes")}
+    vanilla = {_cell(r): r for r in records if r["method"] == VANILLA and r.get("passes")}
     lines = []
     for r in records:
         base = vanilla.get(_cell(r))
-        if r["method"] == "vanilla" or base is None or not r.get("passes") or r.get("backend") != "embedded":
+        if r["method"] == VANILLA or base is None or not r.get("passes") or r.get("backend") != "embedded":
             continue
         mine, ref = _pass_totals(r), _pass_totals(base)
         if not (mine["steps"] and ref["steps"] and mine["step_s"] and ref["step_s"]):
@@ -114,7 +114,7 @@ def against_dflash(records: list[dict[str, Any]]) -> list[str]:
     lines = []
     for r in records:
         base = dflash.get(_cell(r))
-        if base is None or r["method"] in ("vanilla", "dflash") or not r.get("accept_length") \
+        if base is None or r["method"] in (VANILLA, "dflash") or not r.get("accept_length") \
                 or r.get("backend") != "embedded" or not base.get("output_throughput"):
             continue
         tau, speed = r["accept_length"] / base["accept_length"], r["output_throughput"] / base["output_throughput"]

@@ -11,15 +11,10 @@ from typing import Any
 import click
 
 from adaflash.cli.bench_shift import shift
-from adaflash.cli.common import (
-    fail,
-    length_policy_option,
-    note_builtin_drafter,
-    overlap_option,
-    runlog_of,
-    workspace_of,
-)
-from adaflash.engine.params import METHODS
+from adaflash.cli.common import fail, note_builtin_drafter, runlog_of, workspace_of
+from adaflash.cli.engine_options import engine_options
+from adaflash.engine.config import EngineConfig
+from adaflash.methods import METHOD_NAMES, SPECULATIVE_NAMES, VANILLA, method_of
 
 SUMMARY = [("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
            ("total_input_tokens", "Total input tokens"), ("total_output_tokens", "Total generated tokens"),
@@ -119,7 +114,7 @@ class _Progress:
 @click.option("--label", default=None, help="A name for this result (shown in comparisons).")
 @click.option("--chat/--no-chat", default=True, show_default=True,
               help="Apply the target's chat template client-side (the server gets the exact text).")
-@click.option("--method", type=click.Choice(METHODS), default=None, help="Metadata [default: from /get_server_info].")
+@click.option("--method", type=click.Choice(METHOD_NAMES), default=None, help="Metadata [default: from /get_server_info].")
 @click.option("--target", default=None, help="Metadata and tokenizer [default: from /get_server_info].")
 @click.option("--draft", default=None, help="Metadata [default: from /get_server_info].")
 @click.option("--seed", type=int, default=None, help="Sample --num-prompts prompts with this seed (default: the first N).")
@@ -230,9 +225,9 @@ def matrix(ctx: click.Context, methods: str, datasets: str, concurrency_list: st
     from adaflash.bench.matrix import MatrixEvents, MatrixSpec, run_matrix
 
     method_list = _split(methods, "--methods")
-    unknown = [m for m in method_list if m not in METHODS]
+    unknown = [m for m in method_list if m not in METHOD_NAMES]
     if unknown:
-        fail(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        fail(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHOD_NAMES)}")
     try:
         levels = [int(c) for c in _split(concurrency_list, "--concurrency")]
     except ValueError:
@@ -242,10 +237,10 @@ def matrix(ctx: click.Context, methods: str, datasets: str, concurrency_list: st
     draft_map: dict[str, str] = {}
     for item in drafts:
         key, sep, value = item.partition("=")
-        if not sep or key not in METHODS or not value:
-            fail(f"--draft takes METHOD=DIR with METHOD one of {', '.join(METHODS)}, got {item!r}")
+        if not sep or key not in METHOD_NAMES or not value:
+            fail(f"--draft takes METHOD=DIR with METHOD one of {', '.join(METHOD_NAMES)}, got {item!r}")
         draft_map[key] = value
-    missing = [m for m in method_list if m != "vanilla" and m not in draft_map and not (m == "mtp" and engine == "sglang")]
+    missing = [m for m in method_list if method_of(m).needs_draft_on(engine) and m not in draft_map]
     if engine == "embedded":
         from adaflash.models.builtin_drafters import builtin_drafter_of
 
@@ -257,7 +252,7 @@ def matrix(ctx: click.Context, methods: str, datasets: str, concurrency_list: st
                 note_builtin_drafter(f"{method} runs", builtin, f"--draft {method}=DIR")
     if missing:
         fail(f"no drafter for {', '.join(missing)}: add --draft METHOD=DIR for each")
-    if "vanilla" not in method_list:
+    if VANILLA not in method_list:
         click.secho("note: no vanilla in --methods, so the comparison will have no speed-up column", fg="yellow", err=True)
     from adaflash.bench.prompts import domains_of
 
@@ -354,8 +349,8 @@ def _supervised_launcher(log, workspace: str, spec):
 
 @bench.command("engine")
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF model folder or hub id.")
-@click.option("--methods", default="vanilla", show_default=True,
-              help=f"Comma-separated, from {', '.join(METHODS)}; Vanilla is every row's reference.")
+@click.option("--methods", default=VANILLA, show_default=True,
+              help=f"Comma-separated, from {', '.join(METHOD_NAMES)}; Vanilla is every row's reference.")
 @click.option("--draft-dir", default=None, type=click.Path(file_okay=False),
               help="A folder with one drafter per method: DIR/dflash, DIR/adaflash (or adaflash-online, adaflash-init), "
                    "DIR/eagle3, DIR/mtp.")
@@ -376,19 +371,11 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.option("--warmup", type=click.Choice(["auto", "short", "full", "none"]), default="auto", show_default=True,
               help="Unmeasured pass per engine: short (a few tokens per slot), full (the measured requests once, "
                    "so every CUDA graph is captured before timing); auto = full on CUDA, short elsewhere.")
-@click.option("--length-rate", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
-              help="AdaFlash: scale on the predicted length.")
-@length_policy_option
-@click.option("--min-length", type=click.IntRange(1), default=2, show_default=True,
-              help="AdaFlash: fewest block positions verified.")
 @click.option("--order", type=click.Choice(["auto", "interleaved", "sequential"]), default="auto", show_default=True,
               help="interleaved: every method's engine gets all prompts queued and they take turns of a few steps, "
                    "each on its own clock, so a drifting machine slows every row alike; sequential: one method "
                    "after the other, all prompts queued at once; auto = interleaved on CPU, sequential on CUDA.")
-@click.option("--admit-batch", type=click.IntRange(1), default=None,
-              help="Prefill new prompts once this many slots are free (as `serve --admit-batch`; default: batch // 8 "
-                   "on a GPU, 1 on a CPU). At most the smallest --batch-sizes.")
-@overlap_option()
+@engine_options(skip=("max_len", "seed"), notes={"admit_batch": "At most the smallest --batch-sizes."})
 @click.option("--profile", type=click.Path(file_okay=False), default=None,
               help="After each measured cell, profile its engine's steps (torch.profiler, off the clock) into this "
                    "folder: RUN-METHOD-bBATCH.top.txt (kernels by their own time) and .trace.json (Chrome trace).")
@@ -402,9 +389,8 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.pass_context
 def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None, drafts: tuple[str, ...], dataset: str,
            num_prompts: int, batch_sizes: str, max_new_tokens: int, device: str, dtype: str, compare_hf: bool,
-           prompt_lookup_tokens: int, warmup: str, length_rate: float, length_policy: str, min_length: int, order: str,
-           admit_batch: int | None, overlap: bool, profile: str | None, profile_steps: int,
-           chat: bool, seed: int | None, label: str | None, fmt: str) -> None:
+           prompt_lookup_tokens: int, warmup: str, order: str, engine_cfg: EngineConfig,
+           profile: str | None, profile_steps: int, chat: bool, seed: int | None, label: str | None, fmt: str) -> None:
     """Measure every method through the embedded engine side by side, greedy, on the same prompts.
 
     Per batch size: output tok/s, τ and whether greedy output is identical to our Vanilla's; with
@@ -430,13 +416,14 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
     explicit: dict[str, str] = {}
     for item in drafts:
         key, sep, value = item.partition("=")
-        if not sep or key not in METHODS or key == "vanilla" or not value:
-            fail(f"--draft takes METHOD=DIR with METHOD one of {', '.join(m for m in METHODS if m != 'vanilla')}, "
+        if not sep or key not in SPECULATIVE_NAMES or not value:
+            fail(f"--draft takes METHOD=DIR with METHOD one of {', '.join(SPECULATIVE_NAMES)}, "
                  f"got {item!r}")
         explicit[key] = value
     try:
         method_list = parse_methods(methods)
         sizes = parse_batch_sizes(batch_sizes)
+        admit_batch = engine_cfg.admit_batch
         if admit_batch is not None and admit_batch > min(sizes):
             fail(f"--admit-batch {admit_batch}: more than the smallest --batch-sizes ({min(sizes)}), whose engine "
                  f"would never admit a prompt while a row decodes")
@@ -455,14 +442,13 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
         builtin = builtin_drafter_of(target, method) if method not in explicit else None
         if builtin and folder == str(resolve_drafter(builtin)):
             note_builtin_drafter(f"{method} runs", builtin, f"--draft {method}=DIR")
-    if "vanilla" not in method_list:
+    if VANILLA not in method_list:
         click.secho("note: no vanilla in --methods: no speed-up column and no lossless check", fg="yellow", err=True)
     name, prompts = _prompts(ctx, dataset, num_prompts, seed, chat, target)
     spec = EngineBenchSpec(target=target, methods=method_list, batch_sizes=sizes, drafts=draft_map, dataset=name,
                            max_new_tokens=max_new_tokens, device=device, dtype=dtype, compare_hf=compare_hf,
                            prompt_lookup_tokens=prompt_lookup_tokens, label=label, warmup=warmup,
-                           length_rate=length_rate, min_length=min_length, order=order,
-                           length_policy=length_policy, admit_batch=admit_batch, overlap=overlap,
+                           engine_config=engine_cfg, order=order,
                            profile=str(Path(profile).expanduser()) if profile else None, profile_steps=profile_steps)
     log = runlog_of(ctx)
     events = EngineBenchEvents(message=lambda m: click.echo(m, err=True))

@@ -7,7 +7,7 @@ import io
 import json
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -211,24 +211,4 @@ def run_guard(log: RunLog, run_id: str, expected: tuple[type[BaseException], ...
         log.finish_run(run_id, "stopped" if isinstance(err, KeyboardInterrupt) else "failed",
                        note=f"{type(err).__name__}: {err}")
         raise
-
-
-def overlap_option(also: str = "") -> Callable:
-    """`--overlap/--no-overlap`: whether the engine launches a greedy step before it takes the last one's tokens."""
-    return click.option(
-        "--overlap/--no-overlap", default=True, show_default=True,
-        help="Embedded engine: launch each greedy step before the host takes the last one's tokens (on a GPU, "
-             "where the device would otherwise wait for that work; a CPU runs every op as it is called). "
-             "--no-overlap reads each step before launching the next." + also)
-
-
-def length_policy_option(func):
-    """`--length-policy`: how AdaFlash turns the head's prediction into a verify length."""
-    from adaflash.engine.params import DEFAULT_LENGTH_POLICY, LENGTH_POLICIES
-
-    return click.option(
-        "--length-policy", type=click.Choice(LENGTH_POLICIES), default=DEFAULT_LENGTH_POLICY, show_default=True,
-        help="AdaFlash: cost = the width that maximizes expected tokens per second, from step times this engine "
-             "measures as it runs (the whole block, without reading the head, where a shorter verify saves "
-             "nothing); rate = verify round(pred·B·rate) positions (the design card's rule).")(func)
 

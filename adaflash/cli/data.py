@@ -23,7 +23,7 @@ from adaflash.data.column_map import parse_column_map
 from adaflash.data.errors import DatasetError
 from adaflash.data.prepare import prepare_dataset
 from adaflash.data.resolve import resolve_dataset
-from adaflash.engine.params import METHODS
+from adaflash.methods import METHOD_NAMES, VANILLA
 
 
 @click.group()
@@ -204,7 +204,7 @@ def vary(ctx: click.Context, dataset_file: str, variants: int, num_samples: int 
 
 @data.command("regenerate", short_help="Answer a dataset's prompts with the target, for drafter training.")
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
-@click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
+@click.option("--method", type=click.Choice(METHOD_NAMES), default=VANILLA, show_default=True)
 @click.option("--draft", default=None, metavar="DIR|NAME",
               help="Drafter folder or built-in drafter's name (methods other than vanilla; dflash and adaflash "
                    "default to the target's built-in drafter for each: `adaflash draft builtins`).")
@@ -257,6 +257,7 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
     from adaflash.data.regenerate import PartialRows, fit_max_len, shard_of
     from adaflash.data.regenerate import regenerate as run_regenerate
     from adaflash.engine.build import build_engine
+    from adaflash.engine.config import EngineConfig
     from adaflash.engine.params import SamplingParams
     from adaflash.models.drafter_io import DrafterError
     from adaflash.models.loading import load_target
@@ -276,7 +277,8 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
         loaded = load_target(target, device=device, dtype=dtype)
         cache_len = (min(max_len, loaded.max_context) if max_len else
                      fit_max_len(loaded, todo or prompts, chat=chat, max_new_tokens=max_new_tokens))
-        engine = build_engine(loaded, method, draft, max_batch=batch_size, max_len=cache_len, seed=seed)
+        engine = build_engine(loaded, method, draft,
+                              config=EngineConfig(max_batch=batch_size, max_len=cache_len, seed=seed))
     except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)

@@ -7,6 +7,7 @@ import json
 import click
 
 from adaflash.cli.common import emit_rows, fail, output_format_option
+from adaflash.methods import DRAFTER_ARCHITECTURES
 
 
 @click.group()
@@ -15,7 +16,7 @@ def draft() -> None:
 
 
 @draft.command("new")
-@click.option("--method", type=click.Choice(["dflash", "eagle3", "mtp"]), required=True)
+@click.option("--method", type=click.Choice(DRAFTER_ARCHITECTURES), required=True)
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Folder to write the drafter to.")
 @click.option("--layers", type=click.IntRange(1, 8), default=1, show_default=True, help="DFlash: decoder layers.")

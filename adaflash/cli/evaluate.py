@@ -7,12 +7,14 @@ import click
 from adaflash.cli.common import (
     emit_rows,
     fail,
-    length_policy_option,
     note_builtin_drafter,
     run_guard,
     runlog_of,
     workspace_of,
 )
+from adaflash.cli.engine_options import engine_options
+from adaflash.engine.config import EngineConfig
+from adaflash.methods import VANILLA, method_of
 
 
 def _parse_methods(specs: tuple[str, ...], target: str) -> list[tuple[str, str | None]]:
@@ -31,7 +33,7 @@ def _parse_methods(specs: tuple[str, ...], target: str) -> list[tuple[str, str |
             fail(str(err))
         if out[-1][1] and not draft:
             note_builtin_drafter(f"--method {method} runs", out[-1][1], f"--method {method}=DIR")
-        if method == "vanilla" and draft:
+        if draft and not method_of(method).needs_drafter:
             fail(f"--method {spec}: vanilla runs without a drafter")
     return out
 
@@ -46,16 +48,14 @@ def _parse_methods(specs: tuple[str, ...], target: str) -> list[tuple[str, str |
 @click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
 @click.option("--chat/--no-chat", default=True, show_default=True)
-@click.option("--length-rate", type=float, default=1.0, show_default=True)
-@length_policy_option
-@click.option("--min-length", type=click.IntRange(1), default=2, show_default=True)
+@engine_options()
 @click.option("--device", default="auto", show_default=True)
 @click.option("--dtype", default="auto", show_default=True)
 @click.option("--label", default=None)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown"]), default="table", show_default=True)
 @click.pass_context
 def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_size, max_new_tokens, temperature, chat,
-             length_rate, length_policy, min_length, device, dtype, label, fmt) -> None:
+             engine_cfg: EngineConfig, device, dtype, label, fmt) -> None:
     """Measure τ and throughput of each method on the same prompts, offline (one run, same hardware)."""
 
     from adaflash.data.prompts import PromptFileError, prompt_source, read_prompt_file
@@ -65,6 +65,7 @@ def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_si
     from adaflash.models.loading import load_target
 
     chosen = _parse_methods(methods, target)
+    engine_cfg = engine_cfg.replace(max_batch=batch_size)
     try:
         path = prompt_source(dataset, workspace_of(ctx), "test")
     except PromptFileError as err:
@@ -78,12 +79,12 @@ def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_si
     log = runlog_of(ctx)
     run_id = log.create_run("bench", name=label or "eval", target=target, dataset=path.stem,
                             config={"methods": list(methods), "num_prompts": len(prompts), "batch_size": batch_size,
-                                    "max_new_tokens": max_new_tokens, "temperature": temperature, "engine": "embedded-offline"})
+                                    "max_new_tokens": max_new_tokens, "temperature": temperature, "engine": "embedded-offline",
+                                    "engine_config": engine_cfg.to_json()})
     results = []
     for method, draft in chosen:
         try:
-            engine = build_engine(tgt, method, draft, max_batch=batch_size, length_rate=length_rate, min_length=min_length,
-                                  length_policy=length_policy)
+            engine = build_engine(tgt, method, draft, config=engine_cfg)
         except (DrafterError, ValueError) as err:
             log.finish_run(run_id, "failed", note=str(err))
             fail(str(err))
@@ -94,7 +95,7 @@ def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_si
         log.add_bench_result(run_id, record)
         results.append(record)
         click.echo(f"{method}: τ={metrics['accept_length']:.2f} {metrics['output_throughput']:.1f} tok/s", err=True)
-    base = next((r["output_throughput"] for r in results if r["method"] == "vanilla"), None)
+    base = next((r["output_throughput"] for r in results if r["method"] == VANILLA), None)
     for r in results:
         r["speedup"] = r["output_throughput"] / base if base else None
     log.finish_run(run_id)

@@ -8,8 +8,10 @@ import time
 
 import click
 
-from adaflash.cli.common import chosen_drafter, fail, length_policy_option, run_guard, runlog_of
-from adaflash.engine.params import METHODS
+from adaflash.cli.common import chosen_drafter, fail, run_guard, runlog_of
+from adaflash.cli.engine_options import engine_options
+from adaflash.engine.config import EngineConfig
+from adaflash.methods import METHOD_NAMES, VANILLA
 
 
 @click.command()
@@ -18,7 +20,7 @@ from adaflash.engine.params import METHODS
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False),
               help='JSONL: {"prompt": ...} or a normalized row with "conversations" per line.')
 @click.option("--limit", type=int, default=None, help="Read at most this many prompts from --prompts.")
-@click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
+@click.option("--method", type=click.Choice(METHOD_NAMES), default=VANILLA, show_default=True)
 @click.option("--draft", default=None, metavar="DIR|NAME",
               help="Drafter folder or built-in drafter's name (methods other than vanilla; dflash and adaflash "
                    "default to the target's built-in drafter for each: `adaflash draft builtins`).")
@@ -29,19 +31,15 @@ from adaflash.engine.params import METHODS
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the chat template.")
 @click.option("--batch-size", type=click.IntRange(1, 1024), default=16, show_default=True)
-@click.option("--length-rate", type=float, default=1.0, show_default=True, help="AdaFlash: scale on the predicted length.")
-@length_policy_option
-@click.option("--min-length", type=click.IntRange(1), default=2, show_default=True, help="AdaFlash: fewest block positions verified.")
-@click.option("--steps", type=click.IntRange(1), default=None, help="Chain drafters: draft steps (default from the drafter).")
+@engine_options()
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--dtype", default="auto", show_default=True, help="float32, bfloat16, float16 or auto.")
-@click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt.")
 @click.pass_context
 def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_file: str | None, limit: int | None,
              method: str, draft: str | None, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
-             stop: tuple[str, ...], chat: bool, batch_size: int, length_rate: float, length_policy: str, min_length: int,
-             steps: int | None, device: str, dtype: str, seed: int, as_json: bool) -> None:
+             stop: tuple[str, ...], chat: bool, batch_size: int, engine_cfg: EngineConfig, device: str, dtype: str,
+             as_json: bool) -> None:
     """Generate with a target (and a drafter) through the embedded engine."""
     from adaflash.data.prompts import PromptFileError, PromptRow, read_prompt_file
     from adaflash.engine.build import build_engine
@@ -58,9 +56,8 @@ def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_
     if not rows:
         fail("give --prompt TEXT or --prompts FILE.jsonl")
     try:
-        engine = build_engine(target, method, draft, device=device, dtype=dtype, max_batch=batch_size,
-                              length_rate=length_rate, min_length=min_length, num_steps=steps, seed=seed,
-                              length_policy=length_policy)
+        engine = build_engine(target, method, draft, config=engine_cfg.replace(max_batch=batch_size), device=device,
+                              dtype=dtype)
     except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))
     tgt = engine.target
@@ -73,7 +70,8 @@ def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_
     log = runlog_of(ctx)
     run_id = log.create_run("generate", method=method, target=target, draft=draft,
                             config={"max_new_tokens": max_new_tokens, "temperature": temperature, "prompts": len(rows),
-                                    "chat": chat, "device": str(engine.device)})
+                                    "chat": chat, "device": str(engine.device),
+                                    "engine_config": engine.config.to_json()})
     from adaflash.serve.stream_text import shown_text
 
     stream = not as_json and len(requests) == 1

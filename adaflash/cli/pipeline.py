@@ -16,7 +16,6 @@ from adaflash.cli.common import (
     existing_runlog_of,
     fail,
     fmt_cell,
-    length_policy_option,
     note_builtin_drafter,
     output_format_option,
     prompt_file,
@@ -25,6 +24,7 @@ from adaflash.cli.common import (
     workspace_of,
     workspace_path_of,
 )
+from adaflash.cli.engine_options import engine_options
 
 PRESETS = {
     "adaflash": {"loss": "rkl-mix", "length_head": True},
@@ -67,36 +67,42 @@ PRESETS = {
 @click.option("--duration", type=click.FloatRange(0, min_open=True), default=None,
               help="Inference stops taking prompts this many seconds after it starts; the trainers then drain the buffer.")
 @click.option("--min-buffer", type=click.IntRange(1), default=8, show_default=True)
-@click.option("--batch-size", type=click.IntRange(1), default=16, show_default=True, help="Inference batch.")
+@click.option("--batch-size", type=click.IntRange(1), default=16, show_default=True,
+              help="Inference batch: prompts answered at once.")
 @click.option("--train-batch", type=click.IntRange(1), default=8, show_default=True, help="Trajectories per training step.")
 @click.option("--publish-every", type=click.IntRange(1), default=2, show_default=True, help="Steps between versions.")
 @click.option("--keep", type=click.IntRange(1), default=3, show_default=True, help="Versions kept on disk.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True)
-@length_policy_option
+@engine_options()
 @click.option("--dry-run", is_flag=True, help="Print the worker command lines and exit.")
 @click.pass_context
 def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, train_procs, preset, loss, length_head, alpha,
              kl_temperature, clip, lr, warmup_steps, lr_decay_minutes, swap_dir, max_samples, skip, loop, max_minutes, duration, min_buffer,
-             batch_size, train_batch, publish_every, keep, max_new_tokens, temperature, length_policy, dry_run) -> None:
-    """Run the async on-policy pipeline: inference worker → swap buffer → training worker(s) → hot swap."""
+             batch_size, train_batch, publish_every, keep, max_new_tokens, temperature, engine_cfg, dry_run) -> None:
+    """Run the async on-policy pipeline: inference worker → swap buffer → training worker(s) → hot swap.
+
+    The engine options (--length-rate, --admit-batch, --overlap, ...) are the inference worker's.
+    """
     if ctx.invoked_subcommand is not None:
         return
     from adaflash.pipeline.inference import InferenceConfig
     from adaflash.pipeline.launch import Pipeline, parse_gpus
     from adaflash.pipeline.training import TrainingConfig
+    from adaflash.train.losses import LossConfig
     from adaflash.workspace import runs_dir
 
     if not data:
         fail("--data FILE is required: the prompts the inference worker answers (see `adaflash pipeline --help`)")
     draft = _initial_drafter(target, draft)
-    _check_drafter(draft, target)
-    _check_prompts(data, skip)
     chosen = dict(PRESETS[preset or "adaflash"])
     if loss:
         chosen["loss"] = loss
     if length_head is not None:
         chosen["length_head"] = length_head
+    served = "adaflash" if chosen["length_head"] else "dflash"  # what the inference worker runs
+    _check_drafter(draft, target, served)
+    _check_prompts(data, skip)
     try:
         infer_list, train_list = parse_gpus(infer_gpus, "--infer-gpus"), parse_gpus(train_gpus, "--train-gpus")
     except ValueError as err:
@@ -122,13 +128,12 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     deadline = time.time() + max_minutes * 60 if max_minutes else None
     device = lambda gpus: "cuda" if gpus else "cpu"  # noqa: E731  (CUDA_VISIBLE_DEVICES narrows it)
     infer = InferenceConfig(target=target, draft=str(Path(draft).resolve()), data=str(Path(data).resolve()), swap_dir=swap,
-                            run_id=run_id, workspace=workspace, method="adaflash" if chosen["length_head"] else "dflash",
-                            batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                            length_policy=length_policy,
-                            max_samples=max_samples, skip=skip, loop=loop, duration=duration, device=device(infer_list),
+                            run_id=run_id, workspace=workspace, method=served,
+                            engine=engine_cfg.replace(max_batch=batch_size), max_new_tokens=max_new_tokens,
+                            temperature=temperature, max_samples=max_samples, skip=skip, loop=loop, duration=duration, device=device(infer_list),
                             deadline=deadline)
     train = TrainingConfig(target=target, draft=str(Path(draft).resolve()), swap_dir=swap, run_id=run_id, workspace=workspace,
-                           loss=chosen["loss"], alpha=alpha, kl_temperature=kl_temperature, clip=clip,
+                           loss=LossConfig(chosen["loss"], alpha, kl_temperature, clip),
                            length_head=chosen["length_head"], lr=lr, warmup_steps=warmup_steps, min_buffer=min_buffer, train_batch=train_batch,
                            publish_every=publish_every, keep=keep, device=device(train_list), deadline=deadline,
                            lr_decay_seconds=lr_decay_minutes * 60)
@@ -143,7 +148,8 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
                                                          "train_procs": train_procs or len(train_list) or 1,
                                                          "max_samples": max_samples, "skip": skip, "loop": loop, "duration": duration,
                                                          "max_minutes": max_minutes, "deadline": deadline,
-                                                         "lr": lr, "lr_decay_minutes": lr_decay_minutes})
+                                                         "lr": lr, "lr_decay_minutes": lr_decay_minutes,
+                                                         "engine_config": infer.engine.to_json()})
     log.update_run(run_id, status="running")
     click.echo(f"pipeline {run_id}: {method} (loss {chosen['loss']}, length head {chosen['length_head']}), "
                f"inference on {infer_gpus}, training on {train_gpus}; swap dir {swap}")
@@ -176,13 +182,17 @@ def _check_prompts(data: str, skip: int) -> None:
         fail(f"--skip {skip}: {data} holds only {count} prompts, none would be left")
 
 
-def _check_drafter(draft: str, target: str) -> None:
-    """The pipeline trains DFlash drafters (with or without a length head) that fit the target.
+def _check_drafter(draft: str, target: str, served: str) -> None:
+    """The pipeline trains DFlash drafters that fit the target and the method its inference worker serves
+    (AdaFlash reads the length head from the first step, so the drafter must have one).
 
     The fit is the check `generate` and `serve` make when they build their engine (hidden size, vocabulary,
-    target layer ids, weights against config), made here against the target's config alone, so a mismatched
-    drafter is refused before a run is recorded, not by two workers failing with tracebacks.
+    target layer ids, weights against config, the method's needs), made here against the target's config
+    alone, so a mismatched drafter is refused before a run is recorded, not by two workers failing with
+    tracebacks.
     """
+    from adaflash.engine.engine import fitting_drafter
+    from adaflash.methods import method_of
     from adaflash.models.drafter_io import DrafterError, drafter_method, load_drafter, read_drafter_config
     from adaflash.models.layers import DecoderConfig
     from adaflash.models.loading import local_folder
@@ -199,9 +209,13 @@ def _check_drafter(draft: str, target: str) -> None:
     except (OSError, ValueError, KeyError) as err:
         fail(f"--target {target}: {err}")
     try:
-        load_drafter(draft, target_cfg)
+        drafter = load_drafter(draft, target_cfg)
     except DrafterError as err:
         fail(f"--draft does not fit --target {target}: {err}")
+    try:
+        fitting_drafter(method_of(served), drafter)
+    except ValueError as err:
+        fail(f"--draft {draft}: {err}; or train without one (--preset osd or --no-length-head)")
 
 
 def _check_budget(lr_decay_minutes: float, max_minutes: float | None) -> None:

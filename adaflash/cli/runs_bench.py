@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from adaflash.cli.common import emit_rows, existing_runlog_of, fail, runlog_of
-from adaflash.engine.params import METHODS
+from adaflash.methods import METHOD_NAMES
 
 
 def plain_table(rows: list[dict], titles: list[str]) -> str:
@@ -99,7 +99,7 @@ def export_runs(ctx: click.Context, run_ids: tuple[str, ...], fmt: str, output: 
 
 @click.command("import")
 @click.argument("path", type=click.Path(dir_okay=False))
-@click.option("--method", type=click.Choice(METHODS), default=None,
+@click.option("--method", type=click.Choice(METHOD_NAMES), default=None,
               help="Method of every line [default: the line's own or server_info's `method` (an adaflash server "
                    "reports it), else server_info.speculative_algorithm].")
 @click.option("--dataset", default=None, help="Dataset of every line [default: dataset_name].")

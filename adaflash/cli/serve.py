@@ -14,22 +14,17 @@ from typing import Any
 
 import click
 
-from adaflash.cli.common import (
-    chosen_drafter,
-    fail,
-    length_policy_option,
-    overlap_option,
-    runlog_of,
-    workspace_path_of,
-)
+from adaflash.cli.common import chosen_drafter, fail, runlog_of, workspace_path_of
+from adaflash.cli.engine_options import engine_options
 from adaflash.cli.serve_adapt import adapt_config, adapt_options, build_adapter, rollback
-from adaflash.engine.params import METHODS
+from adaflash.engine.config import EngineConfig
+from adaflash.methods import METHOD_NAMES, VANILLA
 
 DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longer than this many tokens
 
 
 @click.group(invoke_without_command=True)
-@click.option("--method", type=click.Choice(METHODS), default="vanilla", show_default=True)
+@click.option("--method", type=click.Choice(METHOD_NAMES), default=VANILLA, show_default=True)
 @click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
 @click.option("--draft", default=None, metavar="DIR|NAME",
               help="Drafter folder or built-in drafter's name (every method but vanilla; optional for mtp on SGLang; "
@@ -43,11 +38,6 @@ DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longe
 @click.option("--gpus", default=None, help="GPU indices (0,1) or 'cpu'; sets CUDA_VISIBLE_DEVICES (and --tp-size for SGLang).")
 @click.option("--max-batch", type=click.IntRange(1, 4096), default=None,
               help="Requests decoded together (embedded default 16; SGLang --max-running-requests).")
-@click.option("--admit-batch", type=click.IntRange(1), default=None,
-              help="Embedded: while requests decode, prefill waiting ones once this many slots are free "
-                   "(default: max-batch/8 on a GPU, 1 on a CPU). 1 admits each request at once: lowest time to "
-                   "first token, but on a GPU a full batch then spends much of its time in eager prefills.")
-@overlap_option(" With --engine sglang it passes SGLang's --disable-overlap-schedule.")
 @click.option("--max-new-tokens-limit", type=click.IntRange(0), default=DEFAULT_MAX_NEW_TOKENS_LIMIT, show_default=True,
               help="Embedded: refuse requests asking for more new tokens (0: only the context limits them).")
 @click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
@@ -59,29 +49,27 @@ DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longe
 @click.option("--max-connections", type=click.IntRange(1), default=None,
               help="Embedded: connections open at once; the oldest idle ones are closed to make room "
                    "(default: what the open-files limit allows).")
-@click.option("--context-length", type=click.IntRange(16), default=None,
-              help="Embedded: tokens per sequence slot (prompt + answer); default min(model context, 4096).")
-@click.option("--length-rate", type=float, default=1.0, show_default=True, help="AdaFlash: scale on the predicted length.")
-@length_policy_option
-@click.option("--min-length", type=click.IntRange(1), default=2, show_default=True,
-              help="AdaFlash: fewest block positions verified.")
-@click.option("--steps", type=click.IntRange(1), default=None, help="Chain drafters (EAGLE-3, MTP): draft steps.")
+@engine_options(notes={
+    "length_rate": "With --engine sglang: --thresh-head-threshold-rate.",
+    "min_length": "With --engine sglang: --prob-head-candidate-len-min.",
+    "num_steps": "With --engine sglang: --speculative-num-steps.",
+    "admit_batch": "Embedded engine only.",
+    "overlap": "With --engine sglang, --no-overlap passes SGLang's --disable-overlap-schedule.",
+})
 @click.option("--block-size", type=click.IntRange(2), default=None,
               help="SGLang DFlash: --speculative-dflash-block-size (default: the drafter's config).")
 @click.option("--device", default="auto", show_default=True, help="Embedded: cpu, cuda, cuda:N or auto.")
 @click.option("--dtype", default="auto", show_default=True, help="Embedded: float32, bfloat16, float16 or auto.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Embedded: sampling seed.")
 @click.option("--sglang-arg", "sglang_args", multiple=True,
               help="Extra SGLang arguments, appended verbatim (repeatable; later flags override).")
 @adapt_options
 @click.option("--dry-run", is_flag=True, help="Print the command (SGLang) or the configuration (embedded) and exit.")
 @click.pass_context
 def serve(ctx: click.Context, method: str, target: str, draft: str | None, engine_kind: str, host: str, port: int,
-          api_key: str | None, gpus: str | None, max_batch: int | None, admit_batch: int | None, overlap: bool,
-          max_new_tokens_limit: int, header_timeout: float, keepalive_timeout: float, max_connections: int | None,
-          served_model_name: str | None, context_length: int | None, length_rate: float, length_policy: str, min_length: int, steps: int | None,
-          block_size: int | None, device: str, dtype: str, seed: int, sglang_args: tuple[str, ...], dry_run: bool,
-          **adapt: Any) -> None:
+          api_key: str | None, gpus: str | None, max_batch: int | None, max_new_tokens_limit: int,
+          header_timeout: float, keepalive_timeout: float, max_connections: int | None, served_model_name: str | None,
+          engine_cfg: EngineConfig, block_size: int | None, device: str, dtype: str, sglang_args: tuple[str, ...],
+          dry_run: bool, **adapt: Any) -> None:
     """Serve a method over HTTP in SGLang's dialect (/generate, /health, /get_server_info, ...).
 
     The embedded engine batches requests from every client together; `--engine sglang` runs SGLang
@@ -100,12 +88,12 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
         fail(str(err))
     adapting = adapt_config(adapt, method, engine_kind, str(workspace_path_of(ctx)))
     if engine_kind == "sglang":
-        if admit_batch is not None:
+        if engine_cfg.admit_batch is not None:
             fail("--admit-batch applies to the embedded engine (SGLang schedules its own prefills)")
-        extra = [*sglang_args, *([] if overlap else ["--disable-overlap-schedule"]),
+        extra = [*sglang_args, *(["--disable-overlap-schedule"] if engine_cfg.overlap is False else []),
                  *(["--served-model-name", served_model_name] if served_model_name else [])]
-        _serve_sglang(ctx, method, target, draft, host, port, api_key, gpus, max_batch, length_rate, min_length, steps,
-                      block_size, extra, dry_run)
+        _serve_sglang(ctx, method, target, draft, host, port, api_key, gpus, max_batch, engine_cfg, block_size, extra,
+                      dry_run)
         return
     if sglang_args:
         fail("--sglang-arg only applies to --engine sglang")
@@ -121,20 +109,19 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
             device = "cuda" if device == "auto" else device
             if len(gpu_ids) > 1:
                 click.secho(f"note: the embedded engine uses one GPU; serving on GPU {gpu_ids[0]}", fg="yellow", err=True)
+    engine_cfg = engine_cfg.replace(max_batch=max_batch) if max_batch else engine_cfg
     config = {"engine": "embedded", "method": method, "target": target, "draft": draft, "host": host, "port": port,
-              "max_batch": max_batch or 16, "admit_batch": admit_batch, "overlap": overlap, "max_new_tokens_limit": max_new_tokens_limit or None,
+              "engine_config": engine_cfg.to_json(), "max_new_tokens_limit": max_new_tokens_limit or None,
               "header_timeout": header_timeout, "keepalive_timeout": keepalive_timeout, "max_connections": max_connections,
-              "served_model_name": served_model_name,
-              "context_length": context_length, "length_rate": length_rate, "length_policy": length_policy,
-              "min_length": min_length, "steps": steps, "device": device, "dtype": dtype, "gpus": gpus, "api_key": bool(api_key),
-              "adapt": adapting}
+              "served_model_name": served_model_name, "device": device, "dtype": dtype, "gpus": gpus,
+              "api_key": bool(api_key), "adapt": adapting}
     if dry_run:
         click.echo(json.dumps(config, indent=2))
         return
-    _serve_embedded(ctx, config, api_key, seed)
+    _serve_embedded(ctx, config, api_key, engine_cfg)
 
 
-def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed: int) -> None:
+def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine_cfg: EngineConfig) -> None:
     import asyncio
 
     from adaflash.engine.build import build_engine
@@ -144,11 +131,8 @@ def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed:
     from adaflash.serve.server import READY_LINE, EmbeddedServer, hardware_name
 
     try:
-        engine = build_engine(config["target"], config["method"], config["draft"], device=config["device"],
-                              dtype=config["dtype"], max_batch=config["max_batch"], max_len=config["context_length"],
-                              length_rate=config["length_rate"], min_length=config["min_length"],
-                              length_policy=config["length_policy"], admit_batch=config["admit_batch"],
-                              overlap=None if config["overlap"] else False, num_steps=config["steps"], seed=seed)
+        engine = build_engine(config["target"], config["method"], config["draft"], config=engine_cfg,
+                              device=config["device"], dtype=config["dtype"])
     except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))
     if engine.graphs.enabled:
@@ -169,7 +153,7 @@ def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, seed:
         run_dir = runs_dir(log.root) / run_id
         try:
             adapter = build_adapter(config["adapt"], engine, target=config["target"], draft=config["draft"], log=log,
-                                    run_id=run_id, run_dir=run_dir, seed=seed)
+                                    run_id=run_id, run_dir=run_dir, seed=engine_cfg.seed)
         except (ValueError, OSError) as err:
             log.finish_run(run_id, "failed", note=str(err))
             fail(str(err))
@@ -249,13 +233,14 @@ async def _log_metrics(server, log, run_id: str, stop) -> None:
 
 
 def _serve_sglang(ctx: click.Context, method: str, target: str, draft: str | None, host: str, port: int,
-                  api_key: str | None, gpus: str | None, max_batch: int | None, length_rate: float, min_length: int,
-                  steps: int | None, block_size: int | None, extra: list[str], dry_run: bool) -> None:
+                  api_key: str | None, gpus: str | None, max_batch: int | None, engine_cfg: EngineConfig, block_size: int | None,
+                  extra: list[str], dry_run: bool) -> None:
     from adaflash.serve.sglang import build_sglang_command
 
     try:
         command = build_sglang_command(method, target, draft, host=host, port=port, gpus=gpus, api_key=api_key,
-                                       max_batch=max_batch, length_rate=length_rate, min_length=min_length, steps=steps,
+                                       max_batch=max_batch, length_rate=engine_cfg.length_rate,
+                                       min_length=engine_cfg.min_length, steps=engine_cfg.num_steps,
                                        block_size=block_size, extra_args=extra)
     except ValueError as err:
         fail(str(err))

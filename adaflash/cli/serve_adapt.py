@@ -10,8 +10,7 @@ from typing import Any
 import click
 
 from adaflash.cli.common import fail
-
-ADAPT_METHODS = ("dflash", "adaflash", "osd")  # the trainer distils DFlash drafters
+from adaflash.methods import ONLINE_TRAINABLE, method_of
 
 
 def adapt_options(fn: Callable) -> Callable:
@@ -58,10 +57,10 @@ def adapt_config(options: dict[str, Any], method: str, engine_kind: str, workspa
         return None
     if engine_kind != "embedded":
         fail("--adapt runs with the embedded engine (--engine embedded)")
-    if method not in ADAPT_METHODS:
-        fail(f"--adapt trains DFlash drafters: --method must be one of {', '.join(ADAPT_METHODS)}, got {method}")
+    if method not in ONLINE_TRAINABLE:
+        fail(f"--adapt trains DFlash drafters: --method must be one of {', '.join(ONLINE_TRAINABLE)}, got {method}")
     preset = options["adapt_preset"] or ("osd" if method == "osd" else "adaflash")
-    if method == "adaflash" and preset == "osd":
+    if method_of(method).length_head and preset == "osd":
         fail("--adapt-preset osd trains without the length head that --method adaflash needs; "
              "use --method osd or dflash")
     try:
@@ -77,8 +76,12 @@ def adapt_config(options: dict[str, Any], method: str, engine_kind: str, workspa
 
 def build_adapter(config: dict[str, Any], engine, *, target: str, draft: str, log, run_id: str, run_dir: Path, seed: int):
     """The server's Adapter, resumed from its swap dir (before the first request)."""
-    from adaflash.serve.adapt import AdaptConfig, Adapter
+    from adaflash.serve.adapt import PRESETS, AdaptConfig, Adapter
     from adaflash.serve.adapt_stats import RollbackRule
+
+    if PRESETS[config["preset"]]["length_head"] and not engine.drafter.predicts_length:
+        raise ValueError(f"--adapt-preset {config['preset']} trains the length head, and {draft} has none: "
+                         "give a drafter with a length head, or --method osd (--adapt-preset osd)")
 
     cfg = AdaptConfig(swap_dir=config["swap_dir"], sample_rate=config["sample_rate"], preset=config["preset"],
                       train_gpus=config["train_gpus"], max_disk_mb=config["max_disk_mb"],

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from adaflash.cli.common import drafter_folder, emit_rows, fail, prompt_file, runlog_of
+from adaflash.methods import DRAFTER_ARCHITECTURES
 
 
 def _progress(description: str, enabled: bool = True):
@@ -71,7 +72,7 @@ def common_options(func):
 
 
 @train.command("draft")
-@click.option("--method", type=click.Choice(["dflash", "eagle3", "mtp"]), required=True)
+@click.option("--method", type=click.Choice(DRAFTER_ARCHITECTURES), required=True)
 @common_options
 @click.option("--init", callback=lambda _c, _p, v: drafter_folder("--init", v), default=None,
               help="Start from this drafter: a folder or a built-in drafter's name (`adaflash draft builtins`).")

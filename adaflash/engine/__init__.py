@@ -1,5 +1,5 @@
 """The embedded speculative-decoding engine: one interface for every method."""
 
-from adaflash.engine.params import METHODS, Output, Request, SamplingParams
+from adaflash.engine.params import Output, Request, SamplingParams
 
-__all__ = ["METHODS", "Output", "Request", "SamplingParams"]
+__all__ = ["Output", "Request", "SamplingParams"]

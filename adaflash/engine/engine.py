@@ -29,19 +29,34 @@ import torch
 
 from adaflash.engine.admission import Admitting
 from adaflash.engine.capture import capture_all
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.flight import Flight, Landed
 from adaflash.engine.graphs import GraphRunner
-from adaflash.engine.params import DEFAULT_LENGTH_POLICY, Output, Request
+from adaflash.engine.params import Output, Request
 from adaflash.engine.passes import DevicePasses, LengthChooser
 from adaflash.engine.sampling import accept, sample_for
 from adaflash.engine.sequence import RunningSeq
 from adaflash.engine.verify_lengths import VerifyLengths
+from adaflash.methods import VANILLA, Method, method_of
 from adaflash.models.cache import KVCache
 from adaflash.models.drafters import Drafter
 from adaflash.models.loading import Target
 
-BLOCK_METHODS = ("dflash", "adaflash", "osd")
-CHAIN_METHODS = ("eagle3", "mtp")
+
+def fitting_drafter(method: Method, drafter: Drafter | None) -> Drafter | None:
+    """The drafter `method` runs, checked against the method table (Vanilla drops any drafter given)."""
+    if not method.needs_drafter:
+        return None
+    if drafter is None:
+        raise ValueError(f"method {method.name!r} needs a drafter (--draft DIR)")
+    if drafter.kind != method.kind:
+        raise ValueError(f"method {method.name!r} needs a {method.kind} drafter, got a {drafter.kind} drafter "
+                         f"({drafter.method})")
+    if method.length_head and not drafter.predicts_length:
+        raise ValueError(f"method {method.name!r} needs a DFlash drafter with a length head; this {drafter.method} "
+                         "drafter has none (create one with `adaflash draft new --length-head` or "
+                         "`adaflash train length-head`)")
+    return drafter
 
 
 @dataclass
@@ -62,51 +77,30 @@ class Engine(Admitting, VerifyLengths):
     def __init__(
         self,
         target: Target,
-        method: str = "vanilla",
+        method: str = VANILLA,
         drafter: Drafter | None = None,
         *,
-        max_batch: int = 16,
-        max_len: int | None = None,
-        length_rate: float = 1.0,
-        min_length: int = 2,
-        length_policy: str = DEFAULT_LENGTH_POLICY,
-        num_steps: int | None = None,
-        use_length_head: bool | None = None,
-        verify_length: int | None = None,
-        seed: int = 0,
-        cuda_graphs: bool | None = None,
-        pad_shapes: bool | None = None,
-        admit_batch: int | None = None,
+        config: EngineConfig | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        overlap: bool | None = None,
     ) -> None:
-        if method != "vanilla" and drafter is None:
-            raise ValueError(f"method {method!r} needs a drafter (--draft DIR)")
-        if drafter is not None:
-            wanted = "block" if method in BLOCK_METHODS else "chain"
-            if method == "vanilla":
-                drafter = None
-            elif drafter.kind != wanted:
-                raise ValueError(f"method {method!r} needs a {wanted} drafter, got a {drafter.kind} drafter ({drafter.method})")
+        drafter = fitting_drafter(method_of(method), drafter)
+        cfg = self.config = config or EngineConfig()
         self.target = target
         self.method = method
         self.model = target.model
         self.device = self.model.device
-        self.max_batch = max_batch
-        self.max_len = int(max_len or min(target.max_context, 4096))
-        self._init_verify_lengths(method, length_rate=length_rate, min_length=min_length, length_policy=length_policy,
-                                  num_steps=num_steps, use_length_head=use_length_head, verify_length=verify_length)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.passes = DevicePasses(self.model, max_batch=max_batch, max_len=self.max_len,
-                                   cuda_graphs=cuda_graphs, pad_shapes=pad_shapes)
+        self.max_batch = cfg.max_batch
+        self.max_len = int(cfg.max_len or min(target.max_context, 4096))
+        self._init_verify_lengths(method, cfg)
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.passes = DevicePasses(self.model, max_batch=cfg.max_batch, max_len=self.max_len,
+                                   cuda_graphs=cfg.cuda_graphs, pad_shapes=cfg.pad_shapes)
         # Fewest prompts worth a prefill while rows are decoding (None: max_batch // 8 on padded shapes, else 1).
         # On a GPU a prefill costs about the same for one prompt as for a dozen (a padded pass, or eager
         # ops when too wide for a graph), and more than a decode step, so admitting each prompt the
         # moment a row finishes makes a full batch spend much of its time prefilling.
-        self.admit_batch = admit_batch if admit_batch is not None else (
-            max(1, max_batch // 8) if self.passes.padded else 1)
-        if self.admit_batch < 1:
-            raise ValueError(f"admit_batch must be at least 1, got {self.admit_batch}")
+        self.admit_batch = cfg.admit_batch if cfg.admit_batch is not None else (
+            max(1, cfg.max_batch // 8) if self.passes.padded else 1)
         self.drafter_version: int | None = None
         # Request times (arrival, first token, finish) read this clock: a bench that lets engines take
         # turns gives each its own, which stands still while the others run.
@@ -123,7 +117,7 @@ class Engine(Admitting, VerifyLengths):
         # Launch a greedy step before the host takes the last one's tokens (`step`); None: on padded
         # shapes (a GPU), where the host's work would leave the device idle. On a CPU every op runs
         # as it is called, so there is nothing to overlap.
-        self.overlap = self.passes.padded if overlap is None else overlap
+        self.overlap = self.passes.padded if cfg.overlap is None else cfg.overlap
         self._flight: Flight | None = None
         self._settled: list[StepEvent] = []  # events of a flight read outside `step`
         if drafter is not None:
@@ -174,6 +168,7 @@ class Engine(Admitting, VerifyLengths):
             raise ValueError("this engine runs without a drafter; nothing to swap")
         if drafter.kind != self.drafter.kind or list(drafter.target_layer_ids) != self.passes.capture:
             raise ValueError("the new drafter does not match the running one (kind or target_layer_ids differ)")
+        fitting_drafter(method_of(self.method), drafter)  # an AdaFlash engine keeps a length head
         self._settle()  # the context is rebuilt from every position the target has kept
         self.passes.swap_drafter(drafter)
         self.drafter_version = version

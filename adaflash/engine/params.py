@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-METHODS = ("vanilla", "dflash", "adaflash", "eagle3", "mtp", "osd")
 # How AdaFlash turns the length head's prediction into a verify length (engine/length_policy.py).
 LENGTH_POLICIES = ("cost", "rate")
 DEFAULT_LENGTH_POLICY = "cost"

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from adaflash.engine.length_policy import CostRule
-from adaflash.engine.params import LENGTH_POLICIES
 from adaflash.engine.passes import LengthChooser
+from adaflash.methods import method_of
 
 if TYPE_CHECKING:
+    from adaflash.engine.config import EngineConfig
     from adaflash.models.drafters import Drafter
 
 
@@ -22,17 +23,14 @@ class VerifyLengths:
     drafter: Drafter | None
     max_batch: int
 
-    def _init_verify_lengths(self, method: str, *, length_rate: float, min_length: int, length_policy: str,
-                             num_steps: int | None, use_length_head: bool | None, verify_length: int | None) -> None:
-        if length_policy not in LENGTH_POLICIES:
-            raise ValueError(f"length policy must be one of {', '.join(LENGTH_POLICIES)}, got {length_policy!r}")
-        self.length_rate = length_rate
-        self.min_length = min_length
-        self.length_policy = length_policy
+    def _init_verify_lengths(self, method: str, cfg: EngineConfig) -> None:
+        self.length_rate = cfg.length_rate
+        self.min_length = cfg.min_length
+        self.length_policy = cfg.length_policy
         self.cost_rule: CostRule | None = None  # made for the drafter's block on first use
-        self.num_steps = num_steps
-        self.use_length_head = (method == "adaflash") if use_length_head is None else use_length_head
-        self.verify_length = verify_length  # a fixed block length to verify (baseline for the head)
+        self.num_steps = cfg.num_steps
+        self.use_length_head = method_of(method).length_head if cfg.use_length_head is None else cfg.use_length_head
+        self.verify_length = cfg.verify_length  # a fixed block length to verify (baseline for the head)
 
     def _draft_steps(self) -> int | None:
         """Drafts per pass: a fixed verify length pins it, else num_steps (None: the drafter's own)."""

@@ -20,13 +20,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from adaflash.files import give_usual_modes, nearest_existing
+from adaflash.methods import DRAFTER_ARCHITECTURES
 from adaflash.models.drafters import ChainDrafter, DFlashDrafter, Drafter
 from adaflash.models.layers import DecoderConfig
 from adaflash.models.registry import resolve_drafter
 from adaflash.models.target import TargetModel
 
+# The `architectures` entry of a drafter folder's config.json, per drafter architecture (methods.py names them).
 ARCHITECTURES = {"dflash": "DFlashDraftModel", "eagle3": "LlamaForCausalLMEagle3", "mtp": "AdaFlashMTPModel"}
-DRAFTER_METHODS = tuple(ARCHITECTURES)
 
 
 class DrafterError(ValueError):
@@ -75,8 +76,8 @@ def new_drafter(
     seed: int = 0,
     draft_vocab: torch.Tensor | None = None,
 ) -> Drafter:
-    if method not in DRAFTER_METHODS:
-        raise DrafterError(f"--method must be one of {', '.join(DRAFTER_METHODS)}, got {method!r}")
+    if method not in DRAFTER_ARCHITECTURES:
+        raise DrafterError(f"--method must be one of {', '.join(DRAFTER_ARCHITECTURES)}, got {method!r}")
     if method == "dflash" and not 1 <= layers <= 8:
         raise DrafterError(f"--layers must be between 1 and 8 for a DFlash drafter, got {layers}")
     if method == "dflash" and not 2 <= block_size <= 64:

@@ -109,6 +109,11 @@ class Drafter(nn.Module):
     def max_draft(self) -> int:
         return self.block_size - 1
 
+    @property
+    def predicts_length(self) -> bool:
+        """Whether `draft` can return a predicted acceptance ratio (an AdaFlash length head)."""
+        return False
+
     def new_cache(self, slots: int, max_len: int, *, static: bool = False) -> KVCache:
         p = next(self.parameters())
         return KVCache(self.num_cache_layers, slots, max_len, self.cfg.num_key_value_heads, self.cfg.head_dim,
@@ -152,6 +157,10 @@ class DFlashDrafter(Drafter):
         if mask_token_id is None:
             self.mask_embedding = nn.Parameter(torch.randn(hidden) * 0.02)
         self.length_head = LengthHead(hidden, length_head_width) if length_head else None
+
+    @property
+    def predicts_length(self) -> bool:
+        return self.length_head is not None
 
     @property
     def num_cache_layers(self) -> int:

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from adaflash.data.prompts import read_prompt_file
+from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine
-from adaflash.engine.params import DEFAULT_LENGTH_POLICY, Request, SamplingParams
+from adaflash.engine.params import Request, SamplingParams
 from adaflash.models.drafter_io import DrafterError, load_drafter
 from adaflash.models.loading import load_target
 from adaflash.pipeline.buffer import SwapBuffer
@@ -48,10 +50,9 @@ class InferenceConfig:
     run_id: str
     workspace: str
     method: str = "adaflash"
-    batch_size: int = 16
+    engine: EngineConfig = field(default_factory=EngineConfig)  # max_batch: prompts answered at once
     max_new_tokens: int = 256
     temperature: float = 0.0
-    length_policy: str = DEFAULT_LENGTH_POLICY  # AdaFlash's verify length: rate or cost (engine/length_policy.py)
     max_samples: int | None = None
     skip: int = 0  # leading prompts left out (the ones the offline drafter was trained on)
     loop: bool = False
@@ -61,7 +62,11 @@ class InferenceConfig:
     chat: bool = True
     device: str | None = None
     dtype: str | None = None
-    seed: int = 0
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> InferenceConfig:
+        """The config the launcher sent as JSON (`asdict`)."""
+        return cls(**{**raw, "engine": EngineConfig.from_json(raw.get("engine") or {})})
 
 
 def run_inference(cfg: InferenceConfig) -> int:
@@ -101,10 +106,7 @@ class InferenceWorker:
             self.refused.add(version)
             self._event(f"refused version {version}: {why}", level="warning")
         drafter = loaded[1] if loaded else load_drafter(cfg.draft, self.target.model.cfg)
-        has_head = getattr(drafter, "length_head", None) is not None
-        method = cfg.method if has_head or cfg.method != "adaflash" else "dflash"
-        engine = Engine(self.target, method, drafter, max_batch=cfg.batch_size, seed=cfg.seed,
-                        max_len=min(self.target.max_context, 4096), length_policy=cfg.length_policy)
+        engine = Engine(self.target, cfg.method, drafter, config=cfg.engine)
         engine.drafter_version = loaded[0] if loaded else 0
         return engine
 
@@ -132,7 +134,7 @@ class InferenceWorker:
     def _admit(self) -> None:
         """Top the engine up to the batch size, cycling over the prompts (ids carry the sample number)."""
         engine = self.engine
-        while (len(engine.active) + len(engine.waiting) < self.cfg.batch_size
+        while (len(engine.active) + len(engine.waiting) < engine.max_batch
                and (self.total is None or self.next_prompt < self.total)):
             rid, text = self.prompts[self.next_prompt % len(self.prompts)]
             engine.add(Request(self.target.encode(text), self.params, prompt_text=text, rid=f"{rid}#{self.next_prompt}"))

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,10 +49,7 @@ class TrainingConfig:
     swap_dir: str
     run_id: str
     workspace: str
-    loss: str = "rkl-mix"
-    alpha: float = 0.8
-    kl_temperature: float = 1.0
-    clip: float = 0.01
+    loss: LossConfig = field(default_factory=lambda: LossConfig("rkl-mix"))
     length_head: bool = True
     lr: float = 1e-4
     warmup_steps: int = 16  # the drafter arrives trained while Adam's state is fresh: ramp the rate up
@@ -66,6 +64,11 @@ class TrainingConfig:
     seed: int = 0
     deadline: float | None = None  # wall clock (time.time()) at which to stop consuming and publish a final version
     lr_decay_seconds: float = 0.0  # the last seconds before the deadline anneal the rate linearly to zero
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> TrainingConfig:
+        """The config the launcher sent as JSON (`asdict`)."""
+        return cls(**{**raw, "loss": LossConfig(**raw.get("loss") or {"kind": "rkl-mix"})})
 
 
 def _rank_device(device: str | None) -> str | None:
@@ -82,8 +85,7 @@ def _initial_trainer(cfg: TrainingConfig, target, store: WeightStore) -> tuple[T
     """The trainer, resumed from the newest published version that passes its checksums (else started from
     `cfg.draft`), and the newer versions it skipped as torn, with why."""
     tcfg = TrainConfig(method="dflash", out=str(store.root), lr=cfg.lr, warmup_steps=0, blocks_per_seq=cfg.blocks_per_seq,
-                       length_head=cfg.length_head, seed=cfg.seed,
-                       loss=LossConfig(cfg.loss, cfg.alpha, cfg.kl_temperature, cfg.clip))
+                       length_head=cfg.length_head, seed=cfg.seed, loss=cfg.loss)
     found, skipped = store.newest_valid()
     folder = store.folder(found[0]) if found else None
     resume = folder is not None and (folder / STATE_FILE).is_file()
@@ -251,7 +253,7 @@ class TrainingWorker:
             return
         cfg, state, store = self.cfg, self.trainer.state, self.store
         meta = {"target": cfg.target, "num_target_layers": self.target.model.cfg.num_hidden_layers,
-                "consumed": state.consumed, "step": state.step, "loss": cfg.loss}
+                "consumed": state.consumed, "step": state.step, "loss": cfg.loss.kind}
         version = store.publish(self.trainer.drafter, meta, keep=cfg.keep,
                                 extra_files={STATE_FILE: lambda p: torch.save(self.trainer.state_blob(), p)},
                                 pointer_extra={"consumed": state.consumed})

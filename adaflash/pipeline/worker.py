@@ -34,12 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     if role == "infer":
         from adaflash.pipeline.inference import InferenceConfig, run_inference
 
-        produced = run_inference(InferenceConfig(**args))
+        produced = run_inference(InferenceConfig.from_json(args))
         print(f"adaflash inference worker finished: {produced} trajectories", flush=True)
     else:
         from adaflash.pipeline.training import TrainingConfig, run_training
 
-        consumed = run_training(TrainingConfig(**args))
+        consumed = run_training(TrainingConfig.from_json(args))
         print(f"adaflash training worker finished: {consumed} samples consumed", flush=True)
     return 0
 

@@ -40,6 +40,7 @@ from adaflash.bench.metrics import cpu_model
 from adaflash.engine.detokenize import TextSoFar
 from adaflash.engine.engine import Engine, StepEvent
 from adaflash.engine.params import Output, Request, SamplingParams
+from adaflash.methods import method_of
 from adaflash.serve.adapt import Adapter
 from adaflash.serve.connections import ConnectionGuard, ConnectionLimits
 from adaflash.serve.engine_loop import EngineLoop, Failure, Handle
@@ -51,8 +52,6 @@ from adaflash.serve.protocol import BadRequest, GenerateItem, parse_generate
 from adaflash.serve.stream_text import shown_text
 
 READY_LINE = "adaflash server ready on {url}"
-SGLANG_ALGORITHM = {"vanilla": None, "dflash": "DFLASH", "adaflash": "DFLASH", "osd": "DFLASH",
-                    "eagle3": "EAGLE3", "mtp": "NEXTN"}
 
 
 class EmbeddedServer:
@@ -360,7 +359,7 @@ class EmbeddedServer:
         return {
             "engine": "embedded",
             "method": engine.method,
-            "speculative_algorithm": SGLANG_ALGORITHM.get(engine.method),
+            "speculative_algorithm": method_of(engine.method).sglang_algorithm,
             "model_path": str(engine.target.folder),
             "target": self.target_name,
             "draft": self.draft,

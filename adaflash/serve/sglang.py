@@ -16,14 +16,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adaflash.engine.params import METHODS
+from adaflash.methods import method_of
 
-ALGORITHMS: dict[str, str | None] = {
-    "vanilla": None, "dflash": "DFLASH", "osd": "DFLASH", "adaflash": "DFLASH", "eagle3": "EAGLE3", "mtp": "NEXTN",
-}
-DRAFT_REQUIRED = ("dflash", "osd", "adaflash", "eagle3")
-
-# The AdaFlash length-head flags. Source: the AdaFlash seed's serving script
+# The length-head flags (methods whose table row says `length_head`). Source: the AdaFlash seed's serving script
 # (github.com/ZinYY/AdaFlash, scripts/serve/serve_thresh_head.sh), which runs the SGLang branch of
 # pull request sgl-project/sglang#34171 ("Add AdaFlash adaptive verification for DFlash"). The PR text
 # names the head (ThreshHeadTwoModel, `dflash_config.thresh_head_direct_len`) but its CLI names could
@@ -148,9 +143,8 @@ def build_sglang_command(
     python: str | None = None,
 ) -> SGLangCommand:
     """The argv and environment that launch SGLang for `method` on `target` (raises ValueError)."""
-    if method not in METHODS:
-        raise ValueError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
-    if method in DRAFT_REQUIRED and not draft:
+    spec = method_of(method)
+    if spec.needs_draft_on("sglang") and not draft:
         raise ValueError(f"--method {method} with --engine sglang needs --draft (a drafter folder or hub id)")
     gpu_ids = parse_gpus(gpus)
     if gpus is not None and gpu_ids is None:
@@ -166,13 +160,13 @@ def build_sglang_command(
     env.update(profile.method_env.get(method, {}))
     if gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
-    algorithm = ALGORITHMS[method]
+    algorithm = spec.sglang_algorithm
     if algorithm == "DFLASH":
         argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(draft)]
         block = block_size or draft_block_size(draft)
         if block:
             argv += ["--speculative-dflash-block-size", str(block)]
-        if method == "adaflash":
+        if spec.length_head:
             argv += [ADAFLASH_FLAGS["dynamic_verify"],
                      ADAFLASH_FLAGS["ema_alpha"], str(ADAFLASH_DEFAULTS["ema_alpha"]),
                      ADAFLASH_FLAGS["hard_clip_scale"], str(ADAFLASH_DEFAULTS["hard_clip_scale"]),
