@@ -10,17 +10,6 @@ from click.testing import CliRunner
 METHODS = ("vanilla", "dflash", "adaflash", "eagle3", "mtp")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """A tiny model gains nothing from intra-op threads, and on a shared 2-core box they spin-wait badly."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def drafts(tiny_llama, tmp_path_factory):
     """Untrained drafters through `adaflash draft new`, one sub-folder per method (the --draft-dir layout)."""
