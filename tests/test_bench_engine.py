@@ -10,6 +10,10 @@ from click.testing import CliRunner
 METHODS = ("vanilla", "dflash", "adaflash", "eagle3", "mtp")
 
 
+# The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_bench_engine")
+
+
 @pytest.fixture(scope="module")
 def drafts(tiny_llama, tmp_path_factory):
     """Untrained drafters through `adaflash draft new`, one sub-folder per method (the --draft-dir layout)."""

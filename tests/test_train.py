@@ -22,6 +22,10 @@ from adaflash.train.losses import LossConfig, distill_loss, position_decay
 PROMPTS = [f"Tell me about the number {i}." for i in range(12)]
 
 
+# The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_train")
+
+
 @pytest.fixture(scope="module")
 def learnable(tmp_path_factory, smollm2_folder):
     """A tiny target whose greedy output is a context-dependent, mostly repeating pattern."""
