@@ -125,7 +125,7 @@ def test_resume_is_bit_for_bit(tmp_path, learnable, regen):
 def test_dflash_training_raises_tau(tmp_path, learnable, regen):
     tiny_target = learnable
     sequences = load_sequences(regen, tiny_target, 256)
-    trainer = Trainer(_cfg(tmp_path, steps=40, lr=3e-3, length_head=True), tiny_target)
+    trainer = Trainer(_cfg(tmp_path, steps=20, lr=3e-3, length_head=True), tiny_target)  # 20 steps: tau 1.0 -> 3.2
     prompts = [tiny_target.render(p) for p in PROMPTS[:6]]
     before = eval_tau(tiny_target, trainer.drafter, prompts, max_new_tokens=32)["eval_tau"]
     trainer.run(sequences)
@@ -137,7 +137,8 @@ def test_dflash_training_raises_tau(tmp_path, learnable, regen):
 def test_chain_training_lowers_loss_and_raises_tau(tmp_path, learnable, regen, method):
     tiny_target = learnable
     sequences = load_sequences(regen, tiny_target, 256)
-    trainer = Trainer(_cfg(tmp_path, method=method, steps=30, lr=3e-3, ttt_length=3, steps_chain=4), tiny_target)
+    trainer = Trainer(_cfg(tmp_path, method=method, steps=15, lr=3e-3, ttt_length=3, steps_chain=4),  # 15 steps: tau 1.0 -> 3.1+
+                      tiny_target)
     losses = []
     prompts = [tiny_target.render(p) for p in PROMPTS[:6]]
     before = eval_tau(tiny_target, trainer.drafter, prompts, max_new_tokens=32)["eval_tau"]

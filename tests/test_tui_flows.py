@@ -563,7 +563,7 @@ async def test_history_says_when_it_lists_only_the_newest_runs_and_searches_them
 async def test_stop_lets_a_pipeline_finish_its_step_and_publish(ws: Path) -> None:
     """Stop killed a pipeline after its job's short grace while a training step ran: the run failed, no final
     version, rows "running" for minutes. It asks the pipeline to stop as `adaflash pipeline stop` does."""
-    recipe = fake_pipeline_recipe(ws / "pipe.toml", step_seconds=3.0, stop_grace=0.5)
+    recipe = fake_pipeline_recipe(ws / "pipe.toml", step_seconds=1.5, stop_grace=0.5)
     run_id = launch_detached(recipe, workspace=ws)
     try:
         app = make_app(ws, inventory=FakeInventory(available=False), live=True, interval_scale=0.2, run_id=run_id)
