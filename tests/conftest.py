@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# One intra-op thread, here and in every process the tests start (CLI runs, servers, recipe jobs): the
+# models are tiny, and on a 2-core machine shared with other processes (a second xdist worker, a server
+# under test) OpenMP's spinning threads made the engine tests several times slower. Set before torch
+# is imported so that the child processes inherit it too.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,10 @@ GSM8K_ROWS = [
 ]
 
 
+# The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_bench_client")
+
+
 @pytest.fixture(scope="module")
 def live(tiny_llama):
     from adaflash.engine.build import build_engine

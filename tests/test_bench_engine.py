@@ -10,15 +10,8 @@ from click.testing import CliRunner
 METHODS = ("vanilla", "dflash", "adaflash", "eagle3", "mtp")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """A tiny model gains nothing from intra-op threads, and on a shared 2-core box they spin-wait badly."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_bench_engine")
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,9 @@ from click.testing import CliRunner
 from adaflash.cli.main import cli
 from adaflash.data.suite import DOMAINS, check_disjoint, prompt_key, stdlib_code_rows
 
+# The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_data_suite")
+
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory) -> dict:

@@ -177,9 +177,9 @@ def logits():
 eager = logits()
 on[0] = True
 error = float((logits() - eager).abs().max() / eager.abs().max())
-reference = vanilla(target, make_requests(target, n=2, max_new_tokens=8, ignore_eos=True))
+reference = vanilla(target, make_requests(target, n=2, max_new_tokens=6, ignore_eos=True))
 engine = oracle_engine(target, make_requests(target, n=2), reference, "dflash")
-outputs = engine.generate(make_requests(target, n=2, max_new_tokens=8, ignore_eos=True))
+outputs = engine.generate(make_requests(target, n=2, max_new_tokens=6, ignore_eos=True))
 print(json.dumps({"same": [o.output_ids for o in outputs] == [o.output_ids for o in reference], "error": error,
                   "tau": [o.meta_info["spec_accept_length"] for o in outputs], "calls": calls}))
 """

@@ -53,6 +53,22 @@ def sleeping_service(tmp_path: Path, name: str) -> Path:
     """)
 
 
+def stubborn_recipe(tmp_path: Path, name: str, pids_file: Path, *, job: str = "worker", stop_grace: float = 1,
+                    more: str = "") -> Path:
+    """A recipe whose service `job` ignores SIGTERM and keeps a grandchild that ignores it too (both pids go to
+    `pids_file`, `stop_grace` seconds before the SIGKILL); `more`: further [jobs.*] tables."""
+    path = write(tmp_path, f"{name}.toml", f"""
+        [run]
+        name = "{name}"
+        [jobs.{job}]
+        command = ["python", "-c", {json.dumps(STUBBORN)}, "{pids_file}"]
+        kind = "service"
+        stop_grace = {stop_grace:g}
+    """)
+    path.write_text(path.read_text() + textwrap.dedent(more))
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -203,13 +219,7 @@ def test_a_malformed_recipe_gives_file_key_line_and_starts_nothing(tmp_path: Pat
 
 def test_sigint_to_adaflash_run_leaves_no_process_behind(tmp_path: Path) -> None:
     pids_file = tmp_path / "pids"
-    recipe = write(tmp_path, "stubborn.toml", f"""
-        [run]
-        name = "stubborn"
-        [jobs.worker]
-        command = ["python", "-c", {json.dumps(STUBBORN)}, "{pids_file}"]
-        kind = "service"
-        stop_grace = 1
+    recipe = stubborn_recipe(tmp_path, "stubborn", pids_file, more="""
         [jobs.sleeper]
         command = ["python", "-c", "import time; time.sleep(60)"]
         stop_grace = 1
@@ -290,13 +300,7 @@ def test_a_killed_supervisor_leaves_no_job_running_and_the_statuses_agree(tmp_pa
     """kill -9 of a detached run's supervisor left its jobs running with parent 1, the job "failed" in the
     recipe run and "finished" in its own run."""
     pids_file, own_file = tmp_path / "pids", tmp_path / "own"
-    recipe = write(tmp_path, "orphan.toml", f"""
-        [run]
-        name = "orphan"
-        [jobs.stubborn]
-        command = ["python", "-c", {json.dumps(STUBBORN)}, "{pids_file}"]
-        kind = "service"
-        stop_grace = 1
+    recipe = stubborn_recipe(tmp_path, "orphan", pids_file, job="stubborn", more=f"""
         [jobs.own]
         command = ["python", "-c", {json.dumps(OWN_RUN)}, "{own_file}"]
         kind = "service"
@@ -323,14 +327,7 @@ def test_stop_when_the_supervisor_and_its_watchdog_are_gone_stops_the_verified_j
     import psutil
 
     pids_file = tmp_path / "pids"
-    recipe = write(tmp_path, "orphan.toml", f"""
-        [run]
-        name = "orphan"
-        [jobs.svc]
-        command = ["python", "-c", {json.dumps(STUBBORN)}, "{pids_file}"]
-        kind = "service"
-        stop_grace = 1
-    """)
+    recipe = stubborn_recipe(tmp_path, "orphan", pids_file, job="svc")
     prepared = prepare(recipe, workspace=tmp_path / "ws")
     log = RunLog.open(prepared.workspace)
     run_id = start_detached(prepared, log)
@@ -390,14 +387,7 @@ def test_a_torchrun_job_runs_one_process_per_rank(tmp_path: Path) -> None:
 
 def test_a_second_sigint_does_not_wait_for_the_grace_period(tmp_path: Path) -> None:
     pids_file = tmp_path / "pids"
-    recipe = write(tmp_path, "slowstop.toml", f"""
-        [run]
-        name = "slowstop"
-        [jobs.worker]
-        command = ["python", "-c", {json.dumps(STUBBORN)}, "{pids_file}"]
-        kind = "service"
-        stop_grace = 120
-    """)
+    recipe = stubborn_recipe(tmp_path, "slowstop", pids_file, stop_grace=120)
     proc = subprocess.Popen([*CLI, "--workspace", str(tmp_path / "ws"), "run", str(recipe)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -145,13 +145,20 @@ def test_the_documented_queries_answer_the_common_questions(tmp_path: Path) -> N
     assert {r["result_id"]: r["speedup"] for r in rows} == {k: pytest.approx(v) for k, v in view.items()}
 
 
-def test_a_run_created_inside_a_job_records_its_parent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def runs_made_inside_a_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RunLog, str, str, str]:
+    """A recipe run whose job "bench" creates a matrix run (parent from the job's environment), which creates a
+    cell run (an explicit parent): the log and the three ids."""
     log = RunLog.open(tmp_path)
     recipe = log.create_run("recipe")
     monkeypatch.setenv("ADAFLASH_RUN_ID", recipe)
     monkeypatch.setenv("ADAFLASH_JOB", "bench")
     matrix = log.create_run("bench-matrix")
     cell = log.create_run("bench", parent_id=matrix)
+    return log, recipe, matrix, cell
+
+
+def test_a_run_created_inside_a_job_records_its_parent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log, recipe, matrix, cell = runs_made_inside_a_job(tmp_path, monkeypatch)
     assert (log.get_run(matrix)["parent_id"], log.get_run(matrix)["parent_job"]) == (recipe, "bench")
     assert log.get_run(cell)["parent_id"] == matrix
     assert [(c["id"], c["job"]) for c in log.child_runs(log.get_run(recipe))] == [(matrix, "bench"), (cell, "bench")]
@@ -182,12 +189,7 @@ def test_runs_show_lists_the_runs_under_a_run(tmp_path: Path, monkeypatch: pytes
 
     from adaflash.cli.main import cli
 
-    log = RunLog.open(tmp_path)
-    recipe = log.create_run("recipe")
-    monkeypatch.setenv("ADAFLASH_RUN_ID", recipe)
-    monkeypatch.setenv("ADAFLASH_JOB", "bench")
-    matrix = log.create_run("bench-matrix")
-    cell = log.create_run("bench", parent_id=matrix)
+    _, recipe, matrix, cell = runs_made_inside_a_job(tmp_path, monkeypatch)
     monkeypatch.delenv("ADAFLASH_RUN_ID")
     shown = CliRunner().invoke(cli, ["--workspace", str(tmp_path), "runs", "show", recipe, "--json"])
     assert shown.exit_code == 0, shown.output

@@ -31,6 +31,10 @@ def test_min_p_drops_tokens_below_its_share_of_the_likeliest():
     assert torch.allclose(probabilities(logits, one, one, torch.tensor([-1])), logits.exp())
 
 
+# The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_sampling_seed")
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_llama: Path, tmp_path_factory):
     from adaflash.engine.build import build_engine

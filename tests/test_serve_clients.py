@@ -29,6 +29,10 @@ def _start(tiny_llama: Path, **kw):
                                         max_new_tokens_limit=64, **kw))
 
 
+# The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_serve_clients")
+
+
 @pytest.fixture(scope="module")
 def server(tiny_llama):
     running = _start(tiny_llama)

@@ -34,6 +34,10 @@ def _start(tiny_llama: Path, *, max_batch: int = 4, **kw):
     return RunningServer(EmbeddedServer(engine, target="tiny", **kw))
 
 
+# The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_serve_hardening")
+
+
 @pytest.fixture(scope="module")
 def server(tiny_llama):
     running = _start(tiny_llama, max_new_tokens_limit=64)

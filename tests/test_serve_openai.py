@@ -15,6 +15,10 @@ MAX_NEW = 10
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three colors."}]
 
 
+# The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_serve_openai")
+
+
 @pytest.fixture(scope="module")
 def engine_alone(tiny_target):
     """Greedy token ids of a prompt string through engine.generate, one request at a time."""

@@ -16,6 +16,10 @@ PROMPTS = ["Hello there", "What is 2+2?", "Tell me a story about a cat", "Name t
 MAX_NEW = 10
 
 
+# The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_serve_server")
+
+
 @pytest.fixture(scope="module")
 def references(tiny_target) -> dict[str, list[int]]:
     """Greedy output of each prompt through engine.generate, one request at a time."""

@@ -23,6 +23,10 @@ from adaflash.train.losses import LossConfig, distill_loss, position_decay
 PROMPTS = [f"Tell me about the number {i}." for i in range(12)]
 
 
+# The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
+pytestmark = pytest.mark.xdist_group("test_train")
+
+
 @pytest.fixture(scope="module")
 def learnable(tmp_path_factory, smollm2_folder):
     """A tiny target whose greedy output is a context-dependent, mostly repeating pattern."""
@@ -122,7 +126,7 @@ def test_resume_is_bit_for_bit(tmp_path, learnable, regen):
 def test_dflash_training_raises_tau(tmp_path, learnable, regen):
     tiny_target = learnable
     sequences = load_sequences(regen, tiny_target, 256)
-    trainer = Trainer(_cfg(tmp_path, steps=40, lr=3e-3, length_head=True), tiny_target)
+    trainer = Trainer(_cfg(tmp_path, steps=20, lr=3e-3, length_head=True), tiny_target)  # 20 steps: tau 1.0 -> 3.2
     prompts = [tiny_target.render(p) for p in PROMPTS[:6]]
     before = eval_tau(tiny_target, trainer.drafter, prompts, max_new_tokens=32)["eval_tau"]
     trainer.run(sequences)
@@ -134,7 +138,8 @@ def test_dflash_training_raises_tau(tmp_path, learnable, regen):
 def test_chain_training_lowers_loss_and_raises_tau(tmp_path, learnable, regen, method):
     tiny_target = learnable
     sequences = load_sequences(regen, tiny_target, 256)
-    trainer = Trainer(_cfg(tmp_path, method=method, steps=30, lr=3e-3, ttt_length=3, steps_chain=4), tiny_target)
+    trainer = Trainer(_cfg(tmp_path, method=method, steps=15, lr=3e-3, ttt_length=3, steps_chain=4),  # 15 steps: tau 1.0 -> 3.1+
+                      tiny_target)
     losses = []
     prompts = [tiny_target.render(p) for p in PROMPTS[:6]]
     before = eval_tau(tiny_target, trainer.drafter, prompts, max_new_tokens=32)["eval_tau"]

@@ -76,6 +76,18 @@ async def click_cell(pilot: Pilot, table: DataTable, row: int, column: int) -> N
     raise AssertionError(f"the pointer never rested on cell ({row}, {column}) of #{table.id}")
 
 
+async def fill_launch_form(pilot: Pilot, click: str, fields: dict[str, str]):
+    """Open the Launch tab (key 2), click `click` (a mode, a field), type `fields` (widget id → value) into
+    their inputs, let the plan follow; the Launch pane."""
+    await pilot.press("2")
+    await pilot.click(click)
+    await settle(pilot)
+    for widget, value in fields.items():
+        pilot.app.query_one(widget, Input).value = value
+    await settle(pilot)
+    return pilot.app.pane("launch")
+
+
 def stop_leftovers(workspace: Path) -> None:
     """A failed test must not leave detached runs behind."""
     log = RunLog.open(workspace)
@@ -130,11 +142,7 @@ async def test_assign_launch_monitor_and_stop_a_real_cpu_job(ws: Path, leases: P
     try:
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
-            await pilot.press("2")
-            await pilot.click("#recipe-path")
-            app.query_one("#recipe-path", Input).value = str(recipe)
-            await settle(pilot)
-            launch = app.pane("launch")
+            launch = await fill_launch_form(pilot, "#recipe-path", {"#recipe-path": str(recipe)})
             await wait_for(pilot, lambda: launch.recipe_roles == {"inference": None}, 10, "the recipe's roles")
             assert launch.errors == []
             # assign: the grid cell (inference, GPU 1) with the keyboard...
@@ -562,7 +570,7 @@ async def test_history_says_when_it_lists_only_the_newest_runs_and_searches_them
 async def test_stop_lets_a_pipeline_finish_its_step_and_publish(ws: Path) -> None:
     """Stop killed a pipeline after its job's short grace while a training step ran: the run failed, no final
     version, rows "running" for minutes. It asks the pipeline to stop as `adaflash pipeline stop` does."""
-    recipe = fake_pipeline_recipe(ws / "pipe.toml", step_seconds=3.0, stop_grace=0.5)
+    recipe = fake_pipeline_recipe(ws / "pipe.toml", step_seconds=1.5, stop_grace=0.5)
     run_id = launch_detached(recipe, workspace=ws)
     try:
         app = make_app(ws, inventory=FakeInventory(available=False), live=True, interval_scale=0.2, run_id=run_id)
@@ -606,14 +614,8 @@ async def test_launch_form_takes_pipeline_sizes_and_monitor_shows_progress_at_on
         await settle(pilot)
         assert "16 prompts in flight · 120 tokens · 0 answers" in screen_text(app)
         assert "training: step 1" in screen_text(app)
-        await pilot.press("2")
-        await pilot.click("#mode-pipeline")
-        await settle(pilot)
-        for widget, value in (("#draft", "d"), ("#dataset", "f.jsonl"), ("#max-new-tokens", "64"),
-                              ("#batch-size", "4"), ("#max-minutes", "3")):
-            app.query_one(widget, Input).value = value
-        await settle(pilot)
-        launch = app.pane("launch")
+        launch = await fill_launch_form(pilot, "#mode-pipeline", {
+            "#draft": "d", "#dataset": "f.jsonl", "#max-new-tokens": "64", "#batch-size": "4", "#max-minutes": "3"})
         plan = launch.plan.plan_text.replace("\n", " ")
         assert "--max-new-tokens 64 --batch-size 4 --max-minutes 3" in plan, plan
 
@@ -630,11 +632,7 @@ async def test_a_port_another_process_holds_is_refused_before_launch(ws: Path, l
     try:
         async with app.run_test(size=SIZE) as pilot:
             await settle(pilot)
-            await pilot.press("2")
-            await pilot.click("#mode-server")
-            app.query_one("#port", Input).value = str(port)
-            await settle(pilot)
-            launch = app.pane("launch")
+            launch = await fill_launch_form(pilot, "#mode-server", {"#port": str(port)})
             assert any(f"port {port} on 127.0.0.1 is already in use" in e for e in launch.errors), launch.errors
             await pilot.press("ctrl+l")
             await pilot.pause()

@@ -3,7 +3,7 @@
 Deterministic by construction: fixed ids, timestamps and pids in the run log, a fake GPU
 inventory, no polling timers, UTC, a fixed workspace path and interpreter path (both appear in
 the Launch plan and the Jobs log title), and a fixed run id for plans.
-Update the baselines with `pytest tests/test_tui_snapshots.py --snapshot-update`.
+Update the baselines with `pytest -n 0 tests/test_tui_snapshots.py --snapshot-update` (in one process).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from tui.app import AdaflashApp
 
 SIZE = (100, 32)
 WORKSPACE = Path("/tmp/adaflash-tui-snapshots/ws")
+pytestmark = pytest.mark.xdist_group("tui-snapshots")  # one fixed workspace: one xdist worker at a time
 
 
 @pytest.fixture()
