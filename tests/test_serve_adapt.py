@@ -189,6 +189,7 @@ def test_an_adapting_server_trains_swaps_survives_a_killed_trainer_rolls_back_an
     from adaflash.models.drafter_io import new_drafter, save_drafter
     from adaflash.pipeline.buffer import SwapBuffer
     from adaflash.pipeline.report import check_integrity
+    from adaflash.pipeline.weights import WeightStore
 
     vanilla = Engine(tiny_target, "vanilla", config=EngineConfig(max_batch=1, max_len=128))
     references = {text: vanilla.generate([Request(tiny_target.encode(text),
@@ -212,11 +213,17 @@ def test_an_adapting_server_trains_swaps_survives_a_killed_trainer_rolls_back_an
         after = _serve_until(url, references, lambda a: a["trainer"]["restarts"] >= 1
                              and a["drafter_version"] > before)
         assert after > 0  # served while the trainer was down
-        result = CliRunner().invoke(__import__("adaflash.cli.main", fromlist=["cli"]).cli,
-                                    ["serve", "rollback", "--to", "1", "--url", url])
+        from adaflash.cli.main import cli
+
+        result = CliRunner().invoke(cli, ["serve", "rollback", "--to", "9999", "--url", url])
+        assert result.exit_code == 2 and "'to' must be a published version between 0 and" in result.output
+        result = CliRunner().invoke(cli, ["serve", "rollback", "--to", "0", "--url", url])
         assert result.exit_code == 0 and "rolled back" in result.output, result.output
-        assert _get(url + "/adapt")["drafter_version"] == 1
+        info = _get(url + "/adapt")
+        assert info["drafter_version"] == 0 and info["rollbacks"][-1]["to"] == 0
+        set_aside = info["latest_published"]
         assert _generate(url, PROMPTS[3]) == references[PROMPTS[3]]
+        _serve_until(url, references, lambda a: a["drafter_version"] > set_aside)  # the next version is tried
         rows = SwapBuffer(swap).read(0, 10_000)
         assert rows and all(r["rid"] and len(r["prompt_ids"]) and len(r["output_ids"]) == MAX_NEW for r in rows)
         assert len({r["drafter_version"] for r in rows}) >= 2
@@ -229,7 +236,7 @@ def test_an_adapting_server_trains_swaps_survives_a_killed_trainer_rolls_back_an
     report = check_integrity(swap)
     assert report["ok"] and report["consumed"] > 0, report  # nothing lost, nothing learned twice
     rejected = set(json.loads((swap / "adapt.json").read_text())["rejected"])
-    newest = max(v for v in range(1, 100) if (swap / "weights" / f"v{v}").is_dir() and v not in rejected)
+    newest = max(v for v in WeightStore(swap).versions() if v not in rejected)
     proc, url = _start(args, env)  # the same swap dir: the newest version not set aside, from the first request
     try:
         assert _get(url + "/adapt")["drafter_version"] == newest

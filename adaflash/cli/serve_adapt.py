@@ -115,8 +115,8 @@ def rollback(version: int, url: str, api_key: str | None) -> None:
             body = json.loads(resp.read())
     except urllib.error.HTTPError as err:
         try:
-            message = json.loads(err.read()).get("message") or err.reason
-        except ValueError:
+            message = json.loads(err.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
             message = err.reason
         fail(f"{url}: {message}")
     except (urllib.error.URLError, OSError) as err:
