@@ -144,10 +144,10 @@ class Backend:
             log.close()
 
     def close(self) -> None:
+        """Drop the connections rather than close them: a pane's thread worker may still be inside a query
+        when the app unmounts, and closing a connection another thread is using crashes SQLite. Each one
+        closes when its last user lets go of it."""
         with self._lock:
-            for log in self._logs.values():
-                with contextlib.suppress(Exception):
-                    log.close()
             self._logs.clear()
         if self._inventory is not None and hasattr(self._inventory, "close"):
             self._inventory.close()
