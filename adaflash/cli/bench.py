@@ -43,7 +43,7 @@ def _server_info(base_url: str, api_key: str | None) -> dict[str, Any]:
 
 def _prompts(ctx: click.Context, dataset: str, num_prompts: int, seed: int | None, chat: bool, target: str | None):
     """(dataset name, rendered prompts) or a clean error."""
-    from adaflash.bench.prompts import BenchDataError, PromptRenderer, load_rows, raw_prompts
+    from adaflash.bench.prompts import BenchDataError, load_rows
 
     try:
         name, rows = load_rows(dataset, workspace_of(ctx), num_prompts, seed)
@@ -56,15 +56,22 @@ def _prompts(ctx: click.Context, dataset: str, num_prompts: int, seed: int | Non
             where = f"{name}/{domain}" if domain else name
             click.secho(f"note: {where} holds {count} prompts, fewer than --num-prompts {num_prompts}; using them all",
                         fg="yellow", err=True)
+    return name, render_prompts(rows, chat, target)
+
+
+def render_prompts(rows: list, chat: bool, target: str | None) -> list:
+    """The exact texts the server gets: the target's chat template (--chat) or the prompts as they are."""
+    from adaflash.bench.prompts import PromptRenderer, raw_prompts
+
     if not chat:
-        return name, raw_prompts(rows)
+        return raw_prompts(rows)
     if not target:
         fail("cannot apply the chat template without a target: give --target (or --no-chat)")
     try:
         renderer = PromptRenderer(target, chat=True)
     except (OSError, ValueError) as err:
         fail(f"cannot load the tokenizer of {target} ({err}); give --target or --no-chat")
-    return name, [renderer.render(row) for row in rows]
+    return [renderer.render(row) for row in rows]
 
 
 class _Progress:

@@ -57,7 +57,7 @@ def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds: f
 
     from adaflash.bench.shift import Phase, ShiftSettings, replay
     from adaflash.bench.shift_plot import plot_shift
-    from adaflash.cli.bench import _server_info
+    from adaflash.cli.bench import _server_info, render_prompts
     from adaflash.workspace import runs_dir
 
     parsed = [_phase(p) for p in phases]
@@ -69,8 +69,12 @@ def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds: f
     info = _server_info(base_url, api_key)
     if not info.get("adapt"):
         click.secho("note: the server does not adapt (no `--adapt`): this measures a fixed drafter", fg="yellow", err=True)
-    renderer = _renderer(chat, target or info.get("target"))
-    plan = [_phase_prompts(ctx, name, dataset, domain, num_prompts, holdout, renderer) for name, dataset, domain in parsed]
+    rows = [_phase_rows(ctx, name, dataset, domain, num_prompts, holdout) for name, dataset, domain in parsed]
+    prompts = iter(render_prompts([r for phase in rows for r in phase], chat, target or info.get("target")))
+    plan = []
+    for (name, _, _), phase in zip(parsed, rows):  # the prompts rendered in one pass (one tokenizer load)
+        mine = [next(prompts) for _ in phase]
+        plan.append((name, mine[holdout:], mine[:holdout]))
     settings = ShiftSettings(base_url, seconds=seconds, concurrency=concurrency, max_new_tokens=max_new_tokens,
                              probe_every=probe_every, api_key=api_key)
     log = runlog_of(ctx)
@@ -101,10 +105,10 @@ def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds: f
              code=1)
 
 
-def _phase_prompts(ctx: click.Context, name: str, dataset: str, domain: str | None, num_prompts: int, holdout: int,
-                   renderer) -> tuple:
-    """(name, traffic prompts, held-out prompts) of one phase."""
-    from adaflash.bench.prompts import BenchDataError, load_rows, raw_prompts
+def _phase_rows(ctx: click.Context, name: str, dataset: str, domain: str | None, num_prompts: int,
+                holdout: int) -> list:
+    """The prompt rows of one phase, its held-out ones first."""
+    from adaflash.bench.prompts import BenchDataError, load_rows
 
     try:
         _, rows = load_rows(dataset, workspace_of(ctx))
@@ -117,22 +121,7 @@ def _phase_prompts(ctx: click.Context, name: str, dataset: str, domain: str | No
     rows = rows[:num_prompts]
     if len(rows) <= holdout:
         fail(f"--phase {name}: {len(rows)} prompts leave none for traffic after --holdout {holdout}")
-    prompts = [renderer.render(r) for r in rows] if renderer else raw_prompts(rows)
-    return name, prompts[holdout:], prompts[:holdout]
-
-
-def _renderer(chat: bool, target: str | None):
-    """The chat template's renderer (the server gets the exact text), or None for --no-chat."""
-    from adaflash.bench.prompts import PromptRenderer
-
-    if not chat:
-        return None
-    if not target:
-        fail("cannot apply the chat template without a target: give --target (or --no-chat)")
-    try:
-        return PromptRenderer(target, chat=True)
-    except (OSError, ValueError) as err:
-        fail(f"cannot load the tokenizer of {target} ({err}); give --target or --no-chat")
+    return rows
 
 
 class _LiveLog:

@@ -25,11 +25,7 @@ from adaflash.cli.common import (
     workspace_path_of,
 )
 from adaflash.cli.engine_options import engine_options
-
-PRESETS = {
-    "adaflash": {"loss": "rkl-mix", "length_head": True},
-    "osd": {"loss": "fkl", "length_head": False},
-}
+from adaflash.pipeline.presets import PRESETS
 
 
 @click.group(invoke_without_command=True)

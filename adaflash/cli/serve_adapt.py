@@ -11,6 +11,7 @@ import click
 
 from adaflash.cli.common import fail
 from adaflash.methods import ONLINE_TRAINABLE, method_of
+from adaflash.pipeline.presets import PRESETS
 
 
 def adapt_options(fn: Callable) -> Callable:
@@ -23,7 +24,7 @@ def adapt_options(fn: Callable) -> Callable:
                           "folder serves its newest valid version and the trainer resumes after what it learned."),
         click.option("--adapt-sample", type=click.FloatRange(0, 1), default=1.0, show_default=True,
                      help="--adapt: share of finished requests recorded for training."),
-        click.option("--adapt-preset", type=click.Choice(["adaflash", "osd"]), default=None,
+        click.option("--adapt-preset", type=click.Choice(sorted(PRESETS)), default=None,
                      help="--adapt: the trainer's loss: adaflash = reverse-KL mixture + length head, osd = forward "
                           "KL [default: osd for --method osd, else adaflash]."),
         click.option("--train-gpus", default="cpu", show_default=True,
@@ -76,7 +77,7 @@ def adapt_config(options: dict[str, Any], method: str, engine_kind: str, workspa
 
 def build_adapter(config: dict[str, Any], engine, *, target: str, draft: str, log, run_id: str, run_dir: Path, seed: int):
     """The server's Adapter, resumed from its swap dir (before the first request)."""
-    from adaflash.serve.adapt import PRESETS, AdaptConfig, Adapter
+    from adaflash.serve.adapt import AdaptConfig, Adapter
     from adaflash.serve.adapt_stats import RollbackRule
 
     if PRESETS[config["preset"]]["length_head"] and not engine.drafter.predicts_length:

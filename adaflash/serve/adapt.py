@@ -32,6 +32,7 @@ from adaflash.engine.engine import Engine
 from adaflash.models.drafter_io import DrafterError, load_drafter
 from adaflash.models.drafters import Drafter
 from adaflash.pipeline.buffer import SwapBuffer
+from adaflash.pipeline.presets import PRESETS
 from adaflash.pipeline.training import TrainingConfig
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
@@ -40,7 +41,6 @@ from adaflash.serve.adapt_trainer import TrainerProcess
 from adaflash.train.losses import LossConfig
 
 STATE_FILE = "adapt.json"  # in the swap dir: the versions set aside, so a restart does not serve them again
-PRESETS = {"adaflash": {"loss": "rkl-mix", "length_head": True}, "osd": {"loss": "fkl", "length_head": False}}
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Adapter:
         preset = PRESETS[cfg.preset]
         self.trainer = TrainerProcess(
             TrainingConfig(target=target, draft=draft, swap_dir=cfg.swap_dir, run_id=run_id, workspace=str(log.root),
-                           loss=LossConfig(preset["loss"]), length_head=preset["length_head"], lr=cfg.lr, min_buffer=cfg.min_buffer,
+                           loss=LossConfig(str(preset["loss"])), length_head=bool(preset["length_head"]), lr=cfg.lr, min_buffer=cfg.min_buffer,
                            train_batch=cfg.train_batch, publish_every=cfg.publish_every, keep=cfg.keep,
                            max_len=cfg.max_len, device="cuda" if cfg.train_gpus else "cpu", seed=cfg.seed),
             list(cfg.train_gpus or []), log, run_id, run_dir / "training.log")
