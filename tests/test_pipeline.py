@@ -432,9 +432,8 @@ def test_lr_decay_needs_a_time_budget_that_holds_it(tmp_path):
     assert json.loads(line[line.index("'{") + 1: line.rindex("}'") + 1])["lr_decay_seconds"] == 90.0
 
 
-def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp_path):
-    """The run read `failed` with the note "stopped on request: both workers finished their step"."""
-    import sys
+def _bare_pipeline(tmp_path, grace: float):
+    """A launcher over a fresh run and swap dir, for workers the test starts itself: (log, run, swap, pipeline)."""
     from types import SimpleNamespace
 
     from adaflash.pipeline.launch import Pipeline
@@ -443,11 +442,24 @@ def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp
     run_id = log.create_run("pipeline")
     swap = tmp_path / "swap"
     swap.mkdir()
-    pipe = Pipeline(log, run_id, tmp_path, SimpleNamespace(swap_dir=str(swap)), SimpleNamespace(), [], [], grace=30)
+    return log, run_id, swap, Pipeline(log, run_id, tmp_path, SimpleNamespace(swap_dir=str(swap)), SimpleNamespace(),
+                                       [], [], grace=grace)
+
+
+def _job(log: RunLog, run_id: str, role: str, tmp_path) -> int:
+    return log.add_job(run_id, role, ["worker"], role=role, gpus="cpu", log_path=str(tmp_path / "x"))
+
+
+def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp_path):
+    """The run read `failed` with the note "stopped on request: both workers finished their step"."""
+    import sys
+
+
+    log, run_id, swap, pipe = _bare_pipeline(tmp_path, grace=30)
     wait_stop = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)\nsys.exit(int(sys.argv[2]))"
     for role, code in (("inference", 3), ("training", 0)):
         pipe.procs[role] = procs.spawn([sys.executable, "-c", wait_stop, str(swap / "STOP"), str(code)])
-        pipe.job_ids[role] = log.add_job(run_id, role, ["worker"], role=role, gpus="cpu", log_path=str(tmp_path / "x"))
+        pipe.job_ids[role] = _job(log, run_id, role, tmp_path)
     pipe.request_stop()
     assert pipe.wait(poll=0.05) == "failed"
     assert pipe.note == f"inference worker exited with code 3 (its log: {tmp_path / 'inference.log'})"
@@ -459,19 +471,13 @@ def test_a_stop_the_workers_honour_between_two_polls_still_ends_the_run_stopped_
     finished without its note (a flaky `pipeline stop` test under load)."""
     import sys
     import time
-    from types import SimpleNamespace
 
-    from adaflash.pipeline.launch import Pipeline
 
-    log = RunLog.open(tmp_path / "ws")
-    run_id = log.create_run("pipeline")
-    swap = tmp_path / "swap"
-    swap.mkdir()
-    pipe = Pipeline(log, run_id, tmp_path, SimpleNamespace(swap_dir=str(swap)), SimpleNamespace(), [], [], grace=30)
+    log, run_id, swap, pipe = _bare_pipeline(tmp_path, grace=30)
     pipe.request_stop()
     for role in ("inference", "training"):
         pipe.procs[role] = procs.spawn([sys.executable, "-c", "pass"])
-        pipe.job_ids[role] = log.add_job(run_id, role, ["worker"], role=role, gpus="cpu", log_path=str(tmp_path / "x"))
+        pipe.job_ids[role] = _job(log, run_id, role, tmp_path)
     for proc in pipe.procs.values():
         proc.wait()
     time.sleep(0.1)
@@ -483,19 +489,13 @@ def test_a_worker_that_ignores_the_stop_is_killed_after_the_grace_and_reads_stop
     """Killed by the launcher once the grace ran out, the job read `failed` (exit -9) in a run `stopped`; the
     supervisor's jobs read `stopped` for the same end."""
     import sys
-    from types import SimpleNamespace
 
-    from adaflash.pipeline.launch import Pipeline
 
-    log = RunLog.open(tmp_path / "ws")
-    run_id = log.create_run("pipeline")
-    swap = tmp_path / "swap"
-    swap.mkdir()
-    pipe = Pipeline(log, run_id, tmp_path, SimpleNamespace(swap_dir=str(swap)), SimpleNamespace(), [], [], grace=0.3)
+    log, run_id, swap, pipe = _bare_pipeline(tmp_path, grace=0.3)
     honours = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
     for role, code in (("inference", honours), ("training", "import time; time.sleep(60)")):
         pipe.procs[role] = procs.spawn([sys.executable, "-c", code, str(swap / "STOP")])
-        pipe.job_ids[role] = log.add_job(run_id, role, ["worker"], role=role, gpus="cpu", log_path=str(tmp_path / "x"))
+        pipe.job_ids[role] = _job(log, run_id, role, tmp_path)
     pipe.request_stop()
     assert pipe.wait(poll=0.05) == "stopped"
     assert pipe.note == "a worker did not stop within 0.3s of the stop request: killed"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -177,13 +178,7 @@ def test_a_killed_serve_command_leaves_no_sglang_behind(tmp_path):
 
     from .test_jobs_supervisor import wait_for
 
-    fake = tmp_path / "fake" / "sglang"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "launch_server.py").write_text(FAKE_SGLANG)
-    pids, mark = tmp_path / "pids", tmp_path / "mark"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]),
-           "FAKE_SGLANG_PIDS": str(pids), "FAKE_SGLANG_MARK": str(mark)}
+    env, pids, mark = _fake_sglang(tmp_path, FAKE_SGLANG)
     serve = subprocess.Popen([sys.executable, "-m", "adaflash.cli.main", "--workspace", str(tmp_path / "ws"), "serve",
                               "--engine", "sglang", "--method", "vanilla", "--gpus", "0", "--port", "9"],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -199,6 +194,20 @@ def test_a_killed_serve_command_leaves_no_sglang_behind(tmp_path):
             serve.kill()
 
 
+def _fake_sglang(tmp_path, source: str) -> tuple[dict, Path, Path]:
+    """An importable `sglang.launch_server` running `source`: (env that finds it, its pid file, its mark file)."""
+    import os
+
+    fake = tmp_path / "fake" / "sglang"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "launch_server.py").write_text(source)
+    pids, mark = tmp_path / "pids", tmp_path / "mark"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]),
+           "FAKE_SGLANG_PIDS": str(pids), "FAKE_SGLANG_MARK": str(mark)}
+    return env, pids, mark
+
+
 DEAF_SGLANG = '''\
 import os, signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: open(os.environ["FAKE_SGLANG_MARK"], "w").write("term"))
@@ -211,7 +220,6 @@ time.sleep(120)
 def test_a_stopped_serve_command_kills_sglang_after_the_grace_and_reads_stopped(tmp_path):
     """SIGTERM goes to SGLang's group; one that ignores it is killed once the grace ran out (it was 60 s: 0.5 s
     here), and the serve run reads `stopped`, as the supervisor's jobs do, not `failed`."""
-    import os
     import signal
     import subprocess
     import sys
@@ -221,13 +229,7 @@ def test_a_stopped_serve_command_kills_sglang_after_the_grace_and_reads_stopped(
 
     from .test_jobs_supervisor import wait_for
 
-    fake = tmp_path / "fake" / "sglang"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "launch_server.py").write_text(DEAF_SGLANG)
-    pids, mark = tmp_path / "pids", tmp_path / "mark"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]),
-           "FAKE_SGLANG_PIDS": str(pids), "FAKE_SGLANG_MARK": str(mark)}
+    env, pids, mark = _fake_sglang(tmp_path, DEAF_SGLANG)
     main = "import sys, adaflash.cli.serve as s; s.SGLANG_STOP_GRACE = 0.5; from adaflash.cli.main import main; main()"
     serve = subprocess.Popen([sys.executable, "-c", main, "--workspace", str(tmp_path / "ws"), "serve", "--engine",
                               "sglang", "--method", "vanilla", "--gpus", "0", "--port", "9"],
