@@ -148,3 +148,37 @@ def test_reading_a_workspace_with_no_run_log_names_it_and_creates_nothing(tmp_pa
         assert result.exit_code == 2, (args, result.output)
         assert f"no run log in workspace {typo}" in result.output, args
     assert not typo.exists()
+
+
+def test_argv_of_spells_out_a_commands_values_so_a_child_parses_the_same():
+    """What `data regenerate --procs` hands its child processes: every option, global ones included, in
+    a form that parses back to the same values, without the ones left out."""
+    import click
+
+    from adaflash.cli.common import argv_of
+
+    seen: list[tuple[list[str], dict]] = []
+
+    @click.group()
+    @click.option("--workspace", default=None)
+    def root(workspace):
+        pass
+
+    @root.command("job")
+    @click.option("--name", default="x")
+    @click.option("--count", type=int, default=1)
+    @click.option("--chat/--no-chat", default=True)
+    @click.option("--fast", is_flag=True)
+    @click.option("--tag", multiple=True)
+    @click.option("--skip-me", default="a")
+    @click.pass_context
+    def job(ctx, **values):
+        seen.append((argv_of(ctx, {"skip_me"}), values))
+
+    args = ["--workspace", "-w dir", "job", "--name", "-dash", "--no-chat", "--fast", "--tag", "a", "--tag", "b",
+            "--skip-me", "z"]
+    assert CliRunner().invoke(root, args).exit_code == 0
+    argv, values = seen[0]
+    assert "--skip-me=z" not in argv and argv[:2] == ["--workspace=-w dir", "job"]
+    assert CliRunner().invoke(root, argv).exit_code == 0
+    assert seen[1][1] == {**values, "skip_me": "a"}

@@ -163,3 +163,59 @@ def test_a_spent_time_budget_keeps_the_answered_rows_and_resume_answers_only_the
     assert [r["id"] for r in read_rows(out)] == ["conv", "plain", "third"]
     assert not set(answered) & set(kept)  # nothing answered twice
     assert not Path(str(out) + ".partial").exists()
+
+
+def test_procs_answer_every_prompt_once_into_one_output_as_one_process_does(tmp_path, tiny_llama, prompts_file):
+    """Two real child processes split the prompts; OUT holds each answer once, the same answers one
+    process gives, and nothing of the shards is left beside it."""
+    from adaflash.data.io import read_jsonl
+
+    ws = tmp_path / "ws"
+    common = ("--target", str(tiny_llama), "--dataset", str(prompts_file), "--max-new-tokens", "4", "--compact",
+              "--device", "cpu", "--json")
+    one = regen(ws, *common, "--out", str(tmp_path / "one.jsonl.gz"))
+    assert one.exit_code == 0, one.output
+    out = tmp_path / "many" / "answers.jsonl.gz"
+    many = regen(ws, *common, "--procs", "2", "--out", str(out))
+    assert many.exit_code == 0, many.output
+    summary = json.loads(many.stdout)
+    assert (summary["procs"], summary["rows"], summary["new_rows"], len(summary["shard_runs"])) == (2, 3, 3, 2)
+    assert summary["completion_tokens"] == 12
+    by_id = {row["id"]: row["output_ids"] for _, row in read_jsonl(out)}
+    assert by_id == {row["id"]: row["output_ids"] for _, row in read_jsonl(tmp_path / "one.jsonl.gz")}
+    assert sorted(p.name for p in out.parent.iterdir()) == ["answers.jsonl.gz"]
+    log = RunLog(ws / "runlog.sqlite")
+    parent = log.get_run(summary["run_id"])
+    assert parent["status"] == "finished" and parent["config"]["procs"] == 2
+    assert {s: log.get_run(s)["status"] for s in summary["shard_runs"]} == dict.fromkeys(summary["shard_runs"], "finished")
+
+
+def test_procs_refuses_shard_and_names_the_failed_shard(tmp_path, tiny_llama, prompts_file):
+    ws, out = tmp_path / "ws", tmp_path / "out.jsonl"
+    both = regen(ws, "--target", str(tiny_llama), "--dataset", str(prompts_file), "--procs", "2", "--shard", "0/2",
+                 "--out", str(out))
+    assert both.exit_code != 0 and "leave out --shard" in both.output
+    failed = regen(ws, "--target", str(tiny_llama), "--dataset", str(prompts_file), "--procs", "2",
+                   "--method", "eagle3", "--out", str(out))
+    assert failed.exit_code != 0
+    assert "shard 0/2 failed" in failed.output or "shard 1/2 failed" in failed.output
+    assert "eagle3" in failed.output and "--resume" in failed.output
+    assert not out.exists()
+
+
+def test_procs_resume_keeps_a_finished_shard_and_runs_the_others(tmp_path, tiny_llama, prompts_file):
+    """After a run whose other shard failed, shard 0's OUT stays; --resume merges it as it is (no
+    process answers it again) with what shard 1 answers now."""
+    from adaflash.data.io import read_jsonl, write_jsonl_atomic
+    from adaflash.data.regenerate_procs import shards_of
+
+    out = tmp_path / "answers.jsonl"
+    kept = {"id": "conv", "prompt_text": "kept", "output_ids": [7, 7], "finish_reason": None, "meta": {}}
+    write_jsonl_atomic(shards_of(out, 2)[0].out, [kept])
+    result = regen(tmp_path / "ws", "--target", str(tiny_llama), "--dataset", str(prompts_file), "--max-new-tokens",
+                   "3", "--compact", "--device", "cpu", "--procs", "2", "--resume", "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["rows"], summary["new_rows"], summary["resumed_rows"]) == (2, 1, 1)
+    rows = {row["id"]: row for _, row in read_jsonl(out)}
+    assert rows["conv"] == kept and set(rows) == {"conv", "plain"}

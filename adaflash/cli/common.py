@@ -212,3 +212,30 @@ def run_guard(log: RunLog, run_id: str, expected: tuple[type[BaseException], ...
                        note=f"{type(err).__name__}: {err}")
         raise
 
+
+def argv_of(ctx: click.Context, leave_out: set[str]) -> list[str]:
+    """The command line that gives this command its values again (the program itself not included),
+    every option spelt out, without the options named in `leave_out`: for copies of a command that
+    run in child processes with a few options of their own."""
+    chain = []
+    at: click.Context | None = ctx
+    while at is not None:
+        chain.insert(0, at)
+        at = at.parent
+    argv: list[str] = []
+    for depth, level in enumerate(chain):
+        if depth:
+            argv.append(level.info_name or "")
+        for param in level.command.params:
+            if not isinstance(param, click.Option) or param.name in leave_out or param.name not in level.params:
+                continue
+            value = level.params[param.name]
+            if param.is_flag:
+                if param.secondary_opts:
+                    argv.append(param.opts[0] if value else param.secondary_opts[0])
+                elif value:
+                    argv.append(param.opts[0])
+            elif value is not None:
+                values = value if param.multiple else (value,)
+                argv.extend(f"{param.opts[0]}={v}" for v in values)
+    return argv
