@@ -142,7 +142,7 @@ def test_the_shipped_drafters_are_lossless_and_trained_on_smollm2(smollm2_target
             "Write a Python function is_palindrome(s) that ignores case and spaces."]
 
     def requests(prompts):
-        return make_requests(smollm2_target, 2, prompts=prompts, max_new_tokens=64, ignore_eos=True)
+        return make_requests(smollm2_target, 2, prompts=prompts, max_new_tokens=32, ignore_eos=True)
 
     general = builtin_drafter_of("smollm2-135m", "dflash")  # the fixture's target is a folder, not the name
     assert general == builtin_drafter_of("smollm2-135m", "adaflash") == "smollm2-135m-general"
