@@ -140,8 +140,8 @@ def _bench_shift(tmp_path, url: str) -> None:
     data.write_text("".join(json.dumps({"prompt": f"{text} ({domain})", "domain": domain}) + "\n"
                             for domain in ("chat", "code") for text in PROMPTS[:5]))
     result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "bench", "shift", "--base-url", url,
-                                      "--phase", f"chat={data}:chat", "--phase", f"code={data}:code", "--seconds", "4",
-                                      "--holdout", "2", "--probe-every", "2", "--no-chat", "--max-new-tokens", "8",
+                                      "--phase", f"chat={data}:chat", "--phase", f"code={data}:code", "--seconds", "2",
+                                      "--holdout", "2", "--probe-every", "1", "--no-chat", "--max-new-tokens", "8",
                                       "--concurrency", "2", "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output[result.output.index("{"):])
