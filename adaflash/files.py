@@ -9,6 +9,7 @@ user's umask gives a new file or folder.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -45,3 +46,14 @@ def nearest_existing(path: Path) -> Path:
     """The closest of `path`'s ancestors that exists: where a folder for it would be made, or why it cannot be
     (a file there)."""
     return next(parent for parent in path.absolute().parents if parent.exists())
+
+
+def write_json_atomic(path: Path, value: object) -> None:
+    """`value` as JSON at `path`, all or nothing: written beside it, flushed to disk, renamed into place.
+    A reader (or a restart after a crash) sees the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(json.dumps(value))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

@@ -18,6 +18,7 @@ from adaflash.bench.shift import Sample, ShiftResult, summarize
 from adaflash.engine.config import EngineConfig
 from adaflash.serve.adapt_stats import RollbackRule, VersionTally
 from adaflash.serve.protocol import BadRequest, parse_generate
+from tests.processes import stop_with_sigterm
 
 
 def _tally(rows: list[tuple[int, str | None, int, int]]) -> VersionTally:
@@ -172,12 +173,7 @@ def _monitor_shows_the_adapting_run(workspace) -> None:
 
 
 def _stop(proc: subprocess.Popen) -> str:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        _, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
+    err = stop_with_sigterm(proc, timeout=120)
     assert proc.returncode == 0, err[-3000:]
     return err
 

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import resource
-import signal
 import socket
 import statistics
 import subprocess
@@ -18,6 +17,7 @@ import aiohttp
 import pytest
 
 from adaflash.engine.config import EngineConfig
+from tests.processes import stop_with_sigterm
 
 PARTIAL_HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -294,12 +294,7 @@ def test_health_answers_within_100_ms_beside_20000_idle_connections(tiny_llama, 
         for sock in held:
             sock.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
+        err = stop_with_sigterm(proc, timeout=60)
     assert proc.returncode == 0, err[-2000:]
     assert "Too many open files" not in err and len(err) < 20_000, err[-2000:]
 

@@ -313,10 +313,10 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
     Finished rows are also appended to OUT.partial as they come, so a run that is killed or runs out
     of --max-minutes continues with --resume; OUT itself is written once, atomically.
     """
+    refuse_same_file(dataset_file, out_file)
     if procs > 1:
         if shard:
             fail("--procs splits the dataset itself: leave out --shard (or run one --shard I/N per process)")
-        refuse_same_file(dataset_file, out_file)
         regenerate_in_procs(ctx, out_file, procs, as_json)
         return
     import time
@@ -334,7 +334,6 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
     from adaflash.models.drafter_io import DrafterError
     from adaflash.models.loading import load_target
 
-    refuse_same_file(dataset_file, out_file)
     try:
         draft = chosen_drafter(method, draft, target)
         prompts = read_prompt_file(dataset_file, num_samples, skip)

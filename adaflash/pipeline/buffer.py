@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from adaflash.files import write_json_atomic
+
 BUFFER_FILE = "trajectories.jsonl"
 DONE_FILE = "producer_done.json"
 STOP_FILE = "STOP"
@@ -54,9 +56,7 @@ class SwapBuffer:
         return start + len(rows)
 
     def mark_done(self) -> None:
-        tmp = self.root / (DONE_FILE + ".tmp")
-        tmp.write_text(json.dumps({"count": self.count()}))
-        os.replace(tmp, self.root / DONE_FILE)
+        write_json_atomic(self.root / DONE_FILE, {"count": self.count()})
 
     def clear_done(self) -> None:
         (self.root / DONE_FILE).unlink(missing_ok=True)

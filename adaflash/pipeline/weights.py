@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from adaflash.files import write_json_atomic
 from adaflash.models.drafter_io import DrafterError, export_drafter, load_drafter, save_drafter
 from adaflash.models.drafters import Drafter
 from adaflash.models.layers import DecoderConfig
@@ -134,12 +135,7 @@ class WeightStore:
             os.fsync(handle.fileno())
         pointer = {"version": version, "path": folder.name, "sha256": files["model.safetensors"],
                    **(pointer_extra or {}), "published_at": time.time()}  # the moment readers may see it
-        tmp = self.root / (POINTER + ".tmp")
-        with tmp.open("w") as handle:
-            handle.write(json.dumps(pointer))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.root / POINTER)
+        write_json_atomic(self.root / POINTER, pointer)
         self.prune(keep)
         return version
 
@@ -158,8 +154,12 @@ class WeightStore:
         if not pointer or int(pointer["version"]) <= newer_than:
             return None
         version = int(pointer["version"])
+        return version, self.load_version(version, target)
+
+    def load_version(self, version: int, target: DecoderConfig) -> Drafter:
+        """Version `version`'s drafter, its checksums checked first; DrafterError if it is torn or invalid."""
         self.verify(version)
-        return version, load_drafter(self.folder(version), target)
+        return load_drafter(self.folder(version), target)
 
     def export(self, out: str | Path, version: int | None = None) -> tuple[int, Path]:
         """A version's drafter (config and weights; not the trainer's state) copied atomically to `out`.

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import random
 import sys
 import threading
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from adaflash.engine.engine import Engine
+from adaflash.files import write_json_atomic
 from adaflash.models.drafter_io import DrafterError, load_drafter
 from adaflash.models.drafters import Drafter
 from adaflash.pipeline.buffer import SwapBuffer
@@ -279,12 +279,12 @@ class Adapter:
             self.metrics_after = row["id"]
             if row["name"] == "train_tokens_per_s":
                 self.train_rate = row["value"]
+        if not verify:  # nothing finished since the last row
+            return
         consumed = int((self.store.pointer() or {}).get("consumed", 0))
-        values = {"tau": tokens / verify if verify else None, "drafter_version": version, "recorded": self.recorded,
+        values = {"tau": tokens / verify, "drafter_version": version, "recorded": self.recorded,
                   "buffer_depth": max(self.recorded - consumed, 0), "swap_dir_bytes": self.disk_bytes,
                   **{f"tau@{tag}": tau for tag, tau in tags.items()}}
-        if not verify:
-            return
         self.log.log_metrics(self.run_id, values, step=self.recorded, version=version, job="server")
         for v, (n, tau) in served.items():
             if self.logged_requests.get(v) != n:
@@ -299,8 +299,7 @@ class Adapter:
             return load_drafter(self.draft, cfg)
         if version not in self.store.versions():
             raise ValueError(f"version {version} is no longer on disk (kept: {self.store.versions()})")
-        self.store.verify(version)
-        return load_drafter(self.store.folder(version), cfg)
+        return self.store.load_version(version, cfg)
 
     def _swap(self, drafter: Drafter, version: int, *, keep_old: bool = False) -> Drafter | None:
         """Swap on the engine thread between two steps; with keep_old, a copy of the drafter it replaces."""
@@ -316,10 +315,7 @@ class Adapter:
     def _reject(self, *versions: int) -> None:
         """Set versions aside for good (kept in the swap dir: a restart does not serve them either)."""
         self.rejected.update(versions)
-        path = Path(self.cfg.swap_dir) / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rejected": sorted(self.rejected)}))
-        os.replace(tmp, path)
+        write_json_atomic(Path(self.cfg.swap_dir) / STATE_FILE, {"rejected": sorted(self.rejected)})
 
     def _event(self, message: str, level: str = "info") -> None:
         print(f"adaflash serve --adapt: {message}", file=sys.stderr, flush=True)  # stdout: the ready line
