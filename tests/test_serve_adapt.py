@@ -90,6 +90,16 @@ def test_adapt_refuses_what_it_cannot_train(workspace):
     assert result.exit_code == 2 and "--swap-dir applies to --adapt" in result.output
 
 
+def test_bench_shift_takes_one_length_or_one_per_phase(workspace):
+    from adaflash.cli.main import cli
+
+    phases = ["--phase", "a=suite:chat", "--phase", "b=suite:code"]
+    for seconds, said in (("1,2,3", "3 lengths for 2 phases"), ("0.5", "expected seconds >= 1"),
+                          ("60,x", "expected seconds >= 1")):
+        result = CliRunner().invoke(cli, ["bench", "shift", *phases, "--seconds", seconds])
+        assert result.exit_code == 2 and said in result.output and "--seconds" in result.output, result.output
+
+
 # -- the whole flow, in processes --------------------------------------------------------------------
 PROMPTS = ["Hello there", "What is 2+2?", "Tell me a story", "Name three colors.", "Why is the sky blue?",
            "Count to five", "Say hi", "A haiku about rain"]
@@ -141,7 +151,7 @@ def _bench_shift(tmp_path, url: str) -> None:
     data.write_text("".join(json.dumps({"prompt": f"{text} ({domain})", "domain": domain}) + "\n"
                             for domain in ("chat", "code") for text in PROMPTS[:5]))
     result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "bench", "shift", "--base-url", url,
-                                      "--phase", f"chat={data}:chat", "--phase", f"code={data}:code", "--seconds", "2",
+                                      "--phase", f"chat={data}:chat", "--phase", f"code={data}:code", "--seconds", "2,3",
                                       "--holdout", "2", "--probe-every", "1", "--no-chat", "--max-new-tokens", "8",
                                       "--concurrency", "2", "--json"])
     assert result.exit_code == 0, result.output
@@ -150,6 +160,8 @@ def _bench_shift(tmp_path, url: str) -> None:
     assert set(summary["phases"]) == {"chat", "code"} and all(p["requests"] > 0 for p in summary["phases"].values())
     picture = Path(summary["plot"])
     assert picture.suffix == ".svg" and "code" in picture.read_text()
+    (_, chat), (switch, code) = json.loads((picture.parent / "shift.json").read_text())["switches"]
+    assert (chat, code) == ("chat", "code") and switch >= 2  # each phase its own length
     log = RunLog.open(tmp_path / "ws")
     run = log.list_runs(kind="bench")[0]
     names = {row["name"] for row in log.metrics_since(0, run_id=run["id"])}
@@ -197,13 +209,13 @@ def test_an_adapting_server_trains_swaps_survives_a_killed_trainer_rolls_back_an
     args = ["--workspace", str(tmp_path / "ws"), "serve", "--method", "adaflash", "--target", str(tiny_llama),
             "--draft", str(draft), "--device", "cpu", "--port", "0", "--max-batch", "4", "--context-length", "128",
             "--adapt", "--swap-dir", str(swap), "--adapt-train-batch", "4", "--adapt-publish-every", "1",
-            "--rollback-min-requests", "100000"]
+            "--adapt-lr", "0.0002", "--rollback-min-requests", "100000"]
     proc, url = _start(args, env)
     try:
         _serve_until(url, references, lambda a: a["drafter_version"] >= 2)  # trained, published, swapped twice
         info = _get(url + "/get_server_info")["adapt"]
         assert {v["version"] for v in info["versions"]} >= {0}  # v0 served the first requests
-        assert info["trainer"]["status"] == "running"
+        assert info["trainer"]["status"] == "running" and info["lr"] == 0.0002
         os.kill(info["trainer"]["pid"], signal.SIGKILL)
         before = info["latest_published"]
         after = _serve_until(url, references, lambda a: a["trainer"]["restarts"] >= 1

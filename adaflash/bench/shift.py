@@ -29,12 +29,12 @@ class Phase:
     name: str
     traffic: list[BenchPrompt]
     holdout: list[BenchPrompt]
+    seconds: float = 300.0
 
 
 @dataclass
 class ShiftSettings:
     base_url: str
-    seconds: float = 300.0  # per phase
     concurrency: int = 4
     max_new_tokens: int = 256
     probe_every: float = 30.0  # seconds between two rounds of held-out prompts
@@ -69,7 +69,7 @@ class ShiftResult:
 async def replay(settings: ShiftSettings, phases: list[Phase], *,
                  on_sample: Callable[[Sample], None] | None = None,
                  on_switch: Callable[[str], None] | None = None) -> ShiftResult:
-    """Send each phase's traffic for `settings.seconds`, its held-out rounds every `probe_every` seconds;
+    """Send each phase's traffic for its `seconds`, its held-out rounds every `probe_every` seconds;
     `on_sample` sees each finished request, `on_switch` each phase as it begins (a live run log)."""
     result = ShiftResult()
 
@@ -92,7 +92,7 @@ async def replay(settings: ShiftSettings, phases: list[Phase], *,
                 result.switches.append((clock(), phase.name))
                 if on_switch:
                     on_switch(phase.name)
-                end = clock() + settings.seconds
+                end = clock() + phase.seconds
                 prompts = cycle(phase.traffic)
 
                 async def traffic(phase: Phase = phase, end: float = end, prompts=prompts) -> None:

@@ -27,7 +27,8 @@ def _phase(text: str) -> tuple[str, str, str | None]:
 @click.option("--phase", "phases", multiple=True, required=True, metavar="NAME=DATASET[:DOMAIN]",
               help="A phase of traffic, in order (repeatable): prompts of a dataset, or of one domain of it "
                    "(`chat=suite:chat`). Requests carry the phase's name as their tag.")
-@click.option("--seconds", type=click.FloatRange(min=1), default=300.0, show_default=True, help="Length of each phase.")
+@click.option("--seconds", "seconds_text", default="300", show_default=True, metavar="S|S1,S2,...",
+              help="Length of each phase in seconds: one for every phase, or one per phase in order (60,600).")
 @click.option("--concurrency", type=click.IntRange(1), default=4, show_default=True, help="Requests in flight.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--num-prompts", type=click.IntRange(1), default=1000, show_default=True,
@@ -43,12 +44,12 @@ def _phase(text: str) -> tuple[str, str, str | None]:
 @click.option("--api-key", envvar="ADAFLASH_API_KEY", default=None, help="[env ADAFLASH_API_KEY]")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
-def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds: float, concurrency: int,
+def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds_text: str, concurrency: int,
           max_new_tokens: int, num_prompts: int, holdout: int, probe_every: float, chat: bool, target: str | None,
           plot_path: str | None, api_key: str | None, as_json: bool) -> None:
     """Replay traffic that shifts from one domain to another against one server and plot τ over time.
 
-    Each phase runs --seconds; its held-out prompts measure what the drafter learned of the domain,
+    Each phase runs its --seconds; its held-out prompts measure what the drafter learned of the domain,
     and their answers must stay identical across every drafter swap (exit 1 otherwise). The run log
     gets τ as it goes (the dashboard's Monitor charts it), the run folder the samples (shift.json)
     and the picture.
@@ -61,6 +62,7 @@ def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds: f
     from adaflash.workspace import runs_dir
 
     parsed = [_phase(p) for p in phases]
+    seconds = _seconds(seconds_text, len(parsed))
     if len({name for name, _, _ in parsed}) != len(parsed):
         fail("--phase names must differ")
     if plot_path and Path(plot_path).suffix.lower() not in (".svg", ".png"):
@@ -72,10 +74,10 @@ def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds: f
     rows = [_phase_rows(ctx, name, dataset, domain, num_prompts, holdout) for name, dataset, domain in parsed]
     prompts = iter(render_prompts([r for phase in rows for r in phase], chat, target or info.get("target")))
     plan = []
-    for (name, _, _), phase in zip(parsed, rows):  # the prompts rendered in one pass (one tokenizer load)
+    for (name, _, _), phase, length in zip(parsed, rows, seconds):  # the prompts rendered in one pass
         mine = [next(prompts) for _ in phase]
-        plan.append((name, mine[holdout:], mine[:holdout]))
-    settings = ShiftSettings(base_url, seconds=seconds, concurrency=concurrency, max_new_tokens=max_new_tokens,
+        plan.append(Phase(name, mine[holdout:], mine[:holdout], length))
+    settings = ShiftSettings(base_url, concurrency=concurrency, max_new_tokens=max_new_tokens,
                              probe_every=probe_every, api_key=api_key)
     log = runlog_of(ctx)
     config = {"base_url": base_url, "phases": list(phases), "seconds": seconds, "concurrency": concurrency,
@@ -86,7 +88,7 @@ def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds: f
     run_dir.mkdir(parents=True, exist_ok=True)
     live = _LiveLog(log, run_id)
     try:
-        result = asyncio.run(replay(settings, [Phase(*p) for p in plan], on_sample=live.sample, on_switch=live.switch))
+        result = asyncio.run(replay(settings, plan, on_sample=live.sample, on_switch=live.switch))
     except KeyboardInterrupt:
         log.finish_run(run_id, "stopped")
         raise
@@ -103,6 +105,23 @@ def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds: f
     if changed:
         fail(f"greedy answers changed across drafter versions for {', '.join(changed)}: the engine is not lossless",
              code=1)
+
+
+def _seconds(text: str, phases: int) -> list[float]:
+    """--seconds: one length for every phase, or one per phase."""
+    try:
+        lengths = [float(part) for part in text.split(",")]
+    except ValueError:
+        lengths = []
+    if not lengths or any(not length >= 1 for length in lengths):
+        raise click.BadParameter(f"expected seconds >= 1, one number or one per phase (60,600), got {text!r}",
+                                 param_hint="'--seconds'")
+    if len(lengths) == 1:
+        return lengths * phases
+    if len(lengths) != phases:
+        raise click.BadParameter(f"{len(lengths)} lengths for {phases} phases: give one, or one per --phase",
+                                 param_hint="'--seconds'")
+    return lengths
 
 
 def _phase_rows(ctx: click.Context, name: str, dataset: str, domain: str | None, num_prompts: int,

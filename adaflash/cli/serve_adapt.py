@@ -36,6 +36,8 @@ def adapt_options(fn: Callable) -> Callable:
                      help="--adapt: recorded requests per training step."),
         click.option("--adapt-publish-every", type=click.IntRange(1), default=4, show_default=True,
                      help="--adapt: training steps per published version."),
+        click.option("--adapt-lr", type=click.FloatRange(min=0, min_open=True), default=1e-4, show_default=True,
+                     help="--adapt: the trainer's learning rate (higher follows a shift faster, and forgets faster)."),
         click.option("--rollback-min-requests", type=click.IntRange(1), default=32, show_default=True,
                      help="--adapt: requests a new version serves before its τ is compared with the last one's."),
         click.option("--rollback-drop", type=click.FloatRange(0, 1), default=0.1, show_default=True,
@@ -72,7 +74,8 @@ def adapt_config(options: dict[str, Any], method: str, engine_kind: str, workspa
     return {"swap_dir": str(swap.resolve()), "sample_rate": options["adapt_sample"], "preset": preset,
             "train_gpus": gpus, "max_disk_mb": options["adapt_max_disk"],
             "train_batch": options["adapt_train_batch"], "publish_every": options["adapt_publish_every"],
-            "rollback_min_requests": options["rollback_min_requests"], "rollback_drop": options["rollback_drop"]}
+            "lr": options["adapt_lr"], "rollback_min_requests": options["rollback_min_requests"],
+            "rollback_drop": options["rollback_drop"]}
 
 
 def build_adapter(config: dict[str, Any], engine, *, target: str, draft: str, log, run_id: str, run_dir: Path, seed: int):
@@ -88,7 +91,7 @@ def build_adapter(config: dict[str, Any], engine, *, target: str, draft: str, lo
                       train_gpus=config["train_gpus"], max_disk_mb=config["max_disk_mb"],
                       rollback=RollbackRule(config["rollback_min_requests"], config["rollback_drop"]),
                       train_batch=config["train_batch"], publish_every=config["publish_every"],
-                      max_len=min(engine.max_len, 2048), seed=seed)
+                      lr=config["lr"], max_len=min(engine.max_len, 2048), seed=seed)
     adapter = Adapter(cfg, engine, target=target, draft=draft, log=log, run_id=run_id, run_dir=run_dir)
     adapter.resume()
     return adapter

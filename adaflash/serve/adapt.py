@@ -183,7 +183,7 @@ class Adapter:
         with self.lock:
             versions = self.tally.as_json()
         return {
-            "swap_dir": self.cfg.swap_dir, "preset": self.cfg.preset, "sample_rate": self.cfg.sample_rate,
+            "swap_dir": self.cfg.swap_dir, "preset": self.cfg.preset, "lr": self.cfg.lr, "sample_rate": self.cfg.sample_rate,
             "drafter_version": self.engine.drafter_version or 0, "latest_published": self.store.latest_version(),
             "recorded": self.recorded, "consumed": consumed, "buffer_depth": max(self.recorded - consumed, 0),
             "recording": not self.capped, "dropped_at_cap": self.dropped_at_cap,
