@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +93,10 @@ class WeightStore:
             if sha256(path) != expected:
                 raise DrafterError(f"version {version}: {path} does not match its checksum (torn write)")
 
-    def newest_valid(self, *, newer_than: int = 0,
-                     target: DecoderConfig | None = None) -> tuple[tuple[int, Drafter | None] | None, list[tuple[int, str]]]:
-        """The newest version above `newer_than` whose files match their checksums (and, given `target`, whose
-        drafter loads for it, returned alongside), or None; and the newer versions skipped, with why.
+    def newest_valid(self, *, newer_than: int = 0, target: DecoderConfig | None = None,
+                     skip: Collection[int] = ()) -> tuple[tuple[int, Drafter | None] | None, list[tuple[int, str]]]:
+        """The newest version above `newer_than`, not in `skip`, whose files match their checksums (and, given
+        `target`, whose drafter loads for it, returned alongside), or None; and the newer versions skipped, with why.
 
         A trainer resumes, and a reader starts, only from such a version: a torn newest one costs the
         steps since the one before it, never the run.
@@ -106,6 +106,8 @@ class WeightStore:
         for version in sorted({*records, *self.versions()}, reverse=True):
             if version <= newer_than:
                 break
+            if version in skip:
+                continue
             if not self.folder(version).is_dir():
                 if version == newest:
                     skipped.append((version, f"version {version}: {self.folder(version)} is missing"))
@@ -113,7 +115,7 @@ class WeightStore:
             try:
                 self.verify(version, records)
                 return (version, load_drafter(self.folder(version), target) if target is not None else None), skipped
-            except DrafterError as err:
+            except (DrafterError, ValueError, OSError) as err:
                 skipped.append((version, str(err)))
         return None, skipped
 

@@ -112,17 +112,13 @@ class Adapter:
         self.buffer.clear_stop()
         self.buffer.clear_done()
         self.engine.drafter_version = 0
-        for version in sorted(self.store.versions(), reverse=True):
-            if version in self.rejected:
-                continue
-            try:
-                drafter = self._load(version)
-            except (DrafterError, ValueError, OSError) as err:
-                self._event(f"skipped version {version}: {err}", level="warning")
-                continue
+        found, skipped = self.store.newest_valid(target=self.engine.model.cfg, skip=self.rejected)
+        for version, why in skipped:
+            self._event(f"skipped version {version}: {why}", level="warning")
+        if found is not None:
+            version, drafter = found
             self.engine.swap_drafter(drafter, version)
             self._event(f"resumed with drafter v{version} from {self.cfg.swap_dir}")
-            return
 
     def start(self, run_on_engine: Callable[[Callable[[Engine], Any]], Future]) -> None:
         """`run_on_engine(fn)` runs fn(engine) on the engine thread between two steps."""
