@@ -21,10 +21,10 @@ from adaflash.serve.protocol import BadRequest, parse_generate
 from tests.processes import stop_with_sigterm
 
 
-def _tally(rows: list[tuple[int, str | None, int, int]]) -> VersionTally:
-    tally = VersionTally()
+def _tally(rows: list[tuple[int, str | None, int, int]], held_out: bool = False, tally=None) -> VersionTally:
+    tally = tally or VersionTally()
     for version, tag, tokens, verify in rows:
-        tally.add(version, tag, tokens, verify)
+        tally.add(version, tag, tokens, verify, held_out=held_out)
     return tally
 
 
@@ -32,20 +32,42 @@ def test_the_rule_waits_for_enough_requests_then_compares_on_shared_tags():
     rule = RollbackRule(min_requests=4, drop=0.1)
     old = [(1, "chat", 30, 10)] * 8  # τ 3.0
     assert rule.verdict(_tally(old + [(2, "chat", 20, 10)] * 3), 2, 1) is None  # 3 < 4 requests
-    worse, why = rule.verdict(_tally(old + [(2, "chat", 20, 10)] * 4), 2, 1)
-    assert worse and "2.00" in why and "3.00" in why
-    kept, _ = rule.verdict(_tally(old + [(2, "chat", 28, 10)] * 4), 2, 1)  # 2.8 is within 10% of 3.0
-    assert not kept
+    verdict = rule.verdict(_tally(old + [(2, "chat", 20, 10)] * 4), 2, 1)
+    assert verdict.worse and "2.00" in verdict.why and "3.00" in verdict.why
+    verdict = rule.verdict(_tally(old + [(2, "chat", 28, 10)] * 4), 2, 1)  # 2.8 is within 10% of 3.0
+    assert not verdict.worse and not verdict.better
+    assert rule.verdict(_tally(old + [(2, "chat", 31, 10)] * 4), 2, 1).better
 
 
 def test_a_shift_to_a_new_tag_is_not_taken_for_a_worse_version():
     rule = RollbackRule(min_requests=4, drop=0.1)
     tally = _tally([(1, "chat", 40, 10)] * 8 + [(2, "code", 12, 10)] * 8)  # v2 only saw code, which is harder
-    worse, why = rule.verdict(tally, 2, 1)
-    assert not worse and "none of its tags" in why
+    verdict = rule.verdict(tally, 2, 1)
+    assert not verdict.worse and verdict.better and "none of its tags" in verdict.why
     tally = _tally([(1, "chat", 40, 10)] * 8 + [(1, "code", 12, 10)] * 8 + [(2, "code", 20, 10)] * 8)
-    assert rule.verdict(tally, 2, 1)[0] is False  # better on code, the tag both served
+    assert rule.verdict(tally, 2, 1).worse is False  # better on code, the tag both served
     assert tally.as_json()[0]["tags"]["code"] == {"requests": 8, "tau": pytest.approx(1.2)}
+
+
+def test_memorized_traffic_does_not_hide_a_worse_version_from_the_held_out_rule():
+    # v2 learned the repeated prompts by heart (τ 6 on them) and drafts worse on prompts it never saw.
+    tally = _tally([(1, "code", 20, 10)] * 8 + [(2, "code", 60, 10)] * 8)
+    _tally([(1, "code", 20, 10)] * 4 + [(2, "code", 15, 10)] * 4, held_out=True, tally=tally)
+    assert RollbackRule(min_requests=4, drop=0.1).verdict(tally, 2, 1).better  # all traffic: looks better
+    verdict = RollbackRule(min_requests=4, drop=0.1, held_out=True).verdict(tally, 2, 1)
+    assert verdict.worse and "held-out" in verdict.why and "over 4 requests" in verdict.why
+    assert RollbackRule(min_requests=5, held_out=True).verdict(tally, 2, 1) is None  # 4 held-out requests
+    assert tally.as_json()[1]["held_out"] == {"requests": 4, "tau": pytest.approx(1.5)}
+
+
+def test_held_out_prompts_are_a_stable_share_chosen_by_their_tokens():
+    from adaflash.serve.adapt import held_out_prompt
+
+    prompts = [[i, i * 7 + 1, 42] for i in range(20000)]
+    share = sum(held_out_prompt(p, 0.05) for p in prompts) / len(prompts)
+    assert 0.04 < share < 0.06
+    assert [held_out_prompt(p, 0.05) for p in prompts[:500]] == [held_out_prompt(list(p), 0.05) for p in prompts[:500]]
+    assert not any(held_out_prompt(p, 0.0) for p in prompts[:500])
 
 
 def test_the_shift_summary_finds_changed_answers_and_splits_latency_at_swaps():
@@ -318,6 +340,37 @@ def test_a_worse_version_is_rolled_back_to_the_accepted_one_and_stays_aside_afte
     assert "rolled back from v2 to v0" in restarted.rollback(0) and engine2.drafter_version == 0
     with pytest.raises(ValueError, match="between 0 and 2"):
         restarted.rollback(7)
+
+
+def test_versions_are_judged_against_the_best_accepted_one_so_small_drops_cannot_add_up(tmp_path, tiny_target):
+    from adaflash.models.drafter_io import new_drafter, save_drafter
+    from adaflash.pipeline.buffer import SwapBuffer
+    from adaflash.pipeline.weights import WeightStore
+
+    cfg = tiny_target.model.cfg
+    draft = save_drafter(new_drafter("dflash", cfg, block_size=4, length_head=True), tmp_path / "d")
+    rule = RollbackRule(min_requests=4, drop=0.1, held_out=True)
+    adapter, engine = _adapter(tmp_path, tiny_target, draft, rollback=rule, holdout=0.0)
+    store = WeightStore(tmp_path / "swap")
+    start = _weights(engine)
+
+    def serve(version: int, tau: float) -> None:  # 4 held-out requests ("adapt": false), 4 trained on
+        for train in (False, True):
+            for _ in range(4):
+                adapter.record("r", [1, 2], [3, 4], "x", {"drafter_version": version, "completion_tokens": int(tau * 10),
+                                                          "spec_verify_ct": 10}, tag="code", train=train)
+
+    serve(0, 3.0)
+    for version, tau in ((1, 2.8), (2, 2.6)):  # each within 10% of the one before, not of v0
+        store.publish(new_drafter("dflash", cfg, block_size=4, length_head=True, seed=version), {"target": "tiny"})
+        adapter._follow()
+        serve(version, tau)
+        adapter._judge()
+    assert adapter.rollbacks and adapter.rollbacks[0]["from"] == 2 and adapter.rollbacks[0]["to"] == 0
+    assert "v0's 3.00" in adapter.rollbacks[0]["why"] and engine.drafter_version == 0 and _same(_weights(engine), start)
+    adapter._flush()
+    assert SwapBuffer(tmp_path / "swap").count() == 12  # the held-out requests were never recorded
+    assert adapter.info()["versions"][0]["held_out"]["requests"] == 4
 
 
 def test_recording_pauses_at_the_disk_cap_and_serving_goes_on(tmp_path, tiny_target):

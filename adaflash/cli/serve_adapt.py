@@ -24,6 +24,9 @@ def adapt_options(fn: Callable) -> Callable:
                           "folder serves its newest valid version and the trainer resumes after what it learned."),
         click.option("--adapt-sample", type=click.FloatRange(0, 1), default=1.0, show_default=True,
                      help="--adapt: share of finished requests recorded for training."),
+        click.option("--adapt-holdout", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True,
+                     help="--adapt: share of prompts (by a hash of their tokens) never trained on; the rollback rule "
+                          "judges each version by its τ on them (0: on all traffic)."),
         click.option("--adapt-preset", type=click.Choice(sorted(PRESETS)), default=None,
                      help="--adapt: the trainer's loss: adaflash = reverse-KL mixture + length head, osd = forward "
                           "KL [default: osd for --method osd, else adaflash]."),
@@ -39,10 +42,11 @@ def adapt_options(fn: Callable) -> Callable:
         click.option("--adapt-lr", type=click.FloatRange(min=0, min_open=True), default=1e-4, show_default=True,
                      help="--adapt: the trainer's learning rate (higher follows a shift faster, and forgets faster)."),
         click.option("--rollback-min-requests", type=click.IntRange(1), default=32, show_default=True,
-                     help="--adapt: requests a new version serves before its τ is compared with the last one's."),
+                     help="--adapt: requests a new version serves (on held-out prompts, see --adapt-holdout) "
+                          "before its τ is compared with the reference's."),
         click.option("--rollback-drop", type=click.FloatRange(0, 1), default=0.1, show_default=True,
-                     help="--adapt: roll a version back when its τ is lower than the last one's by more than "
-                          "this fraction (docs/http-api.md)."),
+                     help="--adapt: roll a version back when its τ is lower than the reference's (the best version "
+                          "accepted so far) by more than this fraction (docs/http-api.md)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -71,7 +75,8 @@ def adapt_config(options: dict[str, Any], method: str, engine_kind: str, workspa
     except ValueError as err:
         fail(str(err))
     swap = Path(options["swap_dir"]).expanduser() if options["swap_dir"] else Path(workspace) / "adapt"
-    return {"swap_dir": str(swap.resolve()), "sample_rate": options["adapt_sample"], "preset": preset,
+    return {"swap_dir": str(swap.resolve()), "sample_rate": options["adapt_sample"],
+            "holdout": options["adapt_holdout"], "preset": preset,
             "train_gpus": gpus, "max_disk_mb": options["adapt_max_disk"],
             "train_batch": options["adapt_train_batch"], "publish_every": options["adapt_publish_every"],
             "lr": options["adapt_lr"], "rollback_min_requests": options["rollback_min_requests"],
@@ -87,9 +92,10 @@ def build_adapter(config: dict[str, Any], engine, *, target: str, draft: str, lo
         raise ValueError(f"--adapt-preset {config['preset']} trains the length head, and {draft} has none: "
                          "give a drafter with a length head, or --method osd (--adapt-preset osd)")
 
-    cfg = AdaptConfig(swap_dir=config["swap_dir"], sample_rate=config["sample_rate"], preset=config["preset"],
-                      train_gpus=config["train_gpus"], max_disk_mb=config["max_disk_mb"],
-                      rollback=RollbackRule(config["rollback_min_requests"], config["rollback_drop"]),
+    cfg = AdaptConfig(swap_dir=config["swap_dir"], sample_rate=config["sample_rate"], holdout=config["holdout"],
+                      preset=config["preset"], train_gpus=config["train_gpus"], max_disk_mb=config["max_disk_mb"],
+                      rollback=RollbackRule(config["rollback_min_requests"], config["rollback_drop"],
+                                            held_out=config["holdout"] > 0),
                       train_batch=config["train_batch"], publish_every=config["publish_every"],
                       lr=config["lr"], max_len=min(engine.max_len, 2048), seed=seed)
     adapter = Adapter(cfg, engine, target=target, draft=draft, log=log, run_id=run_id, run_dir=run_dir)

@@ -1,8 +1,8 @@
 """A server that learns its own traffic (`adaflash serve --adapt`).
 
 The on-policy pipeline with the server as its inference worker: each finished request (a sampled
-share of them, minus those that opt out) becomes a trajectory in the swap dir, in the pipeline's
-format; the pipeline's training worker runs beside the server as a supervised subprocess
+share of them, minus those that opt out and those on held-out prompts) becomes a trajectory in the
+swap dir, in the pipeline's format; the pipeline's training worker runs beside the server as a supervised subprocess
 (`adapt_trainer`) and publishes versions; this module's thread follows the published versions and
 hot-swaps each between two engine steps. Greedy answers do not change with the drafter (the engine
 is lossless), only their speed does.
@@ -15,7 +15,9 @@ log. A restart on the same swap dir serves the newest valid version from the fir
 
 from __future__ import annotations
 
+import array
 import copy
+import hashlib
 import json
 import random
 import sys
@@ -47,6 +49,7 @@ STATE_FILE = "adapt.json"  # in the swap dir: the versions set aside, so a resta
 class AdaptConfig:
     swap_dir: str
     sample_rate: float = 1.0  # share of finished requests recorded for training
+    holdout: float = 0.05  # share of prompts never trained on: their τ judges each version
     preset: str = "adaflash"
     train_gpus: list[str] | None = None  # CUDA_VISIBLE_DEVICES of the trainer; [] or None: the CPU
     max_disk_mb: float | None = 2048.0  # recording pauses once the swap dir holds this much
@@ -63,6 +66,8 @@ class AdaptConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.sample_rate <= 1.0:
             raise ValueError(f"--adapt-sample must be within [0, 1], got {self.sample_rate}")
+        if not 0.0 <= self.holdout < 1.0:
+            raise ValueError(f"--adapt-holdout must be within [0, 1), got {self.holdout}")
         if self.preset not in PRESETS:
             raise ValueError(f"--adapt-preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
         if self.max_disk_mb is not None and self.max_disk_mb <= 0:
@@ -85,8 +90,10 @@ class Adapter:
         self.pending: list[dict[str, Any]] = []
         self.rejected: set[int] = set(_read_state(Path(cfg.swap_dir)).get("rejected", []))
         self.rollbacks: list[dict[str, Any]] = []
-        self.checking: int | None = None  # the version served since the last one the rule accepted
-        self.baseline: tuple[int, Drafter] | None = None  # that accepted version (a copy): what a rollback restores
+        self.checking: int | None = None  # the version served and not judged yet
+        # The reference (a copy): the best version accepted so far, which new ones are judged against
+        # and a rollback restores; None until the next swap copies the version in use.
+        self.baseline: tuple[int, Drafter] | None = None
         self.recorded = self.buffer.repair()
         self.dropped_at_cap = 0
         self.disk_bytes = 0
@@ -138,12 +145,14 @@ class Adapter:
     # -- the event loop's side -------------------------------------------------------------------
     def record(self, rid: str, prompt_ids: list[int], output_ids: list[int], text: str, meta: dict[str, Any], *,
                tag: str | None, train: bool) -> None:
-        """A finished request: counted for τ, and (sampled, unless it opted out) kept for training."""
+        """A finished request: counted for τ, and (sampled, unless it opted out or its prompt is held out)
+        kept for training."""
         version = int(meta.get("drafter_version") or 0)
         tokens, verify = int(meta.get("completion_tokens") or 0), int(meta.get("spec_verify_ct") or 0)
-        keep = train and len(output_ids) >= 2 and self.rng.random() < self.cfg.sample_rate
+        held_out = not train or held_out_prompt(prompt_ids, self.cfg.holdout)
+        keep = not held_out and len(output_ids) >= 2 and self.rng.random() < self.cfg.sample_rate
         with self.lock:
-            self.tally.add(version, tag, tokens, verify)
+            self.tally.add(version, tag, tokens, verify, held_out=held_out)
             self.window[0] += tokens
             self.window[1] += verify
             if not keep:
@@ -179,14 +188,16 @@ class Adapter:
         with self.lock:
             versions = self.tally.as_json()
         return {
-            "swap_dir": self.cfg.swap_dir, "preset": self.cfg.preset, "lr": self.cfg.lr, "sample_rate": self.cfg.sample_rate,
+            "swap_dir": self.cfg.swap_dir, "preset": self.cfg.preset, "lr": self.cfg.lr,
+            "sample_rate": self.cfg.sample_rate, "holdout": self.cfg.holdout,
             "drafter_version": self.engine.drafter_version or 0, "latest_published": self.store.latest_version(),
             "recorded": self.recorded, "consumed": consumed, "buffer_depth": max(self.recorded - consumed, 0),
             "recording": not self.capped, "dropped_at_cap": self.dropped_at_cap,
             "disk_bytes": self.disk_bytes, "max_disk_bytes": _bytes(self.cfg.max_disk_mb),
             "trainer": {**self.trainer.info(), "train_tokens_per_s": self.train_rate},
             "versions": versions, "rejected": sorted(self.rejected), "rollbacks": list(self.rollbacks),
-            "rollback_rule": {"min_requests": self.cfg.rollback.min_requests, "drop": self.cfg.rollback.drop},
+            "rollback_rule": {"min_requests": self.cfg.rollback.min_requests, "drop": self.cfg.rollback.drop,
+                              "held_out": self.cfg.rollback.held_out},
         }
 
     # -- the adapt thread ------------------------------------------------------------------------
@@ -225,7 +236,7 @@ class Adapter:
         """Swap to the newest published version above everything set aside.
 
         A version published while the one before it is still being judged replaces it at once; the rule
-        then judges the newest against the last accepted version (`baseline`), which a rollback restores.
+        then judges the newest against the reference (`baseline`), which a rollback restores.
         """
         latest, current = self.store.latest_version(), self.engine.drafter_version or 0
         if latest <= current or latest <= max(self.rejected, default=-1):
@@ -236,9 +247,9 @@ class Adapter:
             self._reject(latest)
             self._event(f"refused version {latest}: {err}", level="warning")
             return
-        accepted = self.checking is None  # serving an accepted version: keep a copy to come back to
-        old = self._swap(drafter, latest, keep_old=accepted)
-        if accepted:
+        first = self.baseline is None  # the version in use becomes the reference: keep a copy to come back to
+        old = self._swap(drafter, latest, keep_old=first)
+        if first:
             self.baseline = (current, old)
         self.checking = latest
         published = (self.store.pointer() or {}).get("published_at")
@@ -255,13 +266,14 @@ class Adapter:
             verdict = self.cfg.rollback.verdict(self.tally, new, old)
         if verdict is None:
             return
-        worse, why = verdict
-        if worse:
-            self._swap(drafter, old)
+        if verdict.worse:
+            self._swap(copy.deepcopy(drafter), old)  # the reference stays intact for the next rollback
             self._reject(new)
-            self.rollbacks.append({"from": new, "to": old, "why": why, "time": time.time()})
-        self.checking, self.baseline = None, None
-        self._event(why, level="warning" if worse else "info")
+            self.rollbacks.append({"from": new, "to": old, "why": verdict.why, "time": time.time()})
+        elif verdict.better:
+            self.baseline = None  # the next swap keeps a copy of this one as the reference
+        self.checking = None
+        self._event(verdict.why, level="warning" if verdict.worse else "info")
 
     def _log_metrics(self) -> None:
         version = self.engine.drafter_version or 0
@@ -316,6 +328,15 @@ class Adapter:
     def _event(self, message: str, level: str = "info") -> None:
         print(f"adaflash serve --adapt: {message}", file=sys.stderr, flush=True)  # stdout: the ready line
         self.log.log_event(self.run_id, message, level=level, job="server")
+
+
+def held_out_prompt(prompt_ids: list[int], share: float) -> bool:
+    """Whether a prompt is one of the `share` never trained on: a hash of its tokens, so the same prompt
+    is held out every time it comes (a held-out prompt answered once and trained on later would not be)."""
+    if share <= 0.0:
+        return False
+    digest = hashlib.blake2b(array.array("q", prompt_ids).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < share * 2**64
 
 
 def _read_state(root: Path) -> dict[str, Any]:

@@ -4,12 +4,17 @@ Pure bookkeeping, no torch and no I/O, so the rule is tested on its own. τ is a
 verify steps summed over requests (a request's weight is its length), never a mean of per-request τ.
 
 The rollback rule (docs/http-api.md, "Adapting to traffic"): once a new version has finished
-`min_requests` requests, compare it with the version it replaced on the same tags. For every tag both
+`min_requests` requests, compare it with the reference version on the same tags. For every tag both
 served, take each version's τ over its last `window` requests of that tag; weight the tags by how many
 requests the new version served of each. The new version is rolled back when its weighted τ is below
-the previous version's by more than `drop` (a fraction: 0.1 = 10%). Tags only one of them served do not
+the reference's by more than `drop` (a fraction: 0.1 = 10%). Tags only one of them served do not
 count, so a shift to a new domain is not mistaken for a worse drafter; untagged requests form one tag
 (""), which then compares whatever traffic each version saw last. The decision is made once per version.
+
+With `held_out`, only requests on held-out prompts count (prompts no version trains on): a trainer
+that memorizes repeated prompts raises τ on those and lowers it everywhere else, and only held-out
+prompts show that. The reference is the best version accepted so far, not the last one, so a drift
+down in small steps, each within `drop`, cannot carry the server away from it.
 """
 
 from __future__ import annotations
@@ -47,48 +52,66 @@ class Served:
 
 
 class VersionTally:
-    """Requests, tokens and verify steps per (drafter version, tag)."""
+    """Requests, tokens and verify steps per (drafter version, tag): all requests, and those on held-out prompts."""
 
     def __init__(self) -> None:
         self.served: dict[int, dict[str, Served]] = {}
+        self.held_out: dict[int, dict[str, Served]] = {}
 
-    def add(self, version: int, tag: str | None, tokens: int, verify: int) -> None:
+    def add(self, version: int, tag: str | None, tokens: int, verify: int, *, held_out: bool = False) -> None:
         if verify <= 0:
             return
-        self.served.setdefault(version, {}).setdefault(tag or "", Served()).add(tokens, verify)
+        books = (self.served, self.held_out) if held_out else (self.served,)
+        for book in books:
+            book.setdefault(version, {}).setdefault(tag or "", Served()).add(tokens, verify)
 
-    def requests(self, version: int) -> int:
-        return sum(s.requests for s in self.served.get(version, {}).values())
+    def requests(self, version: int, *, held_out: bool = False) -> int:
+        book = self.held_out if held_out else self.served
+        return sum(s.requests for s in book.get(version, {}).values())
 
-    def tau(self, version: int) -> float | None:
-        tags = self.served.get(version, {}).values()
+    def tau(self, version: int, *, held_out: bool = False) -> float | None:
+        tags = (self.held_out if held_out else self.served).get(version, {}).values()
         verify = sum(s.verify for s in tags)
         return sum(s.tokens for s in tags) / verify if verify else None
 
     def as_json(self) -> list[dict[str, Any]]:
-        """Per version: requests, τ, and the same per tag (what /get_server_info shows)."""
+        """Per version: requests, τ, the same per tag, and on held-out prompts (what /get_server_info shows)."""
         return [{"version": version, "requests": self.requests(version), "tau": self.tau(version),
-                 "tags": {tag: {"requests": s.requests, "tau": s.tau} for tag, s in sorted(tags.items())}}
+                 "tags": {tag: {"requests": s.requests, "tau": s.tau} for tag, s in sorted(tags.items())},
+                 "held_out": {"requests": self.requests(version, held_out=True),
+                              "tau": self.tau(version, held_out=True)}}
                 for version, tags in sorted(self.served.items())]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    worse: bool  # roll back to the reference
+    better: bool  # at least as good as the reference, or nothing to compare: it becomes the reference
+    why: str
 
 
 @dataclass(frozen=True)
 class RollbackRule:
     min_requests: int = 32
     drop: float = 0.1
+    held_out: bool = False  # judge on requests on held-out prompts only
 
-    def verdict(self, tally: VersionTally, new: int, previous: int) -> tuple[bool, str] | None:
-        """None while too few requests tell; else (roll back?, why)."""
-        if tally.requests(new) < self.min_requests:
+    def verdict(self, tally: VersionTally, new: int, reference: int) -> Verdict | None:
+        """None while too few requests tell; else the verdict on `new` against `reference`."""
+        count = tally.requests(new, held_out=self.held_out)
+        if count < self.min_requests:
             return None
-        mine, theirs = tally.served.get(new, {}), tally.served.get(previous, {})
+        book = tally.held_out if self.held_out else tally.served
+        mine, theirs = book.get(new, {}), book.get(reference, {})
         shared = [tag for tag in mine if tag in theirs and mine[tag].recent_tau and theirs[tag].recent_tau]
         weight = sum(mine[tag].requests for tag in shared)
         if not weight:
-            return False, f"v{new} kept: v{previous} served none of its tags, nothing to compare"
+            return Verdict(False, True, f"v{new} kept: v{reference} served none of its tags, nothing to compare")
         new_tau = sum(mine[t].requests * mine[t].recent_tau for t in shared) / weight
         old_tau = sum(mine[t].requests * theirs[t].recent_tau for t in shared) / weight
         worse = new_tau < old_tau * (1.0 - self.drop)
         verb = "rolled back" if worse else "kept"
-        return worse, (f"v{new} {verb}: τ {new_tau:.2f} against v{previous}'s {old_tau:.2f} on the same tags "
-                       f"over {tally.requests(new)} requests (limit: {100 * self.drop:g}% lower)")
+        where = "held-out prompts of the same tags" if self.held_out else "the same tags"
+        return Verdict(worse, new_tau >= old_tau,
+                       f"v{new} {verb}: τ {new_tau:.2f} against v{reference}'s {old_tau:.2f} on {where} "
+                       f"over {count} requests (limit: {100 * self.drop:g}% lower)")
