@@ -189,6 +189,21 @@ def test_train_cli_records_run_and_checkpoint(tmp_path, learnable, regen):
     assert json.loads((out / "config.json").read_text())["block_size"] == 8
 
 
+def test_train_profile_names_the_ops_of_the_recorded_steps(tmp_path, learnable, regen):
+    base = ["--workspace", str(tmp_path / "ws"), "train", "draft", "--method", "dflash", "--target",
+            str(learnable.folder), "--data", str(regen), "--block-size", "4", "--blocks-per-seq", "2",
+            "--batch-tokens", "64", "--eval-prompts", "0"]
+    for steps, wanted, recorded in (("18", "2", 2), ("17", "4", 1)):  # the second run ends inside the window
+        folder = tmp_path / f"profile-{steps}"
+        result = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / f"d{steps}"), "--steps", steps,
+                                          "--profile", str(folder), "--profile-steps", wanted])
+        assert result.exit_code == 0, result.output
+        table = (folder / "train.top.txt").read_text()
+        assert table.startswith(f"{recorded} training steps after 16: ") and "ms a step" in table
+        assert "aten::mm" in table or "aten::addmm" in table
+        assert json.loads((folder / "train.trace.json").read_text())["traceEvents"]
+
+
 def test_torchrun_data_parallel_on_cpu(tmp_path, learnable, regen):
     """The same command under torchrun (2 processes, gloo) trains and writes one checkpoint."""
     import subprocess

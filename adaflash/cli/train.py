@@ -107,11 +107,16 @@ def common_options(func):
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out, bit for bit.")
 @click.option("--max-minutes", type=click.FloatRange(0, min_open=True), default=None,
               help="Wall-clock budget: stop, evaluate and save when it runs out.")
+@click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
+              help="Record --profile-steps training steps (after 16 that warm up) with torch.profiler into this "
+                   "folder: train.top.txt (the kernels, or on a CPU the ops, by their own time) and a Chrome trace.")
+@click.option("--profile-steps", type=click.IntRange(1), default=8, show_default=True,
+              help="Steps --profile records.")
 @click.pass_context
 def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_tokens, limit, eval_data, eval_prompts,
                 device, seed, init, epochs, steps, lr, warmup_steps, layers, block_size, blocks_per_seq, ttt_length,
                 chain_steps, length_head, draft_vocab, init_from_target, loss, alpha, kl_temperature, clip, gamma, save_every, eval_every,
-                resume, max_minutes) -> None:
+                resume, max_minutes, profile_dir, profile_steps) -> None:
     """Train a DFlash, EAGLE-3 or MTP drafter on target-generated data (single process or torchrun)."""
     from adaflash.models.drafter_io import DrafterError, frequent_tokens, refuse_foreign_folder
     from adaflash.models.loading import load_target
@@ -125,6 +130,7 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
         setup_distributed,
     )
     from adaflash.train.losses import LossConfig
+    from adaflash.train.profiling import StepProfiler
 
     rank, world = rank_world()
     try:
@@ -167,7 +173,11 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
                 if log:
                     log.log_metrics(run_id, stats, step=step, job="train")
 
-            final = trainer.run(sequences, eval_prompts=prompts, on_step=on_step)
+            profiler = StepProfiler(Path(profile_dir), steps=profile_steps, on_cuda=tgt.device.type == "cuda") \
+                if profile_dir and rank == 0 else None
+            final = trainer.run(sequences, eval_prompts=prompts, on_step=on_step, profiler=profiler)
+            if profiler and profiler.table:
+                click.echo(f"profile of {profiler.recorded} steps: {profiler.table}", err=True)
     except KeyboardInterrupt:
         if rank == 0 and trainer.state.step:
             trainer.save()  # stopping keeps the work: `--resume` continues from here

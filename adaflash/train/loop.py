@@ -29,6 +29,7 @@ from adaflash.train.dflash import dflash_loss
 from adaflash.train.evaluate import eval_tau
 from adaflash.train.features import FeatureMemo, FeatureSource
 from adaflash.train.losses import LossConfig
+from adaflash.train.profiling import StepProfiler
 
 STATE_FILE = "trainer_state.pt"
 
@@ -281,7 +282,8 @@ class Trainer:
 
     # -- the offline loop ------------------------------------------------------------------------------
     def run(self, sequences: list[Sequence], *, eval_prompts: list[str] | None = None,
-            on_step: Callable[[int, int, dict[str, float]], None] = lambda *_: None) -> dict[str, float]:
+            on_step: Callable[[int, int, dict[str, float]], None] = lambda *_: None,
+            profiler: StepProfiler | None = None) -> dict[str, float]:
         cfg = self.cfg
         rank, world = rank_world()
         if cfg.resume:
@@ -308,7 +310,11 @@ class Trainer:
             while self.state.batch_index < len(mine) and self.state.step < total and not out_of_time():
                 group = [sequences[i] for i in mine[self.state.batch_index]]
                 self.state.batch_index += 1
+                if profiler:
+                    profiler.before_step()
                 last = self.step_on(group, lr_at(self.state.step, total, cfg)) or {}
+                if profiler:
+                    profiler.after_step()
                 last["tokens_per_s"] = (self.state.tokens - tokens_at_start) / max(time.perf_counter() - started, 1e-9)
                 # past its budget the memo stops storing and each batch pays a target pass again: the
                 # throughput drops, and this says why
@@ -323,6 +329,8 @@ class Trainer:
             if self.state.batch_index >= len(mine):
                 self.state.epoch += 1
                 self.state.batch_index = 0
+        if profiler:
+            profiler.finish()
         if rank == 0 and eval_prompts:
             last.update(self.evaluate(eval_prompts))
             self.save({"eval_tau": last.get("eval_tau")})
