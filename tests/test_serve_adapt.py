@@ -71,18 +71,22 @@ def test_held_out_prompts_are_a_stable_share_chosen_by_their_tokens():
 
 
 def test_the_shift_summary_finds_changed_answers_and_splits_latency_at_swaps():
-    def sample(prompt, start, end, digest, holdout=True, phase="code"):
-        return Sample(phase, holdout, prompt, start, end, tokens=20, verify=10, version=1, digest=digest)
+    def sample(prompt, start, end, digest, holdout=True, phase="code", tokens=20):
+        return Sample(phase, holdout, prompt, start, end, tokens=tokens, verify=10, version=1, digest=digest)
 
-    result = ShiftResult(samples=[sample("a", 0, 1, "x"), sample("a", 5, 6, "x"), sample("b", 0, 1, "y"),
-                                  sample("b", 5, 6, "z"), sample("t", 2, 4, "w", holdout=False)],
+    result = ShiftResult(samples=[sample("a", 0, 1, "x"), sample("a", 5, 6, "x", tokens=30), sample("b", 0, 1, "y"),
+                                  sample("b", 5, 6, "z", tokens=30), sample("t", 2, 4, "w", holdout=False),
+                                  sample("a", 9, 9.5, "x", tokens=25), sample("b", 9, 9.5, "z", tokens=25)],
                          switches=[(0.0, "code")], swaps=[(0.0, 0), (3.0, 1)])
     summary = summarize(result)
     assert summary["holdout_answers_changed"] == ["code/b"] and summary["swaps"] == 1
     latency = summary["latency"]
-    assert [latency[k]["requests"] for k in ("before_swaps", "during_swap", "after_swaps")] == [2, 1, 2]
-    assert summary["phases"]["code"]["tau"] == pytest.approx(2.0)
-    assert summary["phases"]["code"]["holdout_rounds"] == 2
+    assert [latency[k]["requests"] for k in ("before_swaps", "during_swap", "after_swaps")] == [2, 1, 4]
+    code = summary["phases"]["code"]
+    assert code["tau"] == pytest.approx(2.0) and code["holdout_rounds"] == 3
+    assert (code["holdout_tau_first"], code["holdout_tau_best"], code["holdout_tau_last"]) == \
+        pytest.approx((2.0, 3.0, 2.5))
+    assert code["holdout_best_after_s"] == pytest.approx(5.0) and code["holdout_tau_last_quarter"] == pytest.approx(2.5)
 
 
 def test_adapt_and_tag_are_request_fields_checked_by_name():

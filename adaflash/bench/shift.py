@@ -167,7 +167,8 @@ def probe_rounds(samples: list[Sample], phase: str) -> list[tuple[float, float |
 
 
 def summarize(result: ShiftResult) -> dict[str, Any]:
-    """Per phase: τ of the traffic and of the held-out rounds, first and last; latency percentiles of the
+    """Per phase: τ of the traffic and of the held-out rounds (first, last, best and when, mean of the last
+    quarter of rounds: one round is only a few prompts); latency percentiles of the
     requests that ended before the first swap, of those in flight during a swap, and of the others after
     it; and whether every held-out answer stayed the same."""
     swaps = [t for t, _ in result.swaps[1:]]  # the first poll is the starting version, not a swap
@@ -177,14 +178,18 @@ def summarize(result: ShiftResult) -> dict[str, Any]:
         return any(s.start <= t <= s.end for t in swaps)
 
     phases = {}
-    for _, name in result.switches:
+    for began, name in result.switches:
         traffic = [s for s in ok if s.phase == name and not s.holdout]
-        rounds = probe_rounds(ok, name)
+        rounds = [(t, value) for t, value in probe_rounds(ok, name) if value is not None]
         tenth = max(len(traffic) // 10, 1)
+        best = max(rounds, key=lambda r: r[1], default=None)
+        quarter = [value for _, value in rounds[-max(len(rounds) // 4, 1):]]
         phases[name] = {
             "requests": len(traffic), "tau": tau(traffic), "tau_first_tenth": tau(traffic[:tenth]),
             "tau_last_tenth": tau(traffic[-tenth:]),
             "holdout_tau_first": rounds[0][1] if rounds else None, "holdout_tau_last": rounds[-1][1] if rounds else None,
+            "holdout_tau_best": best[1] if best else None, "holdout_best_after_s": best[0] - began if best else None,
+            "holdout_tau_last_quarter": sum(quarter) / len(quarter) if quarter else None,
             "holdout_rounds": len(rounds),
         }
     first = swaps[0] if swaps else float("inf")

@@ -186,7 +186,8 @@ def _print(summary: dict[str, Any], picture: Path, as_json: bool) -> None:
     for name, p in summary["phases"].items():
         click.echo(f"{name}: {p['requests']} requests, τ {f(p['tau_first_tenth'])} → {f(p['tau_last_tenth'])} "
                    f"(first and last tenth); held-out τ {f(p['holdout_tau_first'])} → {f(p['holdout_tau_last'])} "
-                   f"over {p['holdout_rounds']} rounds")
+                   f"over {p['holdout_rounds']} rounds (best {f(p['holdout_tau_best'])} after "
+                   f"{f(p['holdout_best_after_s'])} s; last quarter of rounds {f(p['holdout_tau_last_quarter'])})")
     for label, lat in summary["latency"].items():
         ms = {k: None if lat[k] is None else lat[k] * 1000 for k in ("p50", "p99")}
         click.echo(f"latency {label.replace('_', ' ')}: {lat['requests']} requests, p50 {f(ms['p50'])} ms, "
