@@ -108,15 +108,18 @@ def common_options(func):
 @click.option("--max-minutes", type=click.FloatRange(0, min_open=True), default=None,
               help="Wall-clock budget: stop, evaluate and save when it runs out.")
 @click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
-              help="Record --profile-steps training steps (after 16 that warm up) with torch.profiler into this "
+              help="Record --profile-steps training steps (after --profile-after) with torch.profiler into this "
                    "folder: train.top.txt (the kernels, or on a CPU the ops, by their own time) and a Chrome trace.")
 @click.option("--profile-steps", type=click.IntRange(1), default=8, show_default=True,
               help="Steps --profile records.")
+@click.option("--profile-after", type=click.IntRange(0), default=16, show_default=True,
+              help="Steps of this run before --profile records: past the first epoch, the target's features come "
+                   "from the memo and a step is the drafter's alone.")
 @click.pass_context
 def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_tokens, limit, eval_data, eval_prompts,
                 device, seed, init, epochs, steps, lr, warmup_steps, layers, block_size, blocks_per_seq, ttt_length,
                 chain_steps, length_head, draft_vocab, init_from_target, loss, alpha, kl_temperature, clip, gamma, save_every, eval_every,
-                resume, max_minutes, profile_dir, profile_steps) -> None:
+                resume, max_minutes, profile_dir, profile_steps, profile_after) -> None:
     """Train a DFlash, EAGLE-3 or MTP drafter on target-generated data (single process or torchrun)."""
     from adaflash.models.drafter_io import DrafterError, frequent_tokens, refuse_foreign_folder
     from adaflash.models.loading import load_target
@@ -173,8 +176,8 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
                 if log:
                     log.log_metrics(run_id, stats, step=step, job="train")
 
-            profiler = StepProfiler(Path(profile_dir), steps=profile_steps, on_cuda=tgt.device.type == "cuda") \
-                if profile_dir and rank == 0 else None
+            profiler = StepProfiler(Path(profile_dir), steps=profile_steps, start=profile_after,
+                                    on_cuda=tgt.device.type == "cuda") if profile_dir and rank == 0 else None
             final = trainer.run(sequences, eval_prompts=prompts, on_step=on_step, profiler=profiler)
             if profiler and profiler.table:
                 click.echo(f"profile of {profiler.recorded} steps: {profiler.table}", err=True)
