@@ -177,7 +177,7 @@ def _bench_shift(tmp_path, url: str) -> None:
     data.write_text("".join(json.dumps({"prompt": f"{text} ({domain})", "domain": domain}) + "\n"
                             for domain in ("chat", "code") for text in PROMPTS[:5]))
     result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "bench", "shift", "--base-url", url,
-                                      "--phase", f"chat={data}:chat", "--phase", f"code={data}:code", "--seconds", "2,3",
+                                      "--phase", f"chat={data}:chat", "--phase", f"code={data}:code", "--seconds", "1,2",
                                       "--holdout", "2", "--probe-every", "1", "--no-chat", "--max-new-tokens", "8",
                                       "--concurrency", "2", "--json"])
     assert result.exit_code == 0, result.output
@@ -187,7 +187,7 @@ def _bench_shift(tmp_path, url: str) -> None:
     picture = Path(summary["plot"])
     assert picture.suffix == ".svg" and "code" in picture.read_text()
     (_, chat), (switch, code) = json.loads((picture.parent / "shift.json").read_text())["switches"]
-    assert (chat, code) == ("chat", "code") and switch >= 2  # each phase its own length
+    assert (chat, code) == ("chat", "code") and switch >= 1  # each phase its own length
     log = RunLog.open(tmp_path / "ws")
     run = log.list_runs(kind="bench")[0]
     names = {row["name"] for row in log.metrics_since(0, run_id=run["id"])}
