@@ -35,7 +35,9 @@ def test_every_domain_has_held_out_prompts_and_the_corpus_covers_math_code_and_c
         assert suite["train"][domain] > 100
     train = rows(suite["files"]["train"])
     later = [r for r in train if r["domain"] == "chat-later"]
-    assert train[-len(later):] == later  # last: the rows before them do not depend on them
+    added = [r["domain"] == "chat-later" or r["id"].startswith("pkg-") for r in train]
+    assert not any(added[:added.index(True)]) and all(added[added.index(True):])  # last: the rows before
+    # them do not depend on them
     for r in later:  # the conversation so far, ShareGPT's own answers between the user's turns
         roles = [t["role"] for t in r["conversations"]]
         assert len(roles) >= 5 and roles == ["user", "assistant"] * (len(roles) // 2) + ["user"], r["id"]
@@ -69,6 +71,18 @@ def test_stdlib_code_prompts_are_function_signatures_with_docstrings():
     assert len(found) > 1000 and len({r["id"] for r in found}) == len(found)
     text = found[0]["conversations"][0]["content"]
     assert "```python\ndef " in text and '"""' in text
+
+
+def test_installed_packages_add_code_prompts_each_once(suite):
+    train = rows(suite["files"]["train"])
+    code = [r for r in train if r["domain"] == "code"]
+    from_packages = [r for r in code if r["id"].startswith("pkg-")]
+    assert len(from_packages) > 1000 and {"click", "rich", "textual"} <= set(suite["code_packages"])
+    assert {r["id"].split(".")[0] for r in from_packages} >= {"pkg-click", "pkg-rich", "pkg-textual"}
+    keys = [prompt_key(r["conversations"][0]["content"]) for r in from_packages]
+    assert len(keys) == len(set(keys))  # a function copied from one module to another is asked once
+    assert not set(keys) & {prompt_key(r["conversations"][0]["content"]) for r in code if r["id"].startswith("stdlib-")}
+    assert all("```python\ndef " in r["conversations"][0]["content"] for r in from_packages)
 
 
 def test_suite_refuses_options_that_do_not_apply(tmp_path):

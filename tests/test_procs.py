@@ -82,11 +82,14 @@ def test_a_stop_asked_another_way_gets_the_grace_then_a_kill(tmp_path: Path) -> 
 def test_a_forwarded_signal_and_how_the_child_ended(tmp_path: Path) -> None:
     """The statuses every place records: exit 0 finished, a signal we sent stopped (or finished when the
     caller counts it as a clean end), any other exit failed."""
-    group = procs.spawn([PY, "-c", "import time; print('up', flush=True); time.sleep(60)"], log=tmp_path / "s.log")
+    # Python keeps SIGINT ignored when it starts ignored (a background job's children): take it back
+    child = ("import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "print('up', flush=True); time.sleep(60)")
+    group = procs.spawn([PY, "-c", child], log=tmp_path / "s.log")
     started(group, tmp_path / "s.log")
     assert group.ended_as() is None
     group.ask_stop(signal.SIGINT)
-    group.wait(timeout=10)
+    group.wait(timeout=30)
     assert group.ended_as() == "stopped" and group.ended_as(clean=(0, -signal.SIGINT)) == "finished"
     for code, status in ((0, "finished"), (3, "failed")):
         done = procs.spawn([PY, "-c", f"raise SystemExit({code})"])

