@@ -88,3 +88,12 @@ def test_installed_packages_add_code_prompts_each_once(suite):
 def test_suite_refuses_options_that_do_not_apply(tmp_path):
     result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "data", "prepare", "suite", "--limit", "3"])
     assert result.exit_code != 0 and "suite takes only --out" in result.output
+
+
+def test_the_printed_summary_names_every_training_domain_and_the_code_sources(suite, capsys):
+    from adaflash.cli.data import print_suite_summary
+
+    print_suite_summary(suite)
+    out = capsys.readouterr().out
+    assert "chat-later  test      0  train" in out and "code prompts from: the standard library (Python " in out
+    assert "click " in out and "(BSD-3-Clause)" in out

@@ -128,11 +128,18 @@ def _prepare_suite(ctx: click.Context, out: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
+    print_suite_summary(summary)
+
+
+def print_suite_summary(summary: dict[str, Any]) -> None:
+    run_id = summary["run_id"]
     click.echo(f"suite: {sum(summary['test'].values())} held-out prompts, {sum(summary['train'].values())} "
                f"training prompts (none equal to a held-out one; {summary['dropped_overlap']} dropped)")
-    for domain in summary["test"]:
-        click.echo(f"  {domain:11} test {summary['test'][domain]:>6}  train {summary['train'].get(domain, 0):>6}  "
-                   f"{summary['sources'][domain]}")
+    for domain in [*summary["test"], *(d for d in summary["train"] if d not in summary["test"])]:
+        click.echo(f"  {domain:11} test {summary['test'].get(domain, 0):>6}  train {summary['train'].get(domain, 0):>6}  "
+                   f"{summary['sources'].get(domain, '')}")
+    packages = ", ".join(f"{name} {p['version']} ({p['licence']})" for name, p in summary["code_packages"].items())
+    click.echo(f"  code prompts from: the standard library (Python {summary['python']}), {packages or 'no package'}")
     for split, path in summary["files"].items():
         click.echo(f"  {split:5} {path}")
     click.secho(f"  run {run_id}", fg="bright_black")

@@ -102,14 +102,15 @@ def package_code_rows(packages: dict[str, str] = CODE_PACKAGES) -> Iterator[Row]
         yield from _rows(_package_files(package), "pkg")
 
 
-def installed_versions(packages: dict[str, str] = CODE_PACKAGES) -> dict[str, str]:
-    """package -> installed version, for the packages found."""
-    versions = {}
-    for package in packages:
+def installed_versions(packages: dict[str, str] = CODE_PACKAGES) -> dict[str, dict[str, str]]:
+    """package -> its installed version and licence, for the packages found."""
+    found = {}
+    for package, licence in packages.items():
         if importlib.util.find_spec(package) is None:
             continue
         try:
-            versions[package] = importlib.metadata.version(package.replace("_", "-"))
+            version = importlib.metadata.version(package.replace("_", "-"))
         except importlib.metadata.PackageNotFoundError:
-            versions[package] = "unknown"
-    return versions
+            version = "unknown"
+        found[package] = {"version": version, "licence": licence}
+    return found
