@@ -155,7 +155,8 @@ def test_train_cli_records_run_and_checkpoint(tmp_path, learnable, regen):
     out = tmp_path / "draft"
     result = CliRunner().invoke(cli, ["--workspace", str(ws), "train", "draft", "--method", "dflash", "--target",
                                       str(tiny_llama), "--data", str(regen), "--out", str(out), "--steps", "3",
-                                      "--block-size", "8", "--blocks-per-seq", "4", "--eval-prompts", "2"])
+                                      "--block-size", "8", "--blocks-per-seq", "4", "--eval-prompts", "2",
+                                      "--feature-memo-gb", "2.5"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
     assert summary["steps"] == 3 and summary["eval_tau_after"] >= 1.0
@@ -164,6 +165,7 @@ def test_train_cli_records_run_and_checkpoint(tmp_path, learnable, regen):
 
     log = RunLog.open(ws)
     run = log.list_runs(kind="train")[0]
+    assert run["config"]["memo_gb"] == "2.5"
     names = {m["name"] for m in log.metrics_since(0, run_id=run["id"])}
     assert {"loss", "lr", "tokens_per_s", "eval_tau", "feature_memo_gb"} <= names
     memo = [m["value"] for m in log.metrics_since(0, run_id=run["id"]) if m["name"] == "feature_memo_gb"]
@@ -257,6 +259,16 @@ def test_memo_greedy_tokens_give_the_length_head_the_same_labels_as_teacher_logi
     assert stats[0] == pytest.approx(stats[1], rel=1e-5) and stats[0] == pytest.approx(stats[2], rel=1e-5)
     assert len(memo.greedy_ids) == len(sequences)  # kept: later epochs run no lm_head for them
     assert not full.store and full.batch_greedy is not None  # over budget: the batch's pass, nothing kept
+
+
+def test_a_memo_budget_of_zero_keeps_only_the_first_batch(tmp_path, learnable, regen):
+    sequences = load_sequences(regen, learnable, 256)
+    trainer = Trainer(_cfg(tmp_path, steps=3, batch_tokens=200, memo_gb=0.0), learnable)
+    trainer.run(sequences)
+    assert trainer.memo.budget == 0.0 and 0 < len(trainer.memo.store) < len(sequences)
+    default = Trainer(_cfg(tmp_path / "b", steps=3, batch_tokens=200), learnable)
+    default.run(sequences)
+    assert default.memo.budget == 4e9 and len(default.memo.store) > len(trainer.memo.store)
 
 
 def test_memo_in_bf16_changes_no_bit_of_a_dflash_loss_under_autocast(learnable, regen):

@@ -107,6 +107,10 @@ def common_options(func):
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out, bit for bit.")
 @click.option("--max-minutes", type=click.FloatRange(0, min_open=True), default=None,
               help="Wall-clock budget: stop, evaluate and save when it runs out.")
+@click.option("--feature-memo-gb", type=click.FloatRange(0), default=None,
+              help="Target features kept between epochs, in GB (each later epoch then runs no target pass for "
+                   "them) [default: a third of a GPU's free memory, 4 on a CPU]. A corpus larger than it pays a "
+                   "target pass for the rest in every epoch: tokens_per_s drops, feature_memo_gb says how full.")
 @click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
               help="Record --profile-steps training steps (after --profile-after) with torch.profiler into this "
                    "folder: train.top.txt (the kernels, or on a CPU the ops, by their own time) and a Chrome trace.")
@@ -119,7 +123,7 @@ def common_options(func):
 def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_tokens, limit, eval_data, eval_prompts,
                 device, seed, init, epochs, steps, lr, warmup_steps, layers, block_size, blocks_per_seq, ttt_length,
                 chain_steps, length_head, draft_vocab, init_from_target, loss, alpha, kl_temperature, clip, gamma, save_every, eval_every,
-                resume, max_minutes, profile_dir, profile_steps, profile_after) -> None:
+                resume, max_minutes, feature_memo_gb, profile_dir, profile_steps, profile_after) -> None:
     """Train a DFlash, EAGLE-3 or MTP drafter on target-generated data (single process or torchrun)."""
     from adaflash.models.drafter_io import DrafterError, frequent_tokens, refuse_foreign_folder
     from adaflash.models.loading import load_target
@@ -146,7 +150,8 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
         cfg = TrainConfig(method=method, out=out, init=init, epochs=epochs, steps=steps, lr=lr, warmup_steps=warmup_steps,
                           batch_tokens=batch_tokens, blocks_per_seq=blocks_per_seq, ttt_length=ttt_length, layers=layers,
                           block_size=block_size, steps_chain=chain_steps, length_head=length_head, init_from_target=init_from_target, save_every=save_every,
-                          eval_every=eval_every, seed=seed, resume=resume, max_minutes=max_minutes, loss=loss_cfg)
+                          eval_every=eval_every, seed=seed, resume=resume, max_minutes=max_minutes,
+                          memo_gb=feature_memo_gb, loss=loss_cfg)
         if init and init_from_target:
             raise ValueError("--init-from-target starts a new drafter from the target; --init continues an existing one")
         vocab = None

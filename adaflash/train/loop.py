@@ -62,6 +62,7 @@ class TrainConfig:
     seed: int = 0
     resume: bool = False
     max_minutes: float | None = None  # wall-clock budget: stop, evaluate and save when it runs out
+    memo_gb: float | None = None  # target features kept between epochs; None: a third of a GPU's free memory, 4 GB on a CPU
     loss: LossConfig = field(default_factory=LossConfig)
 
 
@@ -289,6 +290,7 @@ class Trainer:
         if cfg.resume:
             self.restore(cfg.out)
         self.memo = FeatureMemo(self.target.model, self.drafter.target_layer_ids,
+                                budget_bytes=None if cfg.memo_gb is None else cfg.memo_gb * 1e9,
                                 keep_greedy=cfg.length_head and cfg.loss.kind == "ce",
                                 store_dtype=torch.bfloat16 if self.mixed else None)
         per_epoch = [b for i, b in enumerate(batches(epoch_order(len(sequences), cfg.seed, 0), sequences,
