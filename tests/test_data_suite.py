@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from adaflash.cli.main import cli
-from adaflash.data.suite import DOMAINS, MAX_PROMPT_CHARS, check_disjoint, prompt_key, stdlib_code_rows
+from adaflash.data.suite import DOMAINS, MAX_PROMPT_CHARS, check_disjoint, prompt_key
 
 # The module-scoped fixtures below are built once: keep this module's tests on one xdist worker.
 pytestmark = pytest.mark.xdist_group("test_data_suite")
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.xdist_group("test_data_suite")
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory) -> dict:
     ws = tmp_path_factory.mktemp("suite-ws")
-    result = CliRunner().invoke(cli, ["--workspace", str(ws), "data", "prepare", "suite", "--json"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(cli, ["--workspace", str(ws), "data", "prepare", "suite", "--json",
+                                      "--code-packages", "click,rich,textual"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -66,8 +66,8 @@ def test_the_disjointness_check_finds_a_planted_overlap(suite, tmp_path):
     assert check_disjoint(suite["files"]["test"], planted) == ["planted"]
 
 
-def test_stdlib_code_prompts_are_function_signatures_with_docstrings():
-    found = list(stdlib_code_rows())
+def test_stdlib_code_prompts_are_function_signatures_with_docstrings(suite):
+    found = [r for r in rows(suite["files"]["train"]) if r["id"].startswith("stdlib-")]
     assert len(found) > 1000 and len({r["id"] for r in found}) == len(found)
     text = found[0]["conversations"][0]["content"]
     assert "```python\ndef " in text and '"""' in text
@@ -77,7 +77,8 @@ def test_installed_packages_add_code_prompts_each_once(suite):
     train = rows(suite["files"]["train"])
     code = [r for r in train if r["domain"] == "code"]
     from_packages = [r for r in code if r["id"].startswith("pkg-")]
-    assert len(from_packages) > 1000 and {"click", "rich", "textual"} <= set(suite["code_packages"])
+    assert len(from_packages) > 1000 and set(suite["code_packages"]) == {"click", "rich", "textual"}
+    assert suite["code_packages"]["textual"]["licence"] == "MIT"
     assert {r["id"].split(".")[0] for r in from_packages} >= {"pkg-click", "pkg-rich", "pkg-textual"}
     keys = [prompt_key(r["conversations"][0]["content"]) for r in from_packages]
     assert len(keys) == len(set(keys))  # a function copied from one module to another is asked once
@@ -88,6 +89,11 @@ def test_installed_packages_add_code_prompts_each_once(suite):
 def test_suite_refuses_options_that_do_not_apply(tmp_path):
     result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "data", "prepare", "suite", "--limit", "3"])
     assert result.exit_code != 0 and "suite takes only --out" in result.output
+    for args, said in ((["suite", "--code-packages", "no_such_package"], "no_such_package is not installed"),
+                       (["suite", "--code-packages", ","], "expected package names"),
+                       (["gsm8k", "--code-packages", "click"], "--code-packages applies to the suite")):
+        result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "data", "prepare", *args])
+        assert result.exit_code == 2 and said in result.output, result.output
 
 
 def test_the_printed_summary_names_every_training_domain_and_the_code_sources(suite, capsys):

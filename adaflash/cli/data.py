@@ -66,11 +66,14 @@ def list_datasets(as_json: bool) -> None:
 @click.option("--column-map", default=None, metavar="KEY=COL,...",
               help="Columns of a file or hub dataset: prompt=, answer=, id=, reference=, system=, conversations=.")
 @click.option("--hub-config", default=None, help="Config (subset) of a hub dataset.")
+@click.option("--code-packages", default=None, metavar="NAME,...|none",
+              help="suite: installed packages whose documented functions become code prompts [default: "
+                   "adaflash's own dependencies (data/code_prompts.py), those installed].")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
 def prepare(ctx: click.Context, dataset: str, source: str | None, out_dir: str | None, name: str | None,
             split_seed: int, test_fraction: float | None, limit: int | None, column_map: str | None,
-            hub_config: str | None, as_json: bool) -> None:
+            hub_config: str | None, code_packages: str | None, as_json: bool) -> None:
     """Write DATASET as normalized rows to <out>/<name>_train.jsonl and <out>/<name>_test.jsonl.
 
     DATASET is gsm8k, humaneval, mt-bench, sharegpt, a local .jsonl/.json/.parquet file (or a
@@ -82,9 +85,13 @@ def prepare(ctx: click.Context, dataset: str, source: str | None, out_dir: str |
     """
     if dataset.lower() == "suite":
         if source or name or column_map or hub_config or test_fraction is not None or limit is not None:
-            fail("suite takes only --out (its sources and splits are fixed: see `adaflash data prepare --help`)")
-        _prepare_suite(ctx, Path(out_dir).expanduser() if out_dir else Path(workspace_of(ctx)) / "data", as_json)
+            fail("suite takes only --out and --code-packages (its sources and splits are fixed: see "
+                 "`adaflash data prepare --help`)")
+        _prepare_suite(ctx, Path(out_dir).expanduser() if out_dir else Path(workspace_of(ctx)) / "data",
+                       code_packages, as_json)
         return
+    if code_packages is not None:
+        fail("--code-packages applies to the suite")
     try:
         mapping = parse_column_map(column_map)
     except ValueError as err:
@@ -112,14 +119,19 @@ def prepare(ctx: click.Context, dataset: str, source: str | None, out_dir: str |
     _print_summary(summary)
 
 
-def _prepare_suite(ctx: click.Context, out: Path, as_json: bool) -> None:
+def _prepare_suite(ctx: click.Context, out: Path, code_packages: str | None, as_json: bool) -> None:
+    from adaflash.data.code_prompts import CODE_PACKAGES, chosen_packages
     from adaflash.data.suite import build_suite
 
+    try:
+        packages = CODE_PACKAGES if code_packages is None else chosen_packages(code_packages)
+    except ValueError as err:
+        fail(f"--code-packages: {err}")
     log = runlog_of(ctx)
     run_id = log.create_run("data", name="prepare suite", dataset="suite", run_dir=str(out),
                             config={"command": "prepare", "dataset": "suite"})
     with run_guard(log, run_id, (DatasetError, OSError)):
-        summary = build_suite(out)
+        summary = build_suite(out, packages=packages)
     summary["run_id"] = run_id
     log.log_metrics(run_id, {f"test_{d}": n for d, n in summary["test"].items()}
                     | {f"train_{d}": n for d, n in summary["train"].items()})

@@ -102,6 +102,29 @@ def package_code_rows(packages: dict[str, str] = CODE_PACKAGES) -> Iterator[Row]
         yield from _rows(_package_files(package), "pkg")
 
 
+def chosen_packages(names: str) -> dict[str, str]:
+    """`--code-packages`: "a,b" -> {package: licence} (every one installed), "none" -> {}."""
+    if names.strip().lower() == "none":
+        return {}
+    chosen = {}
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        if importlib.util.find_spec(name) is None:
+            raise ValueError(f"{name} is not installed (names are import names: sqlite_utils, not sqlite-utils)")
+        chosen[name] = CODE_PACKAGES.get(name) or _licence(name)
+    if not chosen:
+        raise ValueError(f"expected package names separated by commas, or none; got {names!r}")
+    return chosen
+
+
+def _licence(package: str) -> str:
+    try:
+        meta = importlib.metadata.metadata(package.replace("_", "-"))
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+    value = meta.get("License-Expression") or meta.get("License") or ""
+    return (value.strip().splitlines() or ["unknown"])[0][:60]  # some packages put the whole licence text here
+
+
 def installed_versions(packages: dict[str, str] = CODE_PACKAGES) -> dict[str, dict[str, str]]:
     """package -> its installed version and licence, for the packages found."""
     found = {}

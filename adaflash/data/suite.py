@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from adaflash.data.builtin_datasets import builtin_source
-from adaflash.data.code_prompts import installed_versions, package_code_rows, stdlib_code_rows
+from adaflash.data.code_prompts import CODE_PACKAGES, installed_versions, package_code_rows, stdlib_code_rows
 from adaflash.data.conversations import Row
 from adaflash.data.errors import DatasetError, RowError
 from adaflash.data.io import atomic_jsonl
@@ -161,7 +161,7 @@ def _sharegpt(stats: PrepareStats) -> Iterator[tuple[str, Row]]:
 # -- the two files -----------------------------------------------------------------------------------
 
 
-def build_suite(out_dir: str | Path, *, stdlib: bool = True, packages: bool = True,
+def build_suite(out_dir: str | Path, *, stdlib: bool = True, packages: dict[str, str] = CODE_PACKAGES,
                 python_version: str | None = None) -> dict[str, Any]:
     """Write `suite_test.jsonl` and `suite_train.jsonl` atomically; returns the summary."""
     out = Path(out_dir).expanduser()
@@ -175,7 +175,7 @@ def build_suite(out_dir: str | Path, *, stdlib: bool = True, packages: bool = Tr
     if stdlib:
         train_rows += stdlib_code_rows()
     if packages:
-        more_rows += _new_prompts(package_code_rows(), train_rows)
+        more_rows += _new_prompts(package_code_rows(packages), train_rows)
     held_out = {prompt_key(text) for row in test_rows for text in _user_texts(row)}
     random.Random(0).shuffle(train_rows)  # any prefix (`--num-samples`, a spent time budget) mixes every domain
     # The rest follows, shuffled among itself: the rows before it (and what a recipe takes with
@@ -203,7 +203,7 @@ def build_suite(out_dir: str | Path, *, stdlib: bool = True, packages: bool = Tr
         "dataset": "suite", "files": {k: str(v) for k, v in paths.items()},
         "test": dict(stats.test), "train": dict(stats.train), "dropped_overlap": stats.dropped_overlap,
         "sources": SOURCES, "python": python_version or sys.version.split()[0],
-        "code_packages": installed_versions() if packages else {},
+        "code_packages": installed_versions(packages),
     }
 
 
