@@ -375,6 +375,13 @@ def test_versions_are_judged_against_the_best_accepted_one_so_small_drops_cannot
     adapter._flush()
     assert SwapBuffer(tmp_path / "swap").count() == 12  # the held-out requests were never recorded
     assert adapter.info()["versions"][0]["held_out"]["requests"] == 4
+    adapter._log_metrics()  # the run log's tau rows: all requests since the last row, and the held-out ones
+    for train, tokens in ((False, 30), (True, 10)):
+        adapter.record("r", [1, 2], [3, 4], "x", {"drafter_version": 0, "completion_tokens": tokens,
+                                                  "spec_verify_ct": 10}, tag="code", train=train)
+    adapter._log_metrics()
+    logged = {row["name"]: row["value"] for row in adapter.log.metrics_since(0, run_id=adapter.run_id)}
+    assert logged["tau_held_out"] == pytest.approx(3.0) and logged["tau"] == pytest.approx(2.0)
 
 
 def test_recording_pauses_at_the_disk_cap_and_serving_goes_on(tmp_path, tiny_target):

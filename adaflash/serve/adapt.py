@@ -102,6 +102,7 @@ class Adapter:
         self.metrics_after = 0
         self.logged_requests: dict[int, int] = {}
         self.window = [0, 0]  # tokens, verify steps of requests finished since the last run-log row
+        self.held_out_window = [0, 0]  # the same, of those on held-out prompts
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="adaflash-adapt", daemon=True)
         self.run_on_engine: Callable[[Callable[[Engine], Any]], Future] | None = None
@@ -155,6 +156,9 @@ class Adapter:
             self.tally.add(version, tag, tokens, verify, held_out=held_out)
             self.window[0] += tokens
             self.window[1] += verify
+            if held_out:
+                self.held_out_window[0] += tokens
+                self.held_out_window[1] += verify
             if not keep:
                 return
             if self.capped:
@@ -279,7 +283,8 @@ class Adapter:
         version = self.engine.drafter_version or 0
         with self.lock:
             tokens, verify = self.window
-            self.window = [0, 0]
+            held_tokens, held_verify = self.held_out_window
+            self.window, self.held_out_window = [0, 0], [0, 0]
             served = {v: (self.tally.requests(v), self.tally.tau(v)) for v in self.tally.served}
             tags = {tag: s.recent_tau for tag, s in self.tally.served.get(version, {}).items() if tag}
         for row in self.log.metrics_since(self.metrics_after, run_id=self.run_id,
@@ -290,7 +295,8 @@ class Adapter:
         if not verify:  # nothing finished since the last row
             return
         consumed = int((self.store.pointer() or {}).get("consumed", 0))
-        values = {"tau": tokens / verify, "drafter_version": version, "recorded": self.recorded,
+        values = {"tau": tokens / verify, "tau_held_out": held_tokens / held_verify if held_verify else None,
+                  "drafter_version": version, "recorded": self.recorded,
                   "buffer_depth": max(self.recorded - consumed, 0), "swap_dir_bytes": self.disk_bytes,
                   **{f"tau@{tag}": tau for tag, tau in tags.items()}}
         self.log.log_metrics(self.run_id, values, step=self.recorded, version=version, job="server")
