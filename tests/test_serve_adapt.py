@@ -381,7 +381,7 @@ def test_versions_are_judged_against_the_best_accepted_one_so_small_drops_cannot
                                                   "spec_verify_ct": 10}, tag="code", train=train)
     adapter._log_metrics()
     logged = {row["name"]: row["value"] for row in adapter.log.metrics_since(0, run_id=adapter.run_id)}
-    assert logged["tau_held_out"] == pytest.approx(3.0) and logged["tau"] == pytest.approx(2.0)
+    assert logged["holdout_tau"] == pytest.approx(3.0) and logged["tau"] == pytest.approx(2.0)
 
 
 def test_recording_pauses_at_the_disk_cap_and_serving_goes_on(tmp_path, tiny_target):

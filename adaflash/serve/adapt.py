@@ -295,7 +295,7 @@ class Adapter:
         if not verify:  # nothing finished since the last row
             return
         consumed = int((self.store.pointer() or {}).get("consumed", 0))
-        values = {"tau": tokens / verify, "tau_held_out": held_tokens / held_verify if held_verify else None,
+        values = {"tau": tokens / verify, "holdout_tau": held_tokens / held_verify if held_verify else None,
                   "drafter_version": version, "recorded": self.recorded,
                   "buffer_depth": max(self.recorded - consumed, 0), "swap_dir_bytes": self.disk_bytes,
                   **{f"tau@{tag}": tau for tag, tau in tags.items()}}
