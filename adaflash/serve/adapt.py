@@ -2,10 +2,10 @@
 
 The on-policy pipeline with the server as its inference worker: each finished request (a sampled
 share of them, minus those that opt out and those on held-out prompts) becomes a trajectory in the
-swap dir, in the pipeline's format; the pipeline's training worker runs beside the server as a supervised subprocess
-(`adapt_trainer`) and publishes versions; this module's thread follows the published versions and
-hot-swaps each between two engine steps. Greedy answers do not change with the drafter (the engine
-is lossless), only their speed does.
+swap dir, in the pipeline's format; the pipeline's training worker runs beside the server as a
+supervised subprocess (`adapt_trainer`) and publishes versions; this module's thread follows the
+published versions and hot-swaps each between two engine steps. Greedy answers do not change with
+the drafter (the engine is lossless), only their speed does.
 
 One thread (`adaflash-adapt`) does the slow work so neither the event loop nor the engine thread
 waits on disk: it appends the recorded rows (fsync), checks the trainer, loads new versions (checksums
