@@ -103,3 +103,12 @@ def test_the_printed_summary_names_every_training_domain_and_the_code_sources(su
     out = capsys.readouterr().out
     assert "chat-later  test      0  train" in out and "code prompts from: the standard library (Python " in out
     assert "click " in out and "(BSD-3-Clause)" in out
+
+
+def test_chosen_packages_are_found_by_import_name_with_their_licence_and_version():
+    from adaflash.data.code_prompts import chosen_packages, installed_versions
+
+    chosen = chosen_packages("yaml, click")  # yaml is installed by the distribution PyYAML
+    assert set(chosen) == {"yaml", "click"} and chosen["click"] == "BSD-3-Clause" and chosen["yaml"] != "unknown"
+    versions = installed_versions(chosen)
+    assert all(v["version"] != "unknown" for v in versions.values()) and chosen_packages("none") == {}

@@ -116,9 +116,14 @@ def chosen_packages(names: str) -> dict[str, str]:
     return chosen
 
 
+def _distribution(package: str) -> str:
+    """The distribution that installs import name `package` (yaml -> PyYAML)."""
+    return (importlib.metadata.packages_distributions().get(package) or [package.replace("_", "-")])[0]
+
+
 def _licence(package: str) -> str:
     try:
-        meta = importlib.metadata.metadata(package.replace("_", "-"))
+        meta = importlib.metadata.metadata(_distribution(package))
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
     value = meta.get("License-Expression") or meta.get("License") or ""
@@ -132,7 +137,7 @@ def installed_versions(packages: dict[str, str] = CODE_PACKAGES) -> dict[str, di
         if importlib.util.find_spec(package) is None:
             continue
         try:
-            version = importlib.metadata.version(package.replace("_", "-"))
+            version = importlib.metadata.version(_distribution(package))
         except importlib.metadata.PackageNotFoundError:
             version = "unknown"
         found[package] = {"version": version, "licence": licence}
