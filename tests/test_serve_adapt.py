@@ -346,6 +346,14 @@ def test_a_worse_version_is_rolled_back_to_the_accepted_one_and_stays_aside_afte
         restarted.rollback(7)
 
 
+def _serve(adapter, version: int, tau: float) -> None:
+    """4 requests on held-out prompts ("adapt": false) and 4 trained on, all at τ `tau`."""
+    for train in (False, True):
+        for _ in range(4):
+            adapter.record("r", [1, 2], [3, 4], "x", {"drafter_version": version, "completion_tokens": int(tau * 10),
+                                                      "spec_verify_ct": 10}, tag="code", train=train)
+
+
 def test_versions_are_judged_against_the_best_accepted_one_so_small_drops_cannot_add_up(tmp_path, tiny_target):
     from adaflash.models.drafter_io import new_drafter, save_drafter
     from adaflash.pipeline.buffer import SwapBuffer
@@ -357,21 +365,15 @@ def test_versions_are_judged_against_the_best_accepted_one_so_small_drops_cannot
     adapter, engine = _adapter(tmp_path, tiny_target, draft, rollback=rule, holdout=0.0)
     store = WeightStore(tmp_path / "swap")
     start = _weights(engine)
-
-    def serve(version: int, tau: float) -> None:  # 4 held-out requests ("adapt": false), 4 trained on
-        for train in (False, True):
-            for _ in range(4):
-                adapter.record("r", [1, 2], [3, 4], "x", {"drafter_version": version, "completion_tokens": int(tau * 10),
-                                                          "spec_verify_ct": 10}, tag="code", train=train)
-
-    serve(0, 3.0)
+    _serve(adapter, 0, 3.0)
     for version, tau in ((1, 2.8), (2, 2.6)):  # each within 10% of the one before, not of v0
         store.publish(new_drafter("dflash", cfg, block_size=4, length_head=True, seed=version), {"target": "tiny"})
         adapter._follow()
-        serve(version, tau)
+        _serve(adapter, version, tau)
         adapter._judge()
     assert adapter.rollbacks and adapter.rollbacks[0]["from"] == 2 and adapter.rollbacks[0]["to"] == 0
     assert "v0's 3.00" in adapter.rollbacks[0]["why"] and engine.drafter_version == 0 and _same(_weights(engine), start)
+    assert {1, 2} <= adapter.rejected and adapter.trainer.cfg.draft == str(draft)  # the trainer starts over from v0
     adapter._flush()
     assert SwapBuffer(tmp_path / "swap").count() == 12  # the held-out requests were never recorded
     assert adapter.info()["versions"][0]["held_out"]["requests"] == 4
@@ -382,6 +384,34 @@ def test_versions_are_judged_against_the_best_accepted_one_so_small_drops_cannot
     adapter._log_metrics()
     logged = {row["name"]: row["value"] for row in adapter.log.metrics_since(0, run_id=adapter.run_id)}
     assert logged["holdout_tau"] == pytest.approx(3.0) and logged["tau"] == pytest.approx(2.0)
+
+
+def test_a_rollback_restarts_the_trainer_from_the_version_restored_where_the_traffic_was(tmp_path, tiny_target):
+    from adaflash.models.drafter_io import load_drafter, new_drafter, save_drafter
+    from adaflash.pipeline.training import _initial_trainer
+    from adaflash.pipeline.weights import WeightStore
+
+    cfg = tiny_target.model.cfg
+    draft = save_drafter(new_drafter("dflash", cfg, block_size=4, length_head=True), tmp_path / "d")
+    adapter, engine = _adapter(tmp_path, tiny_target, draft, rollback=RollbackRule(4, 0.1, held_out=True), holdout=0.0)
+    store = WeightStore(tmp_path / "swap")
+    _serve(adapter, 0, 3.0)
+    for version, tau, consumed in ((1, 3.5, 8), (2, 2.0, 16)):  # v1 better: the reference; v2 worse
+        store.publish(new_drafter("dflash", cfg, block_size=4, length_head=True, seed=version), {"target": "tiny"},
+                      pointer_extra={"consumed": consumed})
+        adapter._follow()
+        _serve(adapter, version, tau)
+        adapter._judge()
+    v1 = [t.clone() for t in load_drafter(store.folder(1), cfg).state_dict().values()]
+    assert adapter.rollbacks[-1]["to"] == 1 and engine.drafter_version == 1 and 2 in adapter.rejected
+    restarted = adapter.trainer.cfg
+    assert (restarted.restart_above, restarted.start_consumed) == (2, 16)
+    assert _same([t for t in load_drafter(restarted.draft, cfg).state_dict().values()], v1)
+    # the trainer starts from that copy of v1, reading the buffer after what v2 learned
+    trainer, _ = _initial_trainer(restarted, tiny_target, store)
+    assert trainer.state.consumed == 16 and trainer.state.step == 0
+    assert _same([t for t in trainer.drafter.state_dict().values() if t.dtype.is_floating_point][:3],
+                 [t for t in v1 if t.dtype.is_floating_point][:3])
 
 
 def test_recording_pauses_at_the_disk_cap_and_serving_goes_on(tmp_path, tiny_target):

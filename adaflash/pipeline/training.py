@@ -64,6 +64,10 @@ class TrainingConfig:
     seed: int = 0
     deadline: float | None = None  # wall clock (time.time()) at which to stop consuming and publish a final version
     lr_decay_seconds: float = 0.0  # the last seconds before the deadline anneal the rate linearly to zero
+    # A restart from `draft` after a server's rollback: versions up to `restart_above` were set aside, so the
+    # trainer resumes only from a newer one, else starts from `draft` reading the buffer at `start_consumed`.
+    restart_above: int = 0
+    start_consumed: int = 0
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> TrainingConfig:
@@ -82,11 +86,12 @@ def _rank_device(device: str | None) -> str | None:
 
 
 def _initial_trainer(cfg: TrainingConfig, target, store: WeightStore) -> tuple[Trainer, list[tuple[int, str]]]:
-    """The trainer, resumed from the newest published version that passes its checksums (else started from
-    `cfg.draft`), and the newer versions it skipped as torn, with why."""
+    """The trainer, resumed from the newest published version above `cfg.restart_above` that passes its
+    checksums (else started from `cfg.draft` at `cfg.start_consumed`), and the newer versions it skipped as
+    torn, with why."""
     tcfg = TrainConfig(method="dflash", out=str(store.root), lr=cfg.lr, warmup_steps=0, blocks_per_seq=cfg.blocks_per_seq,
                        length_head=cfg.length_head, seed=cfg.seed, loss=cfg.loss)
-    found, skipped = store.newest_valid()
+    found, skipped = store.newest_valid(newer_than=cfg.restart_above)
     folder = store.folder(found[0]) if found else None
     resume = folder is not None and (folder / STATE_FILE).is_file()
     drafter = load_drafter(folder if resume else cfg.draft, target.model.cfg)
@@ -99,6 +104,8 @@ def _initial_trainer(cfg: TrainingConfig, target, store: WeightStore) -> tuple[T
     trainer = Trainer(tcfg, target, drafter)
     if resume:
         trainer.restore(str(folder))
+    else:
+        trainer.state.consumed = cfg.start_consumed
     return trainer, skipped
 
 

@@ -25,13 +25,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from adaflash.engine.engine import Engine
 from adaflash.files import write_json_atomic
-from adaflash.models.drafter_io import DrafterError, load_drafter
+from adaflash.models.drafter_io import DrafterError, load_drafter, save_drafter
 from adaflash.models.drafters import Drafter
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.presets import PRESETS
@@ -274,10 +274,27 @@ class Adapter:
             self._swap(copy.deepcopy(drafter), old)  # the reference stays intact for the next rollback
             self._reject(new)
             self.rollbacks.append({"from": new, "to": old, "why": verdict.why, "time": time.time()})
+            self._restart_trainer_from(old, drafter)
         elif verdict.better:
             self.baseline = None  # the next swap keeps a copy of this one as the reference
         self.checking = None
         self._event(verdict.why, level="warning" if verdict.worse else "info")
+
+    def _restart_trainer_from(self, version: int, drafter: Drafter) -> None:
+        """After a rollback the trainer's own state is the one that went wrong: it starts again from the
+        version restored, reading the traffic where it was (what the set-aside versions learned is not
+        learned again, and nothing is lost). Every version it published since is set aside first."""
+        self.trainer.halt()  # first: it must not publish again while the versions are set aside
+        latest = self.store.latest_version()
+        self._reject(*(v for v in range(version + 1, latest + 1) if v not in self.rejected))
+        draft = self.draft
+        if version:
+            draft = str(Path(self.cfg.swap_dir) / f"reference-v{version}")
+            if not Path(draft).is_dir():
+                save_drafter(drafter, draft, {"version": version})
+        consumed = int((self.store.pointer() or {}).get("consumed", 0))
+        self.trainer.restart(replace(self.trainer.cfg, draft=draft, restart_above=latest, start_consumed=consumed))
+        self._event(f"trainer restarted from v{version} at sample {consumed}; versions above v{version} set aside")
 
     def _log_metrics(self) -> None:
         version = self.engine.drafter_version or 0

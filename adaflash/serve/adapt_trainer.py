@@ -78,6 +78,24 @@ class TrainerProcess:
         self.retry_at, self.status = time.time() + delay, "restarting"
         return f"trainer exited with code {code}; restarting in {delay:g} s (its log: {self.log_path})"
 
+    def halt(self) -> None:
+        """End the trainer now with SIGKILL (it must not publish again), without a restart."""
+        if self.group is None or not self.group.alive():
+            return
+        self.group.kill()
+        self.group.wait(timeout=30)
+        self.group.stop(grace=1.0)  # a torchrun rank it left behind goes with it
+        self.last_exit = self.group.returncode
+
+    def restart(self, cfg: TrainingConfig) -> None:
+        """Start the trainer anew with `cfg` (halting it first); one not started yet only takes the config."""
+        self.cfg = cfg
+        if self.group is None or self.stopping or self.status == "failed":
+            return
+        self.halt()
+        self.quick_deaths, self.restarts = 0, self.restarts + 1
+        self.start()
+
     def stop(self, grace: float) -> None:
         """After the STOP file is written: wait for its final version, then end its group."""
         self.stopping = True
