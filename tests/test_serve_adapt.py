@@ -338,6 +338,7 @@ def test_a_worse_version_is_rolled_back_to_the_accepted_one_and_stays_aside_afte
     assert engine.drafter_version == 0  # v1 is not taken again
     restarted, engine2 = _adapter(tmp_path, tiny_target, draft)
     assert engine2.drafter_version == 0 and 1 in restarted.rejected
+    assert restarted.trainer.cfg.restart_above == 1 and restarted.trainer.cfg.draft == str(draft)  # not from v1
     store.publish(new_drafter("dflash", cfg, block_size=4, length_head=True, seed=6), {"target": "tiny"})
     restarted._follow()
     assert engine2.drafter_version == 2  # the next version is tried as usual

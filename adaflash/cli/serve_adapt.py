@@ -111,8 +111,8 @@ def build_adapter(config: dict[str, Any], engine, *, target: str, draft: str, lo
 def rollback(version: int, url: str, api_key: str | None) -> None:
     """Make an adapting server serve an earlier drafter version again (POST /adapt/rollback).
 
-    The versions published above it are set aside for good; the next version the trainer publishes
-    is tried as usual.
+    The versions published above it are set aside for good, and the trainer starts again from it;
+    the next version the trainer publishes is tried as usual.
     """
     import urllib.error
     import urllib.request

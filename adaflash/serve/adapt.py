@@ -127,6 +127,8 @@ class Adapter:
             version, drafter = found
             self.engine.swap_drafter(drafter, version)
             self._event(f"resumed with drafter v{version} from {self.cfg.swap_dir}")
+        if self.store.latest_version() in self.rejected:  # the trainer's newest state was set aside
+            self._restart_trainer_from(*(found or (0, None)))
 
     def start(self, run_on_engine: Callable[[Callable[[Engine], Any]], Future]) -> None:
         """`run_on_engine(fn)` runs fn(engine) on the engine thread between two steps."""
@@ -171,7 +173,7 @@ class Adapter:
 
     def rollback(self, to: int) -> str:
         """Serve version `to` again (0: the drafter the server started with); every version published so
-        far above it is set aside, the trainer's next one is tried as usual. Blocks: call off the loop."""
+        far above it is set aside and the trainer starts again from it. Blocks: call off the loop."""
         with self.swapping:
             current = self.engine.drafter_version or 0
             if to == current:
@@ -179,8 +181,10 @@ class Adapter:
             latest = self.store.latest_version()
             if to < 0 or to > latest:
                 raise ValueError(f"'to' must be a published version between 0 and {latest}, got {to}")
-            self._swap(self._load(to), to)
+            drafter = self._load(to)
+            self._swap(copy.deepcopy(drafter), to)
             self._reject(*range(to + 1, latest + 1))
+            self._restart_trainer_from(to, drafter)
             self.checking, self.baseline = None, None
             message = f"rolled back from v{current} to v{to} on request"
             self.rollbacks.append({"from": current, "to": to, "why": "on request", "time": time.time()})
@@ -280,21 +284,23 @@ class Adapter:
         self.checking = None
         self._event(verdict.why, level="warning" if verdict.worse else "info")
 
-    def _restart_trainer_from(self, version: int, drafter: Drafter) -> None:
+    def _restart_trainer_from(self, version: int, drafter: Drafter | None) -> None:
         """After a rollback the trainer's own state is the one that went wrong: it starts again from the
-        version restored, reading the traffic where it was (what the set-aside versions learned is not
-        learned again, and nothing is lost). Every version it published since is set aside first."""
+        version served (`drafter`, None for v0), reading the traffic where it was (what the set-aside
+        versions learned is not learned again, and nothing is lost). Every version it published since is
+        set aside first. Also on a restart whose newest version was set aside."""
         self.trainer.halt()  # first: it must not publish again while the versions are set aside
         latest = self.store.latest_version()
         self._reject(*(v for v in range(version + 1, latest + 1) if v not in self.rejected))
         draft = self.draft
-        if version:
+        if version and drafter is not None:
             draft = str(Path(self.cfg.swap_dir) / f"reference-v{version}")
             if not Path(draft).is_dir():
                 save_drafter(drafter, draft, {"version": version})
         consumed = int((self.store.pointer() or {}).get("consumed", 0))
         self.trainer.restart(replace(self.trainer.cfg, draft=draft, restart_above=latest, start_consumed=consumed))
-        self._event(f"trainer restarted from v{version} at sample {consumed}; versions above v{version} set aside")
+        self._event(f"the trainer starts again from v{version} at sample {consumed}; "
+                    f"versions above v{version} are set aside")
 
     def _log_metrics(self) -> None:
         version = self.engine.drafter_version or 0
