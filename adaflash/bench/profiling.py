@@ -25,11 +25,29 @@ class Profiled:
     steps: int
 
 
+def new_profiler(on_cuda: bool) -> Any:
+    """A torch.profiler over the CPU, and the GPU's kernels when there is one."""
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else []))
+
+
+def write_profile(prof: Any, out: Path, name: str, header: str, *, on_cuda: bool,
+                  rows: int = TOP_ROWS) -> tuple[Path, Path]:
+    """The Chrome trace and the top `rows` kernels (ops) by their own time, headed by `header`: (trace, table)."""
+    out.mkdir(parents=True, exist_ok=True)
+    trace, table = out / f"{name}.trace.json", out / f"{name}.top.txt"
+    prof.export_chrome_trace(str(trace))
+    sort = "self_device_time_total" if on_cuda else "self_cpu_time_total"
+    summary = prof.key_averages().table(sort_by=sort, row_limit=rows)
+    table.write_text(f"{header}, sorted by {sort}\n{summary}\n")
+    return trace, table
+
+
 def profile_engine(engine: Any, requests: list[Any], out: Path, name: str, *, steps: int, warm_steps: int,
                    on_cuda: bool) -> Profiled:
     """Queue `requests`, step `warm_steps` times, record the next `steps` steps, abort the rest."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     for request in requests:
         engine.add(request)
@@ -37,9 +55,8 @@ def profile_engine(engine: Any, requests: list[Any], out: Path, name: str, *, st
         if not engine.has_work():
             break
         engine.step()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     recorded = 0
-    with profile(activities=activities) as prof:
+    with new_profiler(on_cuda) as prof:
         while recorded < steps and engine.has_work():
             engine.step()
             recorded += 1
@@ -50,11 +67,6 @@ def profile_engine(engine: Any, requests: list[Any], out: Path, name: str, *, st
     if recorded == 0:
         raise ValueError(f"{name}: nothing left to profile after {warm_steps} warm-up steps; "
                          "give more prompts or --max-new-tokens")
-    out.mkdir(parents=True, exist_ok=True)
-    trace, table = out / f"{name}.trace.json", out / f"{name}.top.txt"
-    prof.export_chrome_trace(str(trace))
-    sort = "self_device_time_total" if on_cuda else "self_cpu_time_total"
-    summary = prof.key_averages().table(sort_by=sort, row_limit=TOP_ROWS)
-    table.write_text(f"{name}: {recorded} engine steps after {warm_steps} warm-up steps; totals are over all "
-                     f"{recorded}, sorted by {sort}\n{summary}\n")
+    trace, table = write_profile(prof, out, name, f"{name}: {recorded} engine steps after {warm_steps} warm-up "
+                                 f"steps; totals are over all {recorded}", on_cuda=on_cuda)
     return Profiled(trace, table, recorded)

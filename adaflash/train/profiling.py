@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TOP_ROWS = 30  # kernels (ops) in the summary table, by their own device (CPU) time
+from adaflash.bench.profiling import new_profiler, write_profile
 
+TOP_ROWS = 30  # kernels (ops) in the summary table, by their own device (CPU) time
 
 @dataclass
 class StepProfiler:
@@ -30,10 +31,7 @@ class StepProfiler:
 
     def before_step(self) -> None:
         if self.seen == self.start and self._prof is None and self.table is None:
-            from torch.profiler import ProfilerActivity, profile
-
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_cuda else [])
-            self._prof = profile(activities=activities)
+            self._prof = new_profiler(self.on_cuda)
             self._prof.__enter__()
             self._began = time.perf_counter()
 
@@ -55,12 +53,8 @@ class StepProfiler:
         seconds = time.perf_counter() - self._began
         self._prof.__exit__(None, None, None)
         prof, self._prof = self._prof, None
-        self.out.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(self.out / "train.trace.json"))
-        sort = "self_device_time_total" if self.on_cuda else "self_cpu_time_total"
-        self.table = self.out / "train.top.txt"
-        self.table.write_text(
-            f"{self.recorded} training steps after {self.start}: {1000 * seconds / max(self.recorded, 1):.1f} ms a step "
-            f"(wall clock, profiler on); totals are over all {self.recorded}, sorted by {sort}\n"
-            f"{prof.key_averages().table(sort_by=sort, row_limit=TOP_ROWS)}\n")
+        _, self.table = write_profile(
+            prof, self.out, "train", f"{self.recorded} training steps after {self.start}: "
+            f"{1000 * seconds / max(self.recorded, 1):.1f} ms a step (wall clock, profiler on); totals are over all "
+            f"{self.recorded}", on_cuda=self.on_cuda, rows=TOP_ROWS)
         return self.table
