@@ -10,10 +10,11 @@ Python version and the installed package versions; `data prepare suite` records 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import importlib.util
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from adaflash.data.builtin_datasets import HUMANEVAL_INSTRUCTION
@@ -116,9 +117,15 @@ def chosen_packages(names: str) -> dict[str, str]:
     return chosen
 
 
+@functools.cache
+def _distributions() -> Mapping[str, list[str]]:
+    """Import name -> the distributions that install it: one scan of the installed packages."""
+    return importlib.metadata.packages_distributions()
+
+
 def _distribution(package: str) -> str:
     """The distribution that installs import name `package` (yaml -> PyYAML)."""
-    return (importlib.metadata.packages_distributions().get(package) or [package.replace("_", "-")])[0]
+    return (_distributions().get(package) or [package.replace("_", "-")])[0]
 
 
 def _licence(package: str) -> str:

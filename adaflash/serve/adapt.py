@@ -183,8 +183,7 @@ class Adapter:
                 raise ValueError(f"'to' must be a published version between 0 and {latest}, got {to}")
             drafter = self._load(to)
             self._swap(copy.deepcopy(drafter), to)
-            self._reject(*range(to + 1, latest + 1))
-            self._restart_trainer_from(to, drafter)
+            self._restart_trainer_from(to, drafter)  # sets aside every version above `to`
             self.checking, self.baseline = None, None
             message = f"rolled back from v{current} to v{to} on request"
             self.rollbacks.append({"from": current, "to": to, "why": "on request", "time": time.time()})
@@ -291,7 +290,7 @@ class Adapter:
         set aside first. Also on a restart whose newest version was set aside."""
         self.trainer.halt()  # first: it must not publish again while the versions are set aside
         latest = self.store.latest_version()
-        self._reject(*(v for v in range(version + 1, latest + 1) if v not in self.rejected))
+        self._reject(*range(version + 1, latest + 1))
         draft = self.draft
         if version and drafter is not None:
             draft = str(Path(self.cfg.swap_dir) / f"reference-v{version}")
