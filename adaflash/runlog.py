@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -104,6 +105,9 @@ class RunLog:
         self.path = Path(path)
         self.timeout_ms = max(0, int(timeout * 1000))
         self.on_wait = on_wait
+        # One connection serves every thread of a process (a server's event loop, its adapt thread, a
+        # rollback request): a transaction is the connection's, so one thread writes at a time.
+        self._writing = threading.RLock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.root = Path(os.path.abspath(self.path.parent))  # the workspace: stored paths are relative to it
         if not check_file(self.path):
@@ -183,7 +187,7 @@ class RunLog:
     def _write(self, *, wait: bool = True) -> Iterator[sqlite3.Connection]:
         """One IMMEDIATE transaction: takes the write lock up front so no reader-upgrade deadlock."""
         conn = self.db.conn
-        with self._errors():
+        with self._writing, self._errors():
             self._begin(wait)
             try:
                 yield conn

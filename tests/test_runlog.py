@@ -1,4 +1,5 @@
 import multiprocessing as mp
+import threading
 
 import pytest
 
@@ -64,6 +65,31 @@ def test_concurrent_writers_lose_nothing(tmp_path):
         steps = sorted(r["step"] for r in rows if r["name"] == f"w{w}")
         assert steps == list(range(count))
     assert len(RunLog(path).events_since(0, run_id=run)) == workers * (count // 25 + (1 if count % 25 else 0))
+
+
+def test_threads_sharing_one_run_log_write_at_once_and_lose_nothing(tmp_path):
+    # A server's event loop, its adapt thread and a rollback request all write through one RunLog.
+    log = RunLog(tmp_path / "log.sqlite")
+    run = log.create_run("serve")
+    errors: list[str] = []
+
+    def write(worker: int) -> None:
+        for step in range(300):
+            try:
+                log.log_metrics(run, {f"t{worker}": float(step), "other": 0.0}, step=step)
+                log.log_event(run, f"thread {worker} at {step}")
+            except Exception as err:  # noqa: BLE001 - collected: the assertion names the first
+                errors.append(repr(err))
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    rows = log.metrics_since(0, run_id=run)
+    assert all(sorted(r["step"] for r in rows if r["name"] == f"t{w}") == list(range(300)) for w in range(3))
+    assert len(rows) == 3 * 300 * 2 and len(log.events_since(0, run_id=run)) == 3 * 300
 
 
 def _run_in_a_process_that_dies(path, kind, config=None):

@@ -146,15 +146,18 @@ def _generate(url: str, text: str, **fields) -> list[int]:
         return json.loads(resp.read())["output_ids"]
 
 
-def _start(args: list[str], env: dict) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "adaflash.cli.main", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+def _start(args: list[str], env: dict, err_path: Path) -> tuple[subprocess.Popen, str]:
+    """The server, its stderr into a file: a pipe nobody reads while the test runs fills up (64 KB) and
+    blocks whichever server thread writes next."""
+    with err_path.open("a") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "adaflash.cli.main", *args], stdout=subprocess.PIPE,
+                                stderr=err, text=True, env=env)
     line = proc.stdout.readline()
-    assert "ready on" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+    assert "ready on" in line, (line, err_path.read_text()[-3000:] if proc.poll() is not None else "")
     return proc, line.strip().rsplit(" ", 1)[1]
 
 
-def _serve_until(url: str, references: dict, done, timeout: float = 240) -> int:
+def _serve_until(url: str, references: dict, done, err_path: Path, timeout: float = 240) -> int:
     """Send rounds of requests (every answer checked against Vanilla's) until done(info) holds."""
     deadline, sent = time.time() + timeout, 0
     while time.time() < deadline:
@@ -165,7 +168,8 @@ def _serve_until(url: str, references: dict, done, timeout: float = 240) -> int:
             sent += 1
         if done(_get(url + "/get_server_info")["adapt"]):
             return sent
-    raise AssertionError(f"not reached in {timeout} s: {_get(url + '/get_server_info')['adapt']}")
+    raise AssertionError(f"not reached in {timeout} s: {_get(url + '/get_server_info')['adapt']}\n"
+                         f"the server's stderr ends: {err_path.read_text()[-3000:]}")
 
 
 def _bench_shift(tmp_path, url: str) -> None:
@@ -210,8 +214,9 @@ def _monitor_shows_the_adapting_run(workspace) -> None:
     assert model.chart(["train_tokens_per_s"]) and model.chart(["buffer_depth"])
 
 
-def _stop(proc: subprocess.Popen) -> str:
-    err = stop_with_sigterm(proc, timeout=120)
+def _stop(proc: subprocess.Popen, err_path: Path) -> str:
+    stop_with_sigterm(proc, timeout=120)
+    err = err_path.read_text()
     assert proc.returncode == 0, err[-3000:]
     return err
 
@@ -236,16 +241,17 @@ def test_an_adapting_server_trains_swaps_survives_a_killed_trainer_rolls_back_an
             "--draft", str(draft), "--device", "cpu", "--port", "0", "--max-batch", "4", "--context-length", "128",
             "--adapt", "--swap-dir", str(swap), "--adapt-train-batch", "4", "--adapt-publish-every", "1",
             "--adapt-lr", "0.0002", "--rollback-min-requests", "100000"]
-    proc, url = _start(args, env)
+    err_path = tmp_path / "serve.err"
+    proc, url = _start(args, env, err_path)
     try:
-        _serve_until(url, references, lambda a: a["drafter_version"] >= 2)  # trained, published, swapped twice
+        _serve_until(url, references, lambda a: a["drafter_version"] >= 2, err_path)  # trained, published, swapped twice
         info = _get(url + "/get_server_info")["adapt"]
         assert {v["version"] for v in info["versions"]} >= {0}  # v0 served the first requests
         assert info["trainer"]["status"] == "running" and info["lr"] == 0.0002
         os.kill(info["trainer"]["pid"], signal.SIGKILL)
         before = info["latest_published"]
         after = _serve_until(url, references, lambda a: a["trainer"]["restarts"] >= 1
-                             and a["drafter_version"] > before)
+                             and a["drafter_version"] > before, err_path)
         assert after > 0  # served while the trainer was down
         from adaflash.cli.main import cli
 
@@ -257,26 +263,27 @@ def test_an_adapting_server_trains_swaps_survives_a_killed_trainer_rolls_back_an
         assert info["drafter_version"] == 0 and info["rollbacks"][-1]["to"] == 0
         set_aside = info["latest_published"]
         assert _generate(url, PROMPTS[3]) == references[PROMPTS[3]]
-        _serve_until(url, references, lambda a: a["drafter_version"] > set_aside)  # the next version is tried
+        _serve_until(url, references, lambda a: a["drafter_version"] > set_aside, err_path)  # the next version is tried
         rows = SwapBuffer(swap).read(0, 10_000)
         assert rows and all(r["rid"] and len(r["prompt_ids"]) and len(r["output_ids"]) == MAX_NEW for r in rows)
         assert len({r["drafter_version"] for r in rows}) >= 2
         assert tiny_target.encode(PROMPTS[0]) not in [r["prompt_ids"] for r in rows]  # it asked to stay out
         _bench_shift(tmp_path, url)
     finally:
-        err = _stop(proc)
+        err = _stop(proc, err_path)
     assert "trainer exited with code -9" in err and "trainer restarted" in err, err[-3000:]
     _monitor_shows_the_adapting_run(tmp_path / "ws")
     report = check_integrity(swap)
     assert report["ok"] and report["consumed"] > 0, report  # nothing lost, nothing learned twice
     rejected = set(json.loads((swap / "adapt.json").read_text())["rejected"])
     newest = max(v for v in WeightStore(swap).versions() if v not in rejected)
-    proc, url = _start(args, env)  # the same swap dir: the newest version not set aside, from the first request
+    err_path = tmp_path / "serve-again.err"
+    proc, url = _start(args, env, err_path)  # the same swap dir: the newest version not set aside, from the first request
     try:
         assert _get(url + "/adapt")["drafter_version"] == newest
         assert _generate(url, PROMPTS[5]) == references[PROMPTS[5]]
     finally:
-        _stop(proc)
+        _stop(proc, err_path)
 
 
 # -- the adapter in process: rollback, restart, disk cap -------------------------------------------------

@@ -16,9 +16,11 @@ log. A restart on the same swap dir serves the newest valid version from the fir
 from __future__ import annotations
 
 import array
+import contextlib
 import copy
 import hashlib
 import json
+import os
 import random
 import sys
 import threading
@@ -213,7 +215,11 @@ class Adapter:
             try:
                 self._tick()
             except Exception as err:  # a full disk, a locked log: say so and try again next time
-                self._event(f"adapt thread: {type(err).__name__}: {err}", level="error")
+                try:
+                    self._event(f"adapt thread: {type(err).__name__}: {err}", level="error")
+                except Exception as again:  # the run log itself: stderr only, and the thread lives on
+                    print(f"adaflash serve --adapt: adapt thread: {err!r}; the run log: {again!r}",
+                          file=sys.stderr, flush=True)
 
     def _tick(self) -> None:
         self._flush()
@@ -380,11 +386,10 @@ def _bytes(megabytes: float | None) -> int | None:
 
 
 def _disk_use(root: Path) -> int:
+    """Bytes under root; the trainer prunes and renames as we look, so what vanishes is skipped."""
     total = 0
-    for path in root.rglob("*"):
-        try:
-            if path.is_file():
-                total += path.stat().st_size
-        except OSError:  # pruned while we looked
-            continue
+    for folder, _, files in os.walk(root):  # os.walk skips a folder that vanished
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(folder, name), follow_symlinks=False).st_size
     return total
