@@ -21,8 +21,6 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
 from adaflash.runlog_file import (  # noqa: F401 - RunLogError and RunLogBusy are this module's API too
     BUSY_CODES,
     DAMAGE_CODES,
@@ -43,6 +41,7 @@ from adaflash.runlog_schema import (  # noqa: F401 - _migration_1 and MIGRATIONS
     load_paths,
     store_path,
 )
+from adaflash.sqlite_db import sqlite_utils
 from adaflash.workspace import runlog_path
 
 RUN_STATUSES = ("pending", "running", "finished", "failed", "stopped", "detached")

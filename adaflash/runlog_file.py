@@ -10,7 +10,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
-import sqlite_utils
+from adaflash.sqlite_db import sqlite_utils
 
 
 class RunLogError(RuntimeError):

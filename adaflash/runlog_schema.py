@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
+from adaflash.sqlite_db import sqlite_utils
 
 Migration = Callable[..., None]
 
