@@ -183,3 +183,24 @@ def test_rope_over_fused_heads_rotates_q_and_k_and_passes_values_through(dtype):
     assert torch.equal(out[:, :, :6], textbook)
     assert torch.equal(out[:, :, 6:], heads[:, :, 6:])
     assert rope.over(6, 8)[0] is rope.over(6, 8)[0]  # built once a pass, shared by its layers
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_skinny_cpu_products_give_f_linear_for_any_row_count_and_layout(dtype):
+    """`linear` takes its own path for 1-16 rows on a CPU (W @ xᵀ in float32, 2-D F.linear otherwise);
+    strided 3-D input (a drafter's block positions sliced out of its hidden states) included."""
+    from adaflash.models.layers import linear
+
+    torch.manual_seed(0)
+    weight, bias = torch.randn(96, 40, dtype=dtype), torch.randn(96, dtype=dtype)
+    hidden = torch.randn(2, 9, 40, dtype=dtype)
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.1, "rtol": 0.02}
+    with torch.no_grad():
+        for x in (hidden[:1, :1], hidden[:1, 1:8], hidden[:, 2:6], hidden[0], hidden[:1, ::2], hidden[:, :0]):
+            for b in (None, bias):
+                got = linear(x, weight, b)
+                assert got.shape == (*x.shape[:-1], 96) and got.dtype == dtype
+                torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, b), **tolerance)
+        if dtype != torch.float32:  # the 2-D path is F.linear itself: the same bits
+            x = hidden[:1, 1:8]
+            assert torch.equal(linear(x, weight), torch.nn.functional.linear(x.reshape(7, 40), weight).reshape(1, 7, 96))

@@ -89,21 +89,25 @@ class DecoderConfig:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, except that skinny CPU products run as W @ xᵀ with x's rows dense.
+    """F.linear, except that skinny float32 CPU products run as W @ xᵀ with x's rows dense.
 
-    Decoding multiplies 1-16 rows by each weight, and on a CPU the weights stream from memory. MKL's
-    GEMV/GEMM reach that bandwidth only in this orientation, and only from 2 rows on: one row goes to
-    a GEMV that streams at about half speed, so a lone row is paired with a copy of itself (measured on
-    SmolLM2's shapes, AVX2: the 49152-row lm_head takes 10.5 ms for 1 row through F.linear, 8 ms as
-    W @ [x, x]ᵀ, and 4 rows 27 ms through F.linear against 7.7 ms here). Verifying a few drafted
-    tokens then costs about what decoding one does, on both sides of the comparison.
+    Decoding multiplies 1-16 rows by each weight, and on a CPU the weights stream from memory. In
+    float32, MKL's GEMV/GEMM reach that bandwidth only in this orientation, and only from 2 rows on: one
+    row goes to a GEMV that streams at about half speed, so a lone row is paired with a copy of itself
+    (SmolLM2, AVX2: the 49152-row lm_head takes 10.5 ms for 1 row through F.linear, 8 ms as W @ [x, x]ᵀ,
+    and 4 rows 27 ms through F.linear against 7.7 ms here; a decode step on a 2-core AVX-512 EPYC 27 ms
+    against 43 ms). In bfloat16 the orientation turns: there F.linear's oneDNN path streams the weights
+    and this one does not (the same EPYC: 25 ms a decode step against 43-51 ms).
     """
     if invariant.mm_available(x, weight, bias):  # bf16/fp16 on a GPU: the same bits for any number of rows
         return invariant.mm(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if x.device.type != "cpu" or torch.is_grad_enabled() or not 1 <= rows <= 16:
         return F.linear(x, weight, bias)
-    flat = x.reshape(rows, x.shape[-1]).contiguous()  # W @ xᵀ is fast only with xᵀ a transposed view
+    flat = x.reshape(rows, x.shape[-1])
+    if x.dtype != torch.float32:  # 2-D: a 3-D x can take matmul's bmm path, which copies W every call
+        return F.linear(flat, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+    flat = flat.contiguous()  # W @ xᵀ is fast only with xᵀ a transposed view
     if rows == 1:
         flat = flat.expand(2, -1).contiguous()
     out = (weight @ flat.T)[:, :rows].T
