@@ -394,6 +394,40 @@ def test_versions_are_judged_against_the_best_accepted_one_so_small_drops_cannot
     assert logged["holdout_tau"] == pytest.approx(3.0) and logged["tau"] == pytest.approx(2.0)
 
 
+def test_versions_that_replace_each_other_before_a_verdict_are_judged_together(tmp_path, tiny_target):
+    # A trainer publishing every second, 32 held-out requests taking several: no version alone reaches the
+    # count, so a decline would never be judged. Together they do, and the reference comes back.
+    from adaflash.models.drafter_io import new_drafter, save_drafter
+    from adaflash.pipeline.weights import WeightStore
+
+    cfg = tiny_target.model.cfg
+    draft = save_drafter(new_drafter("dflash", cfg, block_size=4, length_head=True), tmp_path / "d")
+    adapter, engine = _adapter(tmp_path, tiny_target, draft, rollback=RollbackRule(12, 0.1, held_out=True), holdout=0.0)
+    store = WeightStore(tmp_path / "swap")
+    start = _weights(engine)
+    _serve(adapter, 0, 3.0)
+    for version in (1, 2, 3):  # 4 held-out requests each, at τ 2.5: under 12 alone, 12 together
+        store.publish(new_drafter("dflash", cfg, block_size=4, length_head=True, seed=version), {"target": "tiny"})
+        adapter._follow()
+        assert engine.drafter_version == version
+        adapter._judge()
+        assert not adapter.rollbacks
+        _serve(adapter, version, 2.5)
+    adapter._judge()
+    assert adapter.rollbacks[-1]["from"] == 3 and adapter.rollbacks[-1]["to"] == 0, adapter.rollbacks
+    why = adapter.rollbacks[-1]["why"]
+    assert why.startswith("v1-v3 rolled back: τ 2.50 against v0's 3.00") and "over 12 requests" in why
+    assert engine.drafter_version == 0 and _same(_weights(engine), start) and {1, 2, 3} <= adapter.rejected
+    assert adapter.checking == []
+    # a group at least as good becomes the reference: the next group is judged against its newest
+    store.publish(new_drafter("dflash", cfg, block_size=4, length_head=True, seed=4), {"target": "tiny"})
+    adapter._follow()
+    for _ in range(3):
+        _serve(adapter, 4, 3.0)
+    adapter._judge()
+    assert len(adapter.rollbacks) == 1 and adapter.baseline is None and engine.drafter_version == 4
+
+
 def test_a_rollback_restarts_the_trainer_from_the_version_restored_where_the_traffic_was(tmp_path, tiny_target):
     from adaflash.models.drafter_io import load_drafter, new_drafter, save_drafter
     from adaflash.pipeline.training import _initial_trainer

@@ -92,7 +92,7 @@ class Adapter:
         self.pending: list[dict[str, Any]] = []
         self.rejected: set[int] = set(_read_state(Path(cfg.swap_dir)).get("rejected", []))
         self.rollbacks: list[dict[str, Any]] = []
-        self.checking: int | None = None  # the version served and not judged yet
+        self.checking: list[int] = []  # the versions served since the reference, not judged yet
         # The reference (a copy): the best version accepted so far, which new ones are judged against
         # and a rollback restores; None until the next swap copies the version in use.
         self.baseline: tuple[int, Drafter] | None = None
@@ -186,7 +186,7 @@ class Adapter:
             drafter = self._load(to)
             self._swap(copy.deepcopy(drafter), to)
             self._restart_trainer_from(to, drafter)  # sets aside every version above `to`
-            self.checking, self.baseline = None, None
+            self.checking, self.baseline = [], None
             message = f"rolled back from v{current} to v{to} on request"
             self.rollbacks.append({"from": current, "to": to, "why": "on request", "time": time.time()})
         self._event(message, level="warning")
@@ -249,7 +249,8 @@ class Adapter:
         """Swap to the newest published version above everything set aside.
 
         A version published while the one before it is still being judged replaces it at once; the rule
-        then judges the newest against the reference (`baseline`), which a rollback restores.
+        then judges the versions served since the reference (`baseline`) together against it, and a
+        rollback restores the reference.
         """
         latest, current = self.store.latest_version(), self.engine.drafter_version or 0
         if latest <= current or latest <= max(self.rejected, default=-1):
@@ -264,7 +265,7 @@ class Adapter:
         old = self._swap(drafter, latest, keep_old=first)
         if first:
             self.baseline = (current, old)
-        self.checking = latest
+        self.checking.append(latest)
         published = (self.store.pointer() or {}).get("published_at")
         self.log.log_metrics(self.run_id, {"swapped_version": latest,
                                            "swap_lag_seconds": time.time() - float(published) if published else None},
@@ -272,7 +273,7 @@ class Adapter:
         self._event(f"hot-swapped drafter v{latest} (was v{current})")
 
     def _judge(self) -> None:
-        if self.checking is None or self.baseline is None:
+        if not self.checking or self.baseline is None:
             return
         new, (old, drafter) = self.checking, self.baseline
         with self.lock:
@@ -281,12 +282,12 @@ class Adapter:
             return
         if verdict.worse:
             self._swap(copy.deepcopy(drafter), old)  # the reference stays intact for the next rollback
-            self._reject(new)
-            self.rollbacks.append({"from": new, "to": old, "why": verdict.why, "time": time.time()})
+            self._reject(*new)
+            self.rollbacks.append({"from": new[-1], "to": old, "why": verdict.why, "time": time.time()})
             self._restart_trainer_from(old, drafter)
         elif verdict.better:
             self.baseline = None  # the next swap keeps a copy of this one as the reference
-        self.checking = None
+        self.checking = []
         self._event(verdict.why, level="warning" if verdict.worse else "info")
 
     def _restart_trainer_from(self, version: int, drafter: Drafter | None) -> None:
