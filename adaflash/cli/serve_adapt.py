@@ -42,8 +42,8 @@ def adapt_options(fn: Callable) -> Callable:
         click.option("--adapt-lr", type=click.FloatRange(min=0, min_open=True), default=1e-4, show_default=True,
                      help="--adapt: the trainer's learning rate (higher follows a shift faster, and forgets faster)."),
         click.option("--rollback-min-requests", type=click.IntRange(1), default=32, show_default=True,
-                     help="--adapt: requests a new version serves (on held-out prompts, see --adapt-holdout) "
-                          "before its τ is compared with the reference's."),
+                     help="--adapt: requests the versions since the reference serve (on held-out prompts, see "
+                          "--adapt-holdout) before their τ is compared with the reference's."),
         click.option("--rollback-drop", type=click.FloatRange(0, 1), default=0.1, show_default=True,
                      help="--adapt: roll a version back when its τ is lower than the reference's (the best version "
                           "accepted so far) by more than this fraction (docs/http-api.md)."),
