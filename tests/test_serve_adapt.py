@@ -426,6 +426,21 @@ def test_versions_that_replace_each_other_before_a_verdict_are_judged_together(t
         _serve(adapter, 4, 3.0)
     adapter._judge()
     assert len(adapter.rollbacks) == 1 and adapter.baseline is None and engine.drafter_version == 4
+    # the reference is measured on the whole group that was accepted, not on its newest version's few requests
+    for version, rounds, tau in ((5, 2, 3.6), (6, 1, 2.4)):  # together τ 3.2: better than v4's 3.0
+        store.publish(new_drafter("dflash", cfg, block_size=4, length_head=True, seed=version), {"target": "tiny"})
+        adapter._follow()
+        for _ in range(rounds):
+            _serve(adapter, version, tau)
+    adapter._judge()
+    assert adapter.accepted == [5, 6] and len(adapter.rollbacks) == 1
+    store.publish(new_drafter("dflash", cfg, block_size=4, length_head=True, seed=7), {"target": "tiny"})
+    adapter._follow()
+    for _ in range(3):
+        _serve(adapter, 7, 2.8)  # above v6's own 2.4, more than 10% below the group's 3.2
+    adapter._judge()
+    assert adapter.rollbacks[-1]["to"] == 6 and "against v5-v6's 3.20" in adapter.rollbacks[-1]["why"]
+    assert engine.drafter_version == 6
 
 
 def test_a_rollback_restarts_the_trainer_from_the_version_restored_where_the_traffic_was(tmp_path, tiny_target):

@@ -96,6 +96,7 @@ class Adapter:
         # The reference (a copy): the best version accepted so far, which new ones are judged against
         # and a rollback restores; None until the next swap copies the version in use.
         self.baseline: tuple[int, Drafter] | None = None
+        self.accepted: list[int] = [0]  # the versions whose requests measure the reference (its group)
         self.recorded = self.buffer.repair()
         self.dropped_at_cap = 0
         self.disk_bytes = 0
@@ -186,7 +187,7 @@ class Adapter:
             drafter = self._load(to)
             self._swap(copy.deepcopy(drafter), to)
             self._restart_trainer_from(to, drafter)  # sets aside every version above `to`
-            self.checking, self.baseline = [], None
+            self.checking, self.baseline, self.accepted = [], None, [to]
             message = f"rolled back from v{current} to v{to} on request"
             self.rollbacks.append({"from": current, "to": to, "why": "on request", "time": time.time()})
         self._event(message, level="warning")
@@ -276,8 +277,9 @@ class Adapter:
         if not self.checking or self.baseline is None:
             return
         new, (old, drafter) = self.checking, self.baseline
+        accepted = self.accepted if self.accepted[-1] == old else [old]
         with self.lock:
-            verdict = self.cfg.rollback.verdict(self.tally, new, old)
+            verdict = self.cfg.rollback.verdict(self.tally, new, accepted)
         if verdict is None:
             return
         if verdict.worse:
@@ -286,7 +288,7 @@ class Adapter:
             self.rollbacks.append({"from": new[-1], "to": old, "why": verdict.why, "time": time.time()})
             self._restart_trainer_from(old, drafter)
         elif verdict.better:
-            self.baseline = None  # the next swap keeps a copy of this one as the reference
+            self.baseline, self.accepted = None, list(new)  # the next swap keeps a copy of the newest
         self.checking = []
         self._event(verdict.why, level="warning" if verdict.worse else "info")
 

@@ -10,7 +10,8 @@ requests the new version served of each. The new version is rolled back when its
 the reference's by more than `drop` (a fraction: 0.1 = 10%). Tags only one of them served do not
 count, so a shift to a new domain is not mistaken for a worse drafter; untagged requests form one tag
 (""), which then compares whatever traffic each version saw last. The decision is made once per version;
-versions that replace each other before enough requests arrive are judged together.
+versions that replace each other before enough requests arrive are judged together, and a group
+accepted measures the reference it leaves (its newest version) with all its requests.
 
 With `held_out`, only requests on held-out prompts count (prompts no version trains on): a trainer
 that memorizes repeated prompts raises τ on those and lowers it everywhere else, and only held-out
@@ -107,30 +108,44 @@ class RollbackRule:
     drop: float = 0.1
     held_out: bool = False  # judge on requests on held-out prompts only
 
-    def verdict(self, tally: VersionTally, new: int | Sequence[int], reference: int) -> Verdict | None:
+    def verdict(self, tally: VersionTally, new: int | Sequence[int],
+                reference: int | Sequence[int]) -> Verdict | None:
         """None while too few requests tell; else the verdict on `new` against `reference`.
 
         `new` may be several versions, served one after the other since the reference: a trainer that
         publishes faster than `min_requests` arrive has each replaced before it could be judged alone,
-        so they are judged together (the newest stands for them)."""
-        group = [new] if isinstance(new, int) else sorted(new)
+        so they are judged together (the newest stands for them). `reference` likewise: the group that
+        was accepted, whose newest is the reference version (its own few requests would be noise)."""
+        group, accepted = _versions(new), _versions(reference)
         count = sum(tally.requests(v, held_out=self.held_out) for v in group)
         if count < self.min_requests:
             return None
         book = tally.held_out if self.held_out else tally.served
-        theirs = book.get(reference, {})
-        tags = sorted({tag for v in group for tag in book.get(v, {})})
-        mine = {tag: Served.merged([book[v][tag] for v in group if tag in book.get(v, {})]) for tag in tags}
-        name = f"v{group[0]}" if len(group) == 1 else f"v{group[0]}-v{group[-1]}"
+        mine, theirs = _merged(book, group), _merged(book, accepted)
+        name = _name(group)
         shared = [tag for tag in mine if tag in theirs and mine[tag].recent_tau and theirs[tag].recent_tau]
         weight = sum(mine[tag].requests for tag in shared)
         if not weight:
-            return Verdict(False, True, f"{name} kept: v{reference} served none of its tags, nothing to compare")
+            return Verdict(False, True, f"{name} kept: {_name(accepted)} served none of its tags, nothing to compare")
         new_tau = sum(mine[t].requests * mine[t].recent_tau for t in shared) / weight
         old_tau = sum(mine[t].requests * theirs[t].recent_tau for t in shared) / weight
         worse = new_tau < old_tau * (1.0 - self.drop)
         verb = "rolled back" if worse else "kept"
         where = "held-out prompts of the same tags" if self.held_out else "the same tags"
         return Verdict(worse, new_tau >= old_tau,
-                       f"{name} {verb}: τ {new_tau:.2f} against v{reference}'s {old_tau:.2f} on {where} "
+                       f"{name} {verb}: τ {new_tau:.2f} against {_name(accepted)}'s {old_tau:.2f} on {where} "
                        f"over {count} requests (limit: {100 * self.drop:g}% lower)")
+
+
+def _versions(given: int | Sequence[int]) -> list[int]:
+    return [given] if isinstance(given, int) else sorted(given)
+
+
+def _name(group: list[int]) -> str:
+    return f"v{group[0]}" if len(group) == 1 else f"v{group[0]}-v{group[-1]}"
+
+
+def _merged(book: dict[int, dict[str, Served]], group: list[int]) -> dict[str, Served]:
+    """The group's record per tag, as if one version had served it all."""
+    tags = sorted({tag for v in group for tag in book.get(v, {})})
+    return {tag: Served.merged([book[v][tag] for v in group if tag in book.get(v, {})]) for tag in tags}
