@@ -332,6 +332,8 @@ def test_stop_when_the_supervisor_and_its_watchdog_are_gone_stops_the_verified_j
     log = RunLog.open(prepared.workspace)
     run_id = start_detached(prepared, log)
     job = wait_for(lambda: next((j for j in log.jobs(run_id) if j["pid"] and j["status"] == "running"), None))
+    # up to here the job may still be starting, and the SIGTERM its parent's death sends would end it
+    wait_for(lambda: pids_file.exists() and pids_file.read_text())  # from here on it ignores SIGTERM
     supervisor = supervisor_pid(log.get_run(run_id))
     watchdog = next(p for p in psutil.Process(supervisor).children() if "jobs.watchdog" in p.cmdline())
     watchdog.kill()
