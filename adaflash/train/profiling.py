@@ -17,6 +17,7 @@ from adaflash.bench.profiling import new_profiler, write_profile
 
 TOP_ROWS = 30  # kernels (ops) in the summary table, by their own device (CPU) time
 
+
 @dataclass
 class StepProfiler:
     out: Path
