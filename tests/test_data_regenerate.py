@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,24 @@ def test_procs_resume_keeps_a_finished_shard_and_runs_the_others(tmp_path, tiny_
     assert (summary["rows"], summary["new_rows"], summary["resumed_rows"]) == (2, 1, 1)
     rows = {row["id"]: row for _, row in read_jsonl(out)}
     assert rows["conv"] == kept and set(rows) == {"conv", "plain"}
+
+
+def test_procs_read_a_summary_larger_than_a_pipe_holds(tmp_path):
+    """A shard's --json summary lists every skipped prompt: hundreds of KB on a large dataset. Read from a
+    pipe only after the process ends, it filled the pipe and the process never ended (seen on an H200 with
+    8 shards). The summaries now go through files; a hang fails this test after 60 s instead of blocking."""
+    import threading
+
+    from adaflash.data.regenerate_procs import run_processes, shards_of
+
+    shards = shards_of(tmp_path / "answers.jsonl", 2)
+    script = ("import json, sys; print(json.dumps({'rows': int(sys.argv[1]), "
+              "'skipped_reasons': {f'p{i}': 'prompt longer than --max-len' for i in range(20000)}}))")
+    got: list = []
+    worker = threading.Thread(target=lambda: got.append(
+        run_processes(lambda s: [sys.executable, "-c", script, str(s.index)], shards, lambda done: None)), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the shard processes blocked writing their summaries"
+    assert [s["rows"] for s in got[0]] == [0, 1]
+    assert all(len(s["skipped_reasons"]) == 20000 for s in got[0])

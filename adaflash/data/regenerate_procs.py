@@ -27,7 +27,7 @@ class ShardError(RuntimeError):
 class Shard:
     index: int
     count: int
-    out: Path  # this shard's own OUT; its .partial and .log sit beside it
+    out: Path  # this shard's own OUT; its .partial, .log and .summary.json sit beside it
 
     @property
     def partial(self) -> Path:
@@ -36,6 +36,12 @@ class Shard:
     @property
     def log(self) -> Path:
         return Path(str(self.out) + ".log")
+
+    @property
+    def summary(self) -> Path:
+        """Where the process's --json summary goes: a file, since a pipe read only at the end would fill up
+        (64 KB) with a long list of skipped prompts and block the process forever."""
+        return Path(str(self.out) + ".summary.json")
 
     @property
     def spec(self) -> str:
@@ -87,8 +93,8 @@ def run_processes(argv: Callable[[Shard], list[str]], shards: list[Shard],
     procs = []
     for shard in shards:
         shard.out.parent.mkdir(parents=True, exist_ok=True)
-        with shard.log.open("w", encoding="utf-8") as log:
-            procs.append(subprocess.Popen(argv(shard), stdout=subprocess.PIPE, stderr=log, text=True))
+        with shard.log.open("w", encoding="utf-8") as log, shard.summary.open("w", encoding="utf-8") as summary:
+            procs.append(subprocess.Popen(argv(shard), stdout=summary, stderr=log))
     try:
         while any(p.poll() is None for p in procs):
             failed = next(((s, p) for s, p in zip(shards, procs) if p.returncode not in (None, 0)), None)
@@ -99,7 +105,7 @@ def run_processes(argv: Callable[[Shard], list[str]], shards: list[Shard],
         failed = next(((s, p) for s, p in zip(shards, procs) if p.returncode != 0), None)
         if failed is not None:
             raise ShardError(shard_failure(*failed))
-        return [json.loads(p.stdout.read()) for p in procs]  # type: ignore[union-attr]
+        return [json.loads(s.summary.read_text(encoding="utf-8")) for s in shards]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -109,8 +115,6 @@ def run_processes(argv: Callable[[Shard], list[str]], shards: list[Shard],
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
-            if p.stdout:
-                p.stdout.close()
 
 
 def shard_failure(shard: Shard, proc: subprocess.Popen) -> str:
@@ -131,6 +135,7 @@ def merge(shards: list[Shard], out_file: str | Path) -> int:
     for shard in shards:
         shard.out.unlink()
         shard.log.unlink(missing_ok=True)
+        shard.summary.unlink(missing_ok=True)
     return len(rows)
 
 
