@@ -53,6 +53,14 @@ def test_truncated_array_yields_complete_elements(chunk_size):
     assert reader.truncated_line == full[:brace].count("\n") + 1
 
 
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, 1 << 20])
+def test_each_element_is_named_by_the_line_it_starts_on(chunk_size):
+    full = json.dumps(ELEMENTS, indent=2)
+    starts = [full[: full.index(json.dumps(e["id"]))].rindex("{") for e in ELEMENTS]
+    reader = JsonArrayReader(io.StringIO(full), Path("mem.json"), chunk_size=chunk_size)
+    assert [where for where, _ in reader] == [f"mem.json:{full[:s].count(chr(10)) + 1}" for s in starts]
+
+
 @pytest.mark.parametrize("chunk_size", [3, 1 << 20])
 def test_cut_right_after_a_comma_and_complete_arrays(chunk_size):
     full = json.dumps(ELEMENTS, indent=2)

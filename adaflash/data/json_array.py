@@ -27,22 +27,27 @@ class JsonArrayReader:
         self.truncated_line: int | None = None
         self._buf = ""
         self._pos = 0
-        self._line = 1  # line number of self._buf[0]
+        self._mark = 0  # a place in self._buf whose line is known: lines are counted on from there, never
+        self._mark_line = 1  # again from the buffer's start (that made reading a 1 MB chunk quadratic)
         self._eof = False
 
     def _fill(self) -> bool:
         if self._eof:
             return False
         chunk = self.handle.read(self.chunk_size)
-        self._line += self._buf.count("\n", 0, self._pos)
+        self._mark_line = self._line_at(self._pos)
         self._buf = self._buf[self._pos:] + chunk
-        self._pos = 0
+        self._pos = self._mark = 0
         if not chunk:
             self._eof = True
         return bool(chunk)
 
     def _line_at(self, pos: int) -> int:
-        return self._line + self._buf.count("\n", 0, pos)
+        if pos < self._mark:
+            return self._mark_line - self._buf.count("\n", pos, self._mark)
+        self._mark_line += self._buf.count("\n", self._mark, pos)
+        self._mark = pos
+        return self._mark_line
 
     def _peek(self) -> str | None:
         """The next non-space character (not consumed), or None at the end of the file."""
