@@ -15,6 +15,7 @@ from torch import nn
 
 from adaflash.models import invariant
 from adaflash.models.cache import KVCache
+from adaflash.models.cpu_attention import QUERY_COLUMNS, cpu_row_invariant_attention
 from adaflash.models.kernels import fused_rope_available, rope_heads, silu_mul
 
 
@@ -106,7 +107,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
     if x.dtype != torch.float32:  # 2-D: a 3-D x can take matmul's bmm path, which copies W every call
-        return F.linear(flat, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+        # a lone row is paired with a copy too: oneDNN's one-row kernel rounds otherwise than its
+        # kernel for 2-16 rows, and a row must keep its bits whatever the rows beside it (lossless bf16)
+        out = F.linear(flat.expand(2, -1) if rows == 1 else flat, weight, bias)[:rows]
+        return out.reshape(*x.shape[:-1], weight.shape[0])
     flat = flat.contiguous()  # W @ xᵀ is fast only with xᵀ a transposed view
     if rows == 1:
         flat = flat.expand(2, -1).contiguous()
@@ -404,6 +408,8 @@ class Attention(nn.Module):
             return self.o_proj(out.reshape(b, nq, self.num_heads * self.head_dim))
         if mask.shape[1] != nq:
             return self._attend_grouped(q, k, v, mask)
+        if q.device.type == "cpu" and q.dtype != torch.float32 and nq <= QUERY_COLUMNS // 2:  # decode and verify
+            return self.o_proj(cpu_row_invariant_attention(q, k, v, mask).reshape(b, nq, self.num_heads * self.head_dim))
         q = q.transpose(1, 2)
         if q.stride(-1) != 1:
             # rope's broadcast can hand back q with a strided last dimension; the fused kernels need it
