@@ -53,3 +53,4 @@ def cpu_row_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 QUERY_COLUMNS = 32  # the column count of every attention product on a CPU in bf16/fp16
 KEY_PIECE = 64  # the keys each of its value products sums over
+DECODE_QUERIES = 16  # passes of at most this many queries (decode, verify) take it; prompts prefill through SDPA

@@ -15,7 +15,7 @@ from torch import nn
 
 from adaflash.models import invariant
 from adaflash.models.cache import KVCache
-from adaflash.models.cpu_attention import QUERY_COLUMNS, cpu_row_invariant_attention
+from adaflash.models.cpu_attention import DECODE_QUERIES, cpu_row_invariant_attention
 from adaflash.models.kernels import fused_rope_available, rope_heads, silu_mul
 
 
@@ -408,7 +408,7 @@ class Attention(nn.Module):
             return self.o_proj(out.reshape(b, nq, self.num_heads * self.head_dim))
         if mask.shape[1] != nq:
             return self._attend_grouped(q, k, v, mask)
-        if q.device.type == "cpu" and q.dtype != torch.float32 and nq <= QUERY_COLUMNS // 2:  # decode and verify
+        if q.device.type == "cpu" and q.dtype != torch.float32 and nq <= DECODE_QUERIES:
             return self.o_proj(cpu_row_invariant_attention(q, k, v, mask).reshape(b, nq, self.num_heads * self.head_dim))
         q = q.transpose(1, 2)
         if q.stride(-1) != 1:
