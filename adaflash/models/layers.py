@@ -106,17 +106,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.device.type != "cpu" or torch.is_grad_enabled() or not 1 <= rows <= 16:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
+    if rows == 1:  # a lone row goes to a GEMV: half the bandwidth in float32, other rounding in bf16
+        flat = flat.expand(2, -1)  # (a row must keep its bits whatever the rows beside it: lossless bf16)
     if x.dtype != torch.float32:  # 2-D: a 3-D x can take matmul's bmm path, which copies W every call
-        # a lone row is paired with a copy too: oneDNN's one-row kernel rounds otherwise than its
-        # kernel for 2-16 rows, and a row must keep its bits whatever the rows beside it (lossless bf16)
-        out = F.linear(flat.expand(2, -1) if rows == 1 else flat, weight, bias)[:rows]
-        return out.reshape(*x.shape[:-1], weight.shape[0])
-    flat = flat.contiguous()  # W @ xᵀ is fast only with xᵀ a transposed view
-    if rows == 1:
-        flat = flat.expand(2, -1).contiguous()
-    out = (weight @ flat.T)[:, :rows].T
-    if bias is not None:
-        out = out + bias
+        out = F.linear(flat, weight, bias)[:rows]
+    else:
+        out = (weight @ flat.contiguous().T)[:, :rows].T  # W @ xᵀ is fast only with xᵀ a transposed view
+        if bias is not None:
+            out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
