@@ -365,3 +365,70 @@ def test_a_regenerated_row_trains_on_its_output_ids_not_a_re_encoding(tiny_targe
     seq = row_to_sequence({"prompt_text": prompt, "response": "ignored text", "output_ids": ids}, tiny_target, 512, "x")
     assert seq is not None and seq.ids == tiny_target.encode(prompt) + ids
     assert seq.response_start == len(tiny_target.encode(prompt))
+
+
+def test_follow_greedy_keeps_a_block_position_while_the_answer_took_the_greedy_token_before_it():
+    from adaflash.train.dflash import follow_greedy
+
+    greedy = torch.tensor([[[0, 11, 12, 13, 14, 15]]])
+    answer = torch.tensor([[[9, 11, 99, 13, 14, 15]]])  # departs from greedy at position 2
+    live = torch.tensor([[[False, True, True, True, True, False]]])  # position 5 past the row's end
+    labels, kept = follow_greedy(answer, greedy, live)
+    assert torch.equal(labels, greedy)
+    # position 1 follows the anchor, 2 follows position 1 (greedy); 3 onwards come after the departure
+    assert kept.tolist() == [[[False, True, True, False, False, False]]]
+    same, kept_all = follow_greedy(greedy.clone(), greedy, live)
+    assert torch.equal(kept_all, live)
+
+
+def test_greedy_chain_learns_greedy_tokens_and_nothing_past_a_departure(learnable, regen, monkeypatch):
+    """Rows that depart from the target's greedy choice (as answers sampled at T > 0 do): every learned
+    label is the target's greedy token, and no block learns a position after one of its departures."""
+    import adaflash.train.dflash as dflash
+    from adaflash.models.drafter_io import new_drafter
+    from adaflash.train.data import pad
+    from adaflash.train.features import FeatureMemo, target_features
+
+    target = learnable.model
+    sequences = load_sequences(regen, learnable, 256)[:6]
+    gen = torch.Generator().manual_seed(5)
+    for s in sequences:  # a departure at about every fifth answer token
+        for i in range(s.response_start + 1, len(s.ids)):
+            if torch.rand((), generator=gen) < 0.2:
+                s.ids[i] = int(torch.randint(target.cfg.vocab_size, (), generator=gen))
+    ids, lens, starts = pad(sequences, torch.device("cpu"))
+    _, final = target_features(target, ids, [1], with_last=True)
+    greedy = target.logits(final).argmax(-1)  # [b, S]: the greedy token after each position
+    seen = {}
+    real = dflash.distill_loss
+
+    def spy(student, labels, teacher, weights, cfg):
+        seen["labels"] = labels
+        return real(student, labels, teacher, weights, cfg)
+
+    def learned(chain: bool) -> list[int]:
+        """The labels one loss call learns, in block order."""
+        drafter = new_drafter("dflash", target.cfg, block_size=6, seed=1)
+        memo = FeatureMemo(target, drafter.target_layer_ids, keep_greedy=chain)
+        monkeypatch.setattr(dflash, "distill_loss", spy)
+        dflash.dflash_loss(drafter, target, ids, lens, starts, blocks_per_seq=8,
+                           loss_cfg=LossConfig("ce", greedy_chain=chain), gen=torch.Generator().manual_seed(0),
+                           features=memo.source([id(s) for s in sequences]))
+        return seen["labels"].tolist()
+
+    anchors = dflash.sample_anchors(lens, starts, 8, torch.Generator().manual_seed(0)).anchors
+    plain, chained = learned(False), learned(True)
+    # the positions the chain keeps, rebuilt here from the rows: block k of anchor a is kept while
+    # ids[a+1..a+k-1] are the greedy tokens, and learns greedy[a+k-1]
+    expected = []
+    for row, length in enumerate(lens.tolist()):
+        for a in anchors[row].unique().tolist():
+            for k in range(1, 6):
+                p = a + k
+                if p >= length:
+                    break
+                expected.append(int(greedy[row, p - 1]))
+                if int(ids[row, p]) != int(greedy[row, p - 1]):
+                    break
+    assert chained == expected
+    assert len(chained) < len(plain)  # the departures cut blocks short

@@ -101,6 +101,11 @@ def common_options(func):
 @click.option("--kl-temperature", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True)
 @click.option("--clip", type=click.FloatRange(0, min_open=True), default=0.01, show_default=True)
 @click.option("--gamma", type=click.FloatRange(0, min_open=True), default=7.0, show_default=True)
+@click.option("--greedy-chain", is_flag=True,
+              help="DFlash: each block position learns the target's own greedy token, and only while the row's "
+                   "answer took the greedy token at every earlier position of the block: answers sampled at T > 0 "
+                   "(`data regenerate --temperature`) then widen the contexts without teaching tokens greedy "
+                   "verification would reject.")
 @click.option("--save-every", type=click.IntRange(1), default=100, show_default=True)
 @click.option("--eval-every", type=click.IntRange(0), default=0, show_default=True,
               help="Evaluate τ every N steps; the best evaluated drafter is kept in OUT-best.")
@@ -122,7 +127,8 @@ def common_options(func):
 @click.pass_context
 def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_tokens, limit, eval_data, eval_prompts,
                 device, seed, init, epochs, steps, lr, warmup_steps, layers, block_size, blocks_per_seq, ttt_length,
-                chain_steps, length_head, draft_vocab, init_from_target, loss, alpha, kl_temperature, clip, gamma, save_every, eval_every,
+                chain_steps, length_head, draft_vocab, init_from_target, loss, alpha, kl_temperature, clip, gamma, greedy_chain,
+                save_every, eval_every,
                 resume, max_minutes, feature_memo_gb, profile_dir, profile_steps, profile_after) -> None:
     """Train a DFlash, EAGLE-3 or MTP drafter on target-generated data (single process or torchrun)."""
     from adaflash.models.drafter_io import DrafterError, frequent_tokens, refuse_foreign_folder
@@ -143,7 +149,9 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
     try:
         deepen = layers if init and ctx.get_parameter_source("layers") is click.core.ParameterSource.COMMANDLINE else None
         refuse_foreign_folder(Path(out))  # before the training, not at its first checkpoint
-        loss_cfg = LossConfig(loss, alpha, kl_temperature, clip, gamma)
+        loss_cfg = LossConfig(loss, alpha, kl_temperature, clip, gamma, greedy_chain)
+        if greedy_chain and method != "dflash":
+            raise ValueError(f"--greedy-chain trains DFlash blocks; {method} drafters learn a chain of their own drafts")
         tgt = load_target(target, device=_device(device, rank, world), dtype="float32")
         setup_distributed(tgt.device)
         sequences = load_sequences(data, tgt, max_len, limit)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from adaflash.models.drafters import DFlashDrafter
 from adaflash.models.target import TargetModel
-from adaflash.train.features import FeatureSource, direct_features, teacher_logits
+from adaflash.train.features import FeatureSource, direct_features, greedy_tokens, teacher_logits
 from adaflash.train.losses import LossConfig, distill_loss, position_decay, to_draft_vocab
 
 
@@ -53,6 +53,20 @@ def block_mask(anchors: torch.Tensor, ctx_len: int, block: int) -> torch.Tensor:
     return torch.cat([ctx, own], dim=-1)
 
 
+def follow_greedy(answer: torch.Tensor, greedy: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Labels and live positions [b, n, B] of blocks that learn the target's greedy chain.
+
+    `answer` holds the row's tokens at each block position, `greedy` the target's greedy token there
+    (its choice after the previous position). Position k learns `greedy[k]` only if the answer took
+    the greedy token at every position 1..k-1: past the first departure the row's context is no
+    longer the one greedy decoding would have, so its label teaches nothing a verifier accepts.
+    """
+    follows = (answer == greedy)[..., 1:-1].long()
+    ones = torch.ones_like(answer[..., :2], dtype=torch.long)
+    on_chain = torch.cat([ones, follows.cumprod(-1)], dim=-1).bool()
+    return greedy, live & on_chain
+
+
 def dflash_loss(
     drafter: DFlashDrafter,
     target: TargetModel,
@@ -73,9 +87,14 @@ def dflash_loss(
     source = features or direct_features(target, drafter.target_layer_ids)
     # The length head learns the acceptance against the target's greedy token; a memo knows those
     # tokens already, so CE training then needs no teacher logits at all.
-    greedy = getattr(source, "greedy", None) if train_head and loss_cfg.kind == "ce" else None
+    chain = loss_cfg.greedy_chain
+    greedy = getattr(source, "greedy", None) if (train_head and loss_cfg.kind == "ce") or chain else None
     need_teacher = loss_cfg.kind != "ce" or (train_head and greedy is None)
-    feats, final = source(ids, lens, need_teacher)
+    feats, final = source(ids, lens, need_teacher or (chain and greedy is None))
+    # the target's greedy token after each position [b, width], where the chain asks for it
+    greedy_ids = None
+    if chain:
+        greedy_ids = greedy(ids, lens) if greedy is not None else greedy_tokens(target, final.flatten(0, 1)).view(b, width)
     blocks = sample_anchors(lens, starts, blocks_per_seq, gen)
     n = blocks.anchors.shape[1]
     k = torch.arange(size, device=device)
@@ -83,6 +102,10 @@ def dflash_loss(
     in_seq = pos < lens[:, None, None]
     labels = ids.gather(1, pos.clamp(max=width - 1).flatten(1)).view(b, n, size)
     live = in_seq & (k > 0) & blocks.valid[:, :, None]
+    in_block = live  # what acceptance counts over: a position off the greedy chain ends it as a miss
+    if greedy_ids is not None:
+        before_all = (pos - 1).clamp(min=0, max=width - 1).flatten(1)
+        labels, live = follow_greedy(labels, greedy_ids.gather(1, before_all).view(b, n, size), live)
     anchor_tokens = ids.gather(1, blocks.anchors)
     h = torch.cat([target.embed(anchor_tokens)[:, :, None].to(drafter.fc.weight.dtype),
                    drafter.mask_embeds(target, (b, n, size - 1)).to(drafter.fc.weight.dtype)], dim=2)
@@ -106,6 +129,8 @@ def dflash_loss(
     with torch.no_grad():
         if teacher is not None:
             reference = teacher.argmax(-1)
+        elif greedy_ids is not None:
+            reference = greedy_ids[rows, before]
         elif greedy is not None:
             reference = greedy(ids, lens)[rows, before]
         else:
@@ -113,9 +138,12 @@ def dflash_loss(
         hit = torch.zeros(b * n * size, dtype=torch.bool, device=device)
         hit[sel] = drafter.to_target_ids(student.argmax(-1)) == reference
         hit = hit.view(b, n, size)[:, :, 1:]
-        full = in_seq.all(-1) & blocks.valid
-        accepted = (hit | ~live[:, :, 1:]).long().cumprod(-1).sum(-1)
+        accepted = (hit | ~in_block[:, :, 1:]).long().cumprod(-1).sum(-1)
         accepted = torch.minimum(accepted, (lens[:, None] - blocks.anchors - 1).clamp(min=0))
+        # blocks whose acceptance is known: inside the row, and (on a greedy chain) either a miss
+        # before the chain ends or the chain through the whole block
+        on_chain = live[:, :, 1:]
+        full = in_seq.all(-1) & blocks.valid & ((accepted < on_chain.sum(-1)) | on_chain.all(-1))
         stats["block_accept_len"] = float((accepted[full].float() + 1).mean()) if bool(full.any()) else 0.0
         stats["top1"] = float(hit.flatten()[live[:, :, 1:].flatten()].float().mean())
     if train_head and drafter.length_head is not None and bool(full.any()):

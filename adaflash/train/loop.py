@@ -291,7 +291,7 @@ class Trainer:
             self.restore(cfg.out)
         self.memo = FeatureMemo(self.target.model, self.drafter.target_layer_ids,
                                 budget_bytes=None if cfg.memo_gb is None else cfg.memo_gb * 1e9,
-                                keep_greedy=cfg.length_head and cfg.loss.kind == "ce",
+                                keep_greedy=(cfg.length_head and cfg.loss.kind == "ce") or cfg.loss.greedy_chain,
                                 store_dtype=torch.bfloat16 if self.mixed else None)
         per_epoch = [b for i, b in enumerate(batches(epoch_order(len(sequences), cfg.seed, 0), sequences,
                                                      cfg.batch_tokens)) if i % world == rank]

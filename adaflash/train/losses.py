@@ -23,6 +23,9 @@ class LossConfig:
     temperature: float = 1.0
     clip: float = 0.01  # rkl-mix: per-position cap on T²·KL / N
     gamma: float = 7.0  # DFlash position decay
+    # DFlash: learn a block position only while the answer follows the target's greedy choice, and
+    # against that choice (answers sampled at T > 0 then teach what greedy verification accepts)
+    greedy_chain: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in LOSSES:
