@@ -432,3 +432,17 @@ def test_greedy_chain_learns_greedy_tokens_and_nothing_past_a_departure(learnabl
                     break
     assert chained == expected
     assert len(chained) < len(plain)  # the departures cut blocks short
+
+
+def test_block_acceptance_counts_hits_to_the_first_miss_and_knows_when_a_chain_hides_the_rest():
+    from adaflash.train.dflash import block_acceptance
+
+    t, f = True, False
+    hit = torch.tensor([[[t, t, f, t], [t, t, f, f], [t, f, t, t]]])
+    in_block = torch.ones(1, 3, 4, dtype=torch.bool)
+    learned = torch.tensor([[[t, t, t, t], [t, t, f, f], [t, t, f, f]]])  # blocks 2 and 3: chains of 2
+    accepted, known = block_acceptance(hit, in_block, learned, torch.ones(1, 3, dtype=torch.bool),
+                                       torch.tensor([[10, 10, 1]]))
+    assert accepted.tolist() == [[2, 2, 1]]  # the third block's row has one token left
+    # block 2 hit its whole chain, which ended before the block: how far it would go is unseen
+    assert known.tolist() == [[True, False, True]]

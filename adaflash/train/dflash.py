@@ -67,6 +67,21 @@ def follow_greedy(answer: torch.Tensor, greedy: torch.Tensor, live: torch.Tensor
     return greedy, live & on_chain
 
 
+def block_acceptance(hit: torch.Tensor, in_block: torch.Tensor, learned: torch.Tensor, whole: torch.Tensor,
+                     room: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drafts of each block [b, n] that greedy verification would accept, and whether that count is known.
+
+    `hit`, `in_block`, `learned` are [b, n, B-1] over positions 1..B-1: the draft equals the target's
+    token; the position lies inside the row; it was learned (on a greedy chain, only up to a departure).
+    `whole` marks blocks inside their row, `room` the tokens after each anchor. A count is known
+    unless every learned draft hit and the chain ended before the block did: what follows is unseen.
+    """
+    accepted = (hit | ~in_block).long().cumprod(-1).sum(-1)
+    accepted = torch.minimum(accepted, room)
+    known = whole & ((accepted < learned.sum(-1)) | learned.all(-1))
+    return accepted, known
+
+
 def dflash_loss(
     drafter: DFlashDrafter,
     target: TargetModel,
@@ -138,12 +153,8 @@ def dflash_loss(
         hit = torch.zeros(b * n * size, dtype=torch.bool, device=device)
         hit[sel] = drafter.to_target_ids(student.argmax(-1)) == reference
         hit = hit.view(b, n, size)[:, :, 1:]
-        accepted = (hit | ~in_block[:, :, 1:]).long().cumprod(-1).sum(-1)
-        accepted = torch.minimum(accepted, (lens[:, None] - blocks.anchors - 1).clamp(min=0))
-        # blocks whose acceptance is known: inside the row, and (on a greedy chain) either a miss
-        # before the chain ends or the chain through the whole block
-        on_chain = live[:, :, 1:]
-        full = in_seq.all(-1) & blocks.valid & ((accepted < on_chain.sum(-1)) | on_chain.all(-1))
+        accepted, full = block_acceptance(hit, in_block[:, :, 1:], live[:, :, 1:], in_seq.all(-1) & blocks.valid,
+                                          (lens[:, None] - blocks.anchors - 1).clamp(min=0))
         stats["block_accept_len"] = float((accepted[full].float() + 1).mean()) if bool(full.any()) else 0.0
         stats["top1"] = float(hit.flatten()[live[:, :, 1:].flatten()].float().mean())
     if train_head and drafter.length_head is not None and bool(full.any()):
