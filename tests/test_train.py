@@ -367,18 +367,14 @@ def test_a_regenerated_row_trains_on_its_output_ids_not_a_re_encoding(tiny_targe
     assert seq.response_start == len(tiny_target.encode(prompt))
 
 
-def test_follow_greedy_keeps_a_block_position_while_the_answer_took_the_greedy_token_before_it():
-    from adaflash.train.dflash import follow_greedy
+def test_greedy_chain_mask_keeps_a_block_position_while_the_answer_took_the_greedy_token_before_it():
+    from adaflash.train.dflash import greedy_chain_mask
 
     greedy = torch.tensor([[[0, 11, 12, 13, 14, 15]]])
     answer = torch.tensor([[[9, 11, 99, 13, 14, 15]]])  # departs from greedy at position 2
-    live = torch.tensor([[[False, True, True, True, True, False]]])  # position 5 past the row's end
-    labels, kept = follow_greedy(answer, greedy, live)
-    assert torch.equal(labels, greedy)
-    # position 1 follows the anchor, 2 follows position 1 (greedy); 3 onwards come after the departure
-    assert kept.tolist() == [[[False, True, True, False, False, False]]]
-    same, kept_all = follow_greedy(greedy.clone(), greedy, live)
-    assert torch.equal(kept_all, live)
+    # the anchor and position 1 always; 2 follows position 1 (greedy); 3 onwards come after the departure
+    assert greedy_chain_mask(answer, greedy).tolist() == [[[True, True, True, False, False, False]]]
+    assert greedy_chain_mask(greedy.clone(), greedy).all()
 
 
 def test_greedy_chain_learns_greedy_tokens_and_nothing_past_a_departure(learnable, regen, monkeypatch):

@@ -53,18 +53,17 @@ def block_mask(anchors: torch.Tensor, ctx_len: int, block: int) -> torch.Tensor:
     return torch.cat([ctx, own], dim=-1)
 
 
-def follow_greedy(answer: torch.Tensor, greedy: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Labels and live positions [b, n, B] of blocks that learn the target's greedy chain.
+def greedy_chain_mask(answer: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+    """[b, n, B]: the block positions that learn the target's greedy token `greedy` (its choice after
+    the previous position), given the row's tokens `answer` there.
 
-    `answer` holds the row's tokens at each block position, `greedy` the target's greedy token there
-    (its choice after the previous position). Position k learns `greedy[k]` only if the answer took
-    the greedy token at every position 1..k-1: past the first departure the row's context is no
-    longer the one greedy decoding would have, so its label teaches nothing a verifier accepts.
+    Position k learns only if the answer took the greedy token at every position 1..k-1: past the
+    first departure the row's context is no longer the one greedy decoding would have, so its label
+    teaches nothing a verifier accepts.
     """
     follows = (answer == greedy)[..., 1:-1].long()
     ones = torch.ones_like(answer[..., :2], dtype=torch.long)
-    on_chain = torch.cat([ones, follows.cumprod(-1)], dim=-1).bool()
-    return greedy, live & on_chain
+    return torch.cat([ones, follows.cumprod(-1)], dim=-1).bool()
 
 
 def block_acceptance(hit: torch.Tensor, in_block: torch.Tensor, learned: torch.Tensor, whole: torch.Tensor,
@@ -106,10 +105,12 @@ def dflash_loss(
     greedy = getattr(source, "greedy", None) if (train_head and loss_cfg.kind == "ce") or chain else None
     need_teacher = loss_cfg.kind != "ce" or (train_head and greedy is None)
     feats, final = source(ids, lens, need_teacher or (chain and greedy is None))
-    # the target's greedy token after each position [b, width], where the chain asks for it
+    # the target's greedy token after each position [b, width], where the head or the chain asks for it
     greedy_ids = None
-    if chain:
-        greedy_ids = greedy(ids, lens) if greedy is not None else greedy_tokens(target, final.flatten(0, 1)).view(b, width)
+    if greedy is not None:
+        greedy_ids = greedy(ids, lens)
+    elif chain:
+        greedy_ids = greedy_tokens(target, final.flatten(0, 1)).view(b, width)
     blocks = sample_anchors(lens, starts, blocks_per_seq, gen)
     n = blocks.anchors.shape[1]
     k = torch.arange(size, device=device)
@@ -118,9 +119,11 @@ def dflash_loss(
     labels = ids.gather(1, pos.clamp(max=width - 1).flatten(1)).view(b, n, size)
     live = in_seq & (k > 0) & blocks.valid[:, :, None]
     in_block = live  # what acceptance counts over: a position off the greedy chain ends it as a miss
-    if greedy_ids is not None:
+    if chain:
         before_all = (pos - 1).clamp(min=0, max=width - 1).flatten(1)
-        labels, live = follow_greedy(labels, greedy_ids.gather(1, before_all).view(b, n, size), live)
+        greedy_at = greedy_ids.gather(1, before_all).view(b, n, size)
+        live = live & greedy_chain_mask(labels, greedy_at)
+        labels = greedy_at
     anchor_tokens = ids.gather(1, blocks.anchors)
     h = torch.cat([target.embed(anchor_tokens)[:, :, None].to(drafter.fc.weight.dtype),
                    drafter.mask_embeds(target, (b, n, size - 1)).to(drafter.fc.weight.dtype)], dim=2)
@@ -146,8 +149,6 @@ def dflash_loss(
             reference = teacher.argmax(-1)
         elif greedy_ids is not None:
             reference = greedy_ids[rows, before]
-        elif greedy is not None:
-            reference = greedy(ids, lens)[rows, before]
         else:
             reference = chosen
         hit = torch.zeros(b * n * size, dtype=torch.bool, device=device)
