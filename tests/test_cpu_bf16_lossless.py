@@ -88,3 +88,22 @@ def test_speculative_decoding_in_bf16_on_a_cpu_gives_vanillas_tokens(smollm2_bf1
         engine = build_engine(smollm2_bf16, method, "smollm2-135m-general", config=EngineConfig(max_batch=2, max_len=256))
         requests = make_requests(smollm2_bf16, 2, prompts=prompts, max_new_tokens=48, ignore_eos=True)
         assert [o.output_ids for o in engine.generate(requests)] == reference, method
+
+
+def test_bf16_if_native_takes_bf16_only_where_the_cpu_has_a_bf16_unit(monkeypatch):
+    """The main job measures in `bf16-if-native`: bf16 on a CPU whose flags name a bf16 unit, float32 on
+    one that would emulate it (much slower), bf16 on a GPU; `auto` stays float32 on a CPU."""
+    from adaflash.models import loading
+
+    x86 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+    arm = "processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\n"
+    older = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\nmodel name\t: bf16 in a name is no flag\n"
+    assert loading.cpu_has_native_bf16(x86) and loading.cpu_has_native_bf16(arm)
+    assert not loading.cpu_has_native_bf16(older) and not loading.cpu_has_native_bf16("")
+    for native, expected in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda cpuinfo=None, n=native: n)
+        assert loading.pick_dtype("cpu", "bf16-if-native") == expected
+        assert loading.pick_dtype("cuda:0", "bf16-if-native") == torch.bfloat16
+        assert loading.pick_dtype("cpu", "auto") == torch.float32
+    with pytest.raises(ValueError, match="'bf17': expected .*bf16-if-native"):
+        loading.pick_dtype("cpu", "bf17")

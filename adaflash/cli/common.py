@@ -74,6 +74,7 @@ def output_format_option(formats: Sequence[str] = ("table", "json", "csv")):
 
 
 WHOLE_COLUMNS = ("id", "run_id", "run")
+DTYPE_HELP = "float32, bfloat16, float16, auto (bf16 on a GPU) or bf16-if-native (bf16 also on a CPU with a bf16 unit)."
 
 
 def emit_rows(rows: list[dict[str, Any]], columns: Sequence[str], fmt: str, *, title: str | None = None) -> None:

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from adaflash.cli.common import chosen_drafter, fail, run_guard, runlog_of
+from adaflash.cli.common import DTYPE_HELP, chosen_drafter, fail, run_guard, runlog_of
 from adaflash.cli.engine_options import engine_options
 from adaflash.engine.config import EngineConfig
 from adaflash.methods import METHOD_NAMES, VANILLA
@@ -33,7 +33,7 @@ from adaflash.methods import METHOD_NAMES, VANILLA
 @click.option("--batch-size", type=click.IntRange(1, 1024), default=16, show_default=True)
 @engine_options()
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--dtype", default="auto", show_default=True, help="float32, bfloat16, float16 or auto.")
+@click.option("--dtype", default="auto", show_default=True, help=DTYPE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt.")
 @click.pass_context
 def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_file: str | None, limit: int | None,

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from adaflash.cli.common import chosen_drafter, fail, runlog_of, workspace_path_of
+from adaflash.cli.common import DTYPE_HELP, chosen_drafter, fail, runlog_of, workspace_path_of
 from adaflash.cli.engine_options import engine_options
 from adaflash.cli.serve_adapt import adapt_config, adapt_options, build_adapter, rollback
 from adaflash.engine.config import EngineConfig
@@ -59,7 +59,7 @@ DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longe
 @click.option("--block-size", type=click.IntRange(2), default=None,
               help="SGLang DFlash: --speculative-dflash-block-size (default: the drafter's config).")
 @click.option("--device", default="auto", show_default=True, help="Embedded: cpu, cuda, cuda:N or auto.")
-@click.option("--dtype", default="auto", show_default=True, help="Embedded: float32, bfloat16, float16 or auto.")
+@click.option("--dtype", default="auto", show_default=True, help="Embedded: " + DTYPE_HELP)
 @click.option("--sglang-arg", "sglang_args", multiple=True,
               help="Extra SGLang arguments, appended verbatim (repeatable; later flags override).")
 @adapt_options

@@ -21,13 +21,37 @@ def pick_device(device: str | None = None) -> str:
 
 
 def pick_dtype(device: str, dtype: str | None = None) -> torch.dtype:
+    """`auto`: bf16 on a GPU, float32 elsewhere. `bf16-if-native`: bf16 also on a CPU that multiplies it
+    in hardware, where speculative decoding runs fastest and losslessly by construction (docs/engine.md);
+    on other CPUs bf16 is emulated, slower than float32."""
+    if dtype == "bf16-if-native":
+        return torch.bfloat16 if device.startswith("cuda") or cpu_has_native_bf16() else torch.float32
     if dtype and dtype != "auto":
         try:
             return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                     "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
         except KeyError:
-            raise ValueError(f"dtype {dtype!r}: expected float32, bfloat16 or float16") from None
+            raise ValueError(f"dtype {dtype!r}: expected float32, bfloat16, float16, auto or bf16-if-native") from None
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86's two; Arm's BF16 extension
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU's flags (Linux `/proc/cpuinfo`: x86 `flags`, Arm `Features`) name a bf16 unit;
+    False where they cannot be read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return bool(flags & NATIVE_BF16_FLAGS)
 
 
 def local_folder(spec: str) -> Path:
