@@ -115,13 +115,13 @@ def dflash_loss(
     n = blocks.anchors.shape[1]
     k = torch.arange(size, device=device)
     pos = blocks.anchors[:, :, None] + k  # [b, n, B]
+    before_pos = (pos - 1).clamp(min=0, max=width - 1)  # the position whose target output predicts each one
     in_seq = pos < lens[:, None, None]
     labels = ids.gather(1, pos.clamp(max=width - 1).flatten(1)).view(b, n, size)
     live = in_seq & (k > 0) & blocks.valid[:, :, None]
     in_block = live  # what acceptance counts over: a position off the greedy chain ends it as a miss
     if chain:
-        before_all = (pos - 1).clamp(min=0, max=width - 1).flatten(1)
-        greedy_at = greedy_ids.gather(1, before_all).view(b, n, size)
+        greedy_at = greedy_ids.gather(1, before_pos.flatten(1)).view(b, n, size)
         live = live & greedy_chain_mask(labels, greedy_at)
         labels = greedy_at
     anchor_tokens = ids.gather(1, blocks.anchors)
@@ -135,9 +135,8 @@ def dflash_loss(
     flat_hidden = hidden.reshape(b * n * size, -1)
     student = drafter.draft_logits(flat_hidden[sel], target)
     weights = position_decay(size, loss_cfg.gamma, device).expand(b, n, size).flatten()[sel]
-    # each selected position's row, and the position whose target output predicts it
-    rows = torch.arange(b, device=device)[:, None, None].expand(b, n, size).flatten()[sel]
-    before = (pos - 1).clamp(min=0).flatten()[sel]
+    rows = torch.arange(b, device=device)[:, None, None].expand(b, n, size).flatten()[sel]  # each one's row
+    before = before_pos.flatten()[sel]
     teacher = teacher_logits(target, final, rows, before) if need_teacher else None
     chosen = labels.flatten()[sel]
     d_labels, d_teacher, weights = to_draft_vocab(drafter.draft_vocab, target.cfg.vocab_size, chosen, teacher, weights)
