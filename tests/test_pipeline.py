@@ -193,6 +193,8 @@ def test_pipeline_end_to_end_on_cpu(tmp_path, tiny_llama, tiny_target):
     buffer, store = SwapBuffer(swap), WeightStore(swap)
     assert buffer.count() == 10 and buffer.producer_done() == 10
     assert "number 2 twice" in buffer.read(0, 1)[0]["prompt_text"]  # the first two prompts were skipped
+    # the exact prompt tokens served travel with each answer: the trainer needs no tokenizer
+    assert all(r["prompt_ids"] == tiny_target.encode(r["prompt_text"]) for r in buffer.read(0, 10))
     pointer = store.pointer()
     assert pointer["consumed"] == 10  # every sample learned from exactly once
     assert store.latest_version() >= 3

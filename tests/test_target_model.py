@@ -67,6 +67,23 @@ def test_greedy_equals_transformers_generate_on_smollm2(smollm2_folder, device):
     assert [o.output_ids for o in outputs] == expected
 
 
+def test_a_target_loaded_without_its_tokenizer_imports_transformers_only_when_it_is_used(tiny_llama, tiny_target):
+    """A trainer of the pipeline or of serve --adapt sees token ids: its process starts without transformers;
+    text (or an engine) loads the tokenizer then, eos ids with it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from adaflash.models.loading import load_target\n"
+            "t = load_target(sys.argv[1], device='cpu', with_tokenizer=False)\n"
+            "print('transformers' in sys.modules, t.eos_ids)\n"
+            "print(t.encode('Hello there'), 'transformers' in sys.modules, t.eos_ids)")
+    done = subprocess.run([sys.executable, "-c", code, str(tiny_llama)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "False []", f"{tiny_target.encode('Hello there')} True {tiny_target.eos_ids}"], done.stdout
+    assert tiny_target.eos_ids
+
+
 def test_unsupported_family_is_refused(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(ValueError, match="gpt2.*not supported"):

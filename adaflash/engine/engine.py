@@ -85,6 +85,7 @@ class Engine(Admitting, VerifyLengths):
     ) -> None:
         drafter = fitting_drafter(method_of(method), drafter)
         cfg = self.config = config or EngineConfig()
+        target.ensure_tokenizer()  # its eos ids end rows
         self.target = target
         self.method = method
         self.model = target.model

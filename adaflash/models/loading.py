@@ -67,7 +67,9 @@ def local_folder(spec: str) -> Path:
 
 @dataclass
 class Target:
-    """The target model with its tokenizer; the one object every method and worker shares."""
+    """The target model with its tokenizer; the one object every method and worker shares. A trainer, which
+    mostly sees token ids, loads it with `with_tokenizer=False`: the tokenizer (and transformers' import,
+    a second of a worker's start) then comes on first use, if ever."""
 
     name: str
     folder: Path
@@ -83,36 +85,54 @@ class Target:
     def max_context(self) -> int:
         return int(self.model.cfg.max_position_embeddings)
 
+    def ensure_tokenizer(self) -> Any:
+        """The tokenizer, loaded now if the target came without it (and with it the tokenizer's eos ids)."""
+        if self.tokenizer is None:
+            self.tokenizer = _load_tokenizer(self.folder)
+            self.eos_ids = _eos_ids(self.tokenizer, self.folder)
+        return self.tokenizer
+
     def render(self, prompt: str | Conversation, *, chat: bool = True) -> str:
         """The exact prompt string the engine feeds (chat template applied when asked)."""
         if isinstance(prompt, str):
             if not chat:
                 return prompt
             prompt = [{"role": "user", "content": prompt}]
-        if chat and getattr(self.tokenizer, "chat_template", None):
+        if chat and getattr(self.ensure_tokenizer(), "chat_template", None):
             return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
         return "\n".join(m["content"] for m in prompt)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.ensure_tokenizer()(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.ensure_tokenizer().decode(ids, skip_special_tokens=True)
 
 
-def load_target(spec: str, *, device: str | None = None, dtype: str | None = None) -> Target:
-    from transformers import AutoTokenizer
-
+def load_target(spec: str, *, device: str | None = None, dtype: str | None = None,
+                with_tokenizer: bool = True) -> Target:
     folder = local_folder(spec)
     dev = pick_device(device)
     model = load_target_model(folder, device=dev, dtype=pick_dtype(dev, dtype))
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    target = Target(name=spec, folder=folder, model=model, tokenizer=None, eos_ids=[])
+    if with_tokenizer:
+        target.ensure_tokenizer()
+    return target
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def _eos_ids(tokenizer: Any, folder: Path) -> list[int]:
     eos: list[int] = []
     for source in (tokenizer.eos_token_id, _generation_eos(folder)):
         for value in source if isinstance(source, list) else [source]:
             if value is not None and value not in eos:
                 eos.append(int(value))
-    return Target(name=spec, folder=folder, model=model, tokenizer=tokenizer, eos_ids=eos)
+    return eos
 
 
 def _generation_eos(folder: Path) -> list[int]:

@@ -143,7 +143,7 @@ class TrainingWorker:
     def __init__(self, cfg: TrainingConfig) -> None:
         self.cfg = cfg
         self.rank, self.world = rank_world()
-        self.target = load_target(cfg.target, device=_rank_device(cfg.device), dtype="float32")
+        self.target = load_target(cfg.target, device=_rank_device(cfg.device), dtype="float32", with_tokenizer=False)
         setup_distributed(self.target.device)
         self.log = RunLog.open(cfg.workspace) if self.rank == 0 else None
         self.buffer, self.store = SwapBuffer(cfg.swap_dir), WeightStore(cfg.swap_dir)
