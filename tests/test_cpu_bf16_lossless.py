@@ -107,3 +107,30 @@ def test_bf16_if_native_takes_bf16_only_where_the_cpu_has_a_bf16_unit(monkeypatc
         assert loading.pick_dtype("cpu", "auto") == torch.float32
     with pytest.raises(ValueError, match="'bf17': expected .*bf16-if-native"):
         loading.pick_dtype("cpu", "bf17")
+
+
+def test_the_commands_that_decode_default_to_bf16_where_the_cpu_has_a_bf16_unit(tiny_llama, monkeypatch):
+    """generate, serve, eval, bench engine and data regenerate decode in bf16-if-native unless told: the dtype
+    in which speculative decoding pays on a CPU. Seen through the dtype the target is loaded in."""
+    import click
+    from click.testing import CliRunner
+
+    from adaflash.cli.main import cli
+    from adaflash.models import loading
+
+    def option(path: list[str]) -> click.Option:
+        command, ctx = cli, click.Context(cli)
+        for name in path:
+            command = command.get_command(ctx, name)
+        return next(p for p in command.params if p.name == "dtype")
+
+    for path in (["generate"], ["serve"], ["eval"], ["bench", "engine"], ["data", "regenerate"]):
+        assert option(path).default == "bf16-if-native", path
+    seen = []
+    real = loading.load_target_model
+    monkeypatch.setattr(loading, "load_target_model", lambda folder, **kw: seen.append(kw["dtype"]) or real(folder, **kw))
+    monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda cpuinfo=None: True)
+    result = CliRunner().invoke(cli, ["generate", "--target", str(tiny_llama), "--prompt", "Hi", "--max-new-tokens", "2",
+                                      "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert seen == [torch.bfloat16]

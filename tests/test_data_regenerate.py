@@ -44,7 +44,8 @@ def test_regenerate_keeps_the_exact_prompt_and_the_answer(tmp_path, tiny_llama, 
     out = tmp_path / "regen" / "out.jsonl"
     ws = tmp_path / "ws"
     result = regen(ws, "--target", str(tiny_llama), "--dataset", str(prompts_file), "--num-samples", "3",
-                   "--max-new-tokens", "6", "--batch-size", "2", "--out", str(out), "--json")
+                   "--max-new-tokens", "6", "--batch-size", "2", "--out", str(out), "--json",
+                   "--dtype", "float32")  # the references below: the float32 target
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     rows = read_rows(out)

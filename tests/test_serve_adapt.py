@@ -238,8 +238,8 @@ def test_an_adapting_server_trains_swaps_survives_a_killed_trainer_rolls_back_an
     swap = tmp_path / "swap"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     args = ["--workspace", str(tmp_path / "ws"), "serve", "--method", "adaflash", "--target", str(tiny_llama),
-            "--draft", str(draft), "--device", "cpu", "--port", "0", "--max-batch", "4", "--context-length", "128",
-            "--adapt", "--swap-dir", str(swap), "--adapt-train-batch", "4", "--adapt-publish-every", "1",
+            "--draft", str(draft), "--device", "cpu", "--dtype", "float32", "--port", "0", "--max-batch", "4",
+            "--context-length", "128", "--adapt", "--swap-dir", str(swap), "--adapt-train-batch", "4", "--adapt-publish-every", "1",
             "--adapt-lr", "0.0002", "--rollback-min-requests", "100000"]
     err_path = tmp_path / "serve.err"
     proc, url = _start(args, env, err_path)

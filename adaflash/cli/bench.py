@@ -370,7 +370,7 @@ def _supervised_launcher(log, workspace: str, spec):
 @click.option("--batch-sizes", default="1", show_default=True, help="Comma-separated engine batch sizes, e.g. 1,8,32.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--dtype", default="auto", show_default=True, help=DTYPE_HELP)
+@click.option("--dtype", default="bf16-if-native", show_default=True, help=DTYPE_HELP)
 @click.option("--compare-hf", is_flag=True,
               help="Also time transformers' generate() on the same model folder: greedy, and prompt lookup at batch 1.")
 @click.option("--prompt-lookup-tokens", type=click.IntRange(1), default=10, show_default=True,

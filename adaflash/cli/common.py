@@ -74,7 +74,9 @@ def output_format_option(formats: Sequence[str] = ("table", "json", "csv")):
 
 
 WHOLE_COLUMNS = ("id", "run_id", "run")
-DTYPE_HELP = "float32, bfloat16, float16, auto (bf16 on a GPU) or bf16-if-native (bf16 also on a CPU with a bf16 unit)."
+DTYPE_HELP = ("bf16-if-native: bf16 on a GPU and on a CPU with a bf16 unit (there speculative decoding pays, and is "
+              "lossless by construction), float32 on other CPUs; auto: bf16 on a GPU, float32 on any CPU; float32, "
+              "bfloat16 or float16.")
 
 
 def emit_rows(rows: list[dict[str, Any]], columns: Sequence[str], fmt: str, *, title: str | None = None) -> None:

@@ -305,7 +305,7 @@ def report_regenerate(log: Any, summary: dict[str, Any], as_json: bool, *, how: 
               help="KV-cache positions per prompt [default: fit the longest prompt + max-new-tokens, at most 4096]; "
                    "longer prompts are skipped.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--dtype", default="auto", show_default=True, help=DTYPE_HELP)
+@click.option("--dtype", default="bf16-if-native", show_default=True, help=DTYPE_HELP)
 @click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), callback=writable_file,
               help="Output JSONL, gzip-compressed when it ends in .gz (written atomically).")
 @click.option("--shard", default=None, metavar="I/N",

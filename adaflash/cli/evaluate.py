@@ -51,7 +51,7 @@ def _parse_methods(specs: tuple[str, ...], target: str) -> list[tuple[str, str |
 @click.option("--chat/--no-chat", default=True, show_default=True)
 @engine_options()
 @click.option("--device", default="auto", show_default=True)
-@click.option("--dtype", default="auto", show_default=True, help=DTYPE_HELP)
+@click.option("--dtype", default="bf16-if-native", show_default=True, help=DTYPE_HELP)
 @click.option("--label", default=None)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "markdown"]), default="table", show_default=True)
 @click.pass_context

@@ -33,7 +33,7 @@ from adaflash.methods import METHOD_NAMES, VANILLA
 @click.option("--batch-size", type=click.IntRange(1, 1024), default=16, show_default=True)
 @engine_options()
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--dtype", default="auto", show_default=True, help=DTYPE_HELP)
+@click.option("--dtype", default="bf16-if-native", show_default=True, help=DTYPE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt.")
 @click.pass_context
 def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_file: str | None, limit: int | None,

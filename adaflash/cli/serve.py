@@ -59,7 +59,7 @@ DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longe
 @click.option("--block-size", type=click.IntRange(2), default=None,
               help="SGLang DFlash: --speculative-dflash-block-size (default: the drafter's config).")
 @click.option("--device", default="auto", show_default=True, help="Embedded: cpu, cuda, cuda:N or auto.")
-@click.option("--dtype", default="auto", show_default=True, help="Embedded: " + DTYPE_HELP)
+@click.option("--dtype", default="bf16-if-native", show_default=True, help="Embedded: " + DTYPE_HELP)
 @click.option("--sglang-arg", "sglang_args", multiple=True,
               help="Extra SGLang arguments, appended verbatim (repeatable; later flags override).")
 @adapt_options
