@@ -126,6 +126,9 @@ def test_the_commands_that_decode_default_to_bf16_where_the_cpu_has_a_bf16_unit(
 
     for path in (["generate"], ["serve"], ["eval"], ["bench", "engine"], ["data", "regenerate"]):
         assert option(path).default == "bf16-if-native", path
+    from adaflash.pipeline.inference import InferenceConfig  # the pipeline's inference worker alike
+
+    assert InferenceConfig("t", "d", "p.jsonl", "swap", "run", "ws").dtype == "bf16-if-native"
     seen = []
     real = loading.load_target_model
     monkeypatch.setattr(loading, "load_target_model", lambda folder, **kw: seen.append(kw["dtype"]) or real(folder, **kw))

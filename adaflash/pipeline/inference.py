@@ -61,7 +61,7 @@ class InferenceConfig:
     flush_every: int = 8
     chat: bool = True
     device: str | None = None
-    dtype: str | None = None
+    dtype: str = "bf16-if-native"  # as the decoding commands: bf16 on a GPU and on a CPU with a bf16 unit
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> InferenceConfig:
