@@ -42,7 +42,9 @@ def test_matrix_serves_each_method_and_leaves_a_comparison(workspace, tiny_llama
     assert len(children) == 4 and all(c["config"]["matrix_run"] == matrix["id"] for c in children)
     served = log.list_runs(kind="serve")
     assert {s["method"] for s in served} == {"vanilla", "dflash"}
-    assert all(s["status"] == "finished" for s in served)  # SIGTERM handled: the run closed cleanly
+    assert all(s["status"] == "finished" for s in served), [  # SIGTERM handled: the run closed cleanly
+        (s["method"], s["status"], s["note"], log.events_since(0, run_id=s["id"])[-3:]) for s in served] + [
+        e["message"] for e in log.events_since(0, run_id=matrix["id"]) if "server stopped" in e["message"]]
     assert (workspace / "runs" / matrix["id"] / "serve-dflash.log").read_text().count("adaflash server ready on") == 1
     jobs = log.jobs(matrix["id"])  # started through jobs.supervisor: one row per server
     assert [j["name"] for j in jobs] == ["serve-vanilla", "serve-dflash"] and {j["status"] for j in jobs} == {"stopped"}
