@@ -104,6 +104,7 @@ class Request:
 class Output:
     rid: str
     prompt_text: str | None
+    prompt_ids: list[int]  # the tokens served: what a trainer learns the answer after
     output_ids: list[int]
     text: str
     meta_info: dict[str, Any]

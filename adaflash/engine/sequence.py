@@ -116,4 +116,5 @@ class RunningSeq:
             "method": method,
             "drafter_version": drafter_version,
         }
-        return Output(self.request.rid, self.request.prompt_text, list(self.output_ids), text, meta)
+        return Output(self.request.rid, self.request.prompt_text, self.request.prompt_ids, list(self.output_ids), text,
+                      meta)

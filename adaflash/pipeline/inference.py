@@ -93,7 +93,6 @@ class InferenceWorker:
         self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
         self.next_prompt = self.produced
         self.pending: list[dict] = []
-        self.prompt_ids: dict[str, list[int]] = {}  # in flight: the trainers learn from these exact tokens
         self.started = time.time()
         self.window_tokens, self.window_verify, self.window_start = 0, 0, time.perf_counter()
         self.tokens_so_far, self.progress_at = 0, -math.inf
@@ -138,9 +137,7 @@ class InferenceWorker:
         while (len(engine.active) + len(engine.waiting) < engine.max_batch
                and (self.total is None or self.next_prompt < self.total)):
             rid, text = self.prompts[self.next_prompt % len(self.prompts)]
-            request = Request(self.target.encode(text), self.params, prompt_text=text, rid=f"{rid}#{self.next_prompt}")
-            self.prompt_ids[request.rid] = request.prompt_ids
-            engine.add(request)
+            engine.add(Request(self.target.encode(text), self.params, prompt_text=text, rid=f"{rid}#{self.next_prompt}"))
             self.next_prompt += 1
 
     def _progress(self) -> None:
@@ -164,7 +161,7 @@ class InferenceWorker:
             self.window_verify += meta["spec_verify_ct"]
             self.pending.append({
                 "id": event.rid, "prompt_text": event.output.prompt_text, "response": event.output.text,
-                "prompt_ids": self.prompt_ids.pop(event.rid), "output_ids": event.output.output_ids,
+                "prompt_ids": event.output.prompt_ids, "output_ids": event.output.output_ids,
                 "finish_reason": meta["finish_reason"],
                 "drafter_version": meta["drafter_version"], "tau": meta["spec_accept_length"],
                 "completion_tokens": meta["completion_tokens"], "spec_verify_ct": meta["spec_verify_ct"],
