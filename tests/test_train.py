@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -442,3 +443,53 @@ def test_block_acceptance_counts_hits_to_the_first_miss_and_knows_when_a_chain_h
     assert accepted.tolist() == [[2, 2, 1]]  # the third block's row has one token left
     # block 2 hit its whole chain, which ended before the block: how far it would go is unseen
     assert known.tolist() == [[True, False, True]]
+
+
+class Ticking:
+    """A clock that advances `tick` seconds at each reading: a training step then lasts a known time."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def _rates(trainer: Trainer, sequences) -> list[float]:
+    rates: list[float] = []
+    trainer.run(sequences, on_step=lambda step, total, stats: rates.append(stats["lr"]))
+    return rates
+
+
+def test_a_time_budget_ends_the_learning_rate_schedule_annealed_and_a_resumed_leg_continues_it(
+        tmp_path, learnable, regen):
+    """A run cut by --max-minutes long before its last step must not stop at its peak rate; split into
+    legs over one --schedule-minutes, the second leg picks the cosine up where the first left it."""
+    sequences = load_sequences(regen, learnable, 256)
+    cut = Trainer(_cfg(tmp_path / "cut", steps=1000, warmup_steps=0, max_minutes=1.0), learnable)
+    cut.clock = Ticking(10.0)  # one reading a step: 10 s a step, so 6 steps fill the minute
+    rates = _rates(cut, sequences)
+    assert len(rates) == 6 and cut.state.seconds == pytest.approx(60.0)
+    assert rates == sorted(rates, reverse=True) and rates[0] == pytest.approx(2e-3)
+    assert rates[-1] == pytest.approx(2e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 50 / 60))))
+    assert load_drafter(tmp_path / "cut" / "d").state_dict().keys()  # saved at the budget's end
+
+    legs = dict(steps=1000, warmup_steps=0, max_minutes=1.0, schedule_minutes=2.0)
+    first = Trainer(_cfg(tmp_path / "legs", **legs), learnable)
+    first.clock = Ticking(10.0)
+    first_rates = _rates(first, sequences)
+    second = Trainer(_cfg(tmp_path / "legs", resume=True, **legs), learnable)
+    second.clock = Ticking(10.0)
+    second_rates = _rates(second, sequences)
+    assert second.state.seconds == pytest.approx(120.0) and second.state.step == 12
+    both = first_rates + second_rates
+    assert both == sorted(both, reverse=True)  # one cosine over both legs: no jump back to the peak
+    assert second_rates[0] == pytest.approx(2e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 60 / 120))))
+
+
+def test_without_a_time_budget_the_schedule_follows_the_steps(tmp_path, learnable, regen):
+    trainer = Trainer(_cfg(tmp_path, steps=5, warmup_steps=0), learnable)
+    trainer.clock = Ticking(1000.0)  # however slow its steps, a run without --max-minutes runs them all
+    rates = _rates(trainer, load_sequences(regen, learnable, 256))
+    assert len(rates) == 5 and rates[-1] == pytest.approx(2e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 4 / 5))))

@@ -111,7 +111,13 @@ def common_options(func):
               help="Evaluate τ every N steps; the best evaluated drafter is kept in OUT-best.")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out, bit for bit.")
 @click.option("--max-minutes", type=click.FloatRange(0, min_open=True), default=None,
-              help="Wall-clock budget: stop, evaluate and save when it runs out.")
+              help="Wall-clock budget of this run: stop, evaluate and save when it runs out. The learning rate's "
+                   "cosine ends with it (or at the last step, if that comes first), so the saved drafter is an "
+                   "annealed one.")
+@click.option("--schedule-minutes", type=click.FloatRange(0, min_open=True), default=None,
+              help="The learning rate's cosine spans this many minutes of training, counted over every --resume "
+                   "leg [default: up to the end of this run's --max-minutes]: training split over several time "
+                   "budgets then follows one schedule (give the total, and each leg's --max-minutes).")
 @click.option("--feature-memo-gb", type=click.FloatRange(0), default=None,
               help="Target features kept between epochs, in GB (each later epoch then runs no target pass for "
                    "them) [default: a third of a GPU's free memory, 4 on a CPU]. A corpus larger than it pays a "
@@ -129,7 +135,7 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
                 device, seed, init, epochs, steps, lr, warmup_steps, layers, block_size, blocks_per_seq, ttt_length,
                 chain_steps, length_head, draft_vocab, init_from_target, loss, alpha, kl_temperature, clip, gamma, greedy_chain,
                 save_every, eval_every,
-                resume, max_minutes, feature_memo_gb, profile_dir, profile_steps, profile_after) -> None:
+                resume, max_minutes, schedule_minutes, feature_memo_gb, profile_dir, profile_steps, profile_after) -> None:
     """Train a DFlash, EAGLE-3 or MTP drafter on target-generated data (single process or torchrun)."""
     from adaflash.models.drafter_io import DrafterError, frequent_tokens, refuse_foreign_folder
     from adaflash.models.loading import load_target
@@ -159,6 +165,7 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
                           batch_tokens=batch_tokens, blocks_per_seq=blocks_per_seq, ttt_length=ttt_length, layers=layers,
                           block_size=block_size, steps_chain=chain_steps, length_head=length_head, init_from_target=init_from_target, save_every=save_every,
                           eval_every=eval_every, seed=seed, resume=resume, max_minutes=max_minutes,
+                          schedule_minutes=schedule_minutes,
                           memo_gb=feature_memo_gb, loss=loss_cfg)
         if init and init_from_target:
             raise ValueError("--init-from-target starts a new drafter from the target; --init continues an existing one")

@@ -62,6 +62,9 @@ class TrainConfig:
     seed: int = 0
     resume: bool = False
     max_minutes: float | None = None  # wall-clock budget: stop, evaluate and save when it runs out
+    # minutes of training (over every --resume leg) the learning rate's cosine spans; None: it ends
+    # with this leg's --max-minutes, so a run cut by its budget still stops annealed
+    schedule_minutes: float | None = None
     memo_gb: float | None = None  # target features kept between epochs; None: a third of a GPU's free memory, 4 GB on a CPU
     loss: LossConfig = field(default_factory=LossConfig)
 
@@ -75,6 +78,7 @@ class TrainState:
     consumed: int = 0  # on-policy: swap-buffer rows this state has learned from
     best_eval_tau: float = 0.0  # the best evaluation so far, kept in best_folder(out)
     best_step: int = 0
+    seconds: float = 0.0  # training time over every leg: a time-budgeted schedule resumes where it was
 
 
 def best_folder(out: str | Path) -> Path:
@@ -137,10 +141,14 @@ def warmed_up(lr: float, step: int, warmup_steps: int) -> float:
     return lr * min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else lr
 
 
-def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, total: int, cfg: TrainConfig, seconds: float = 0.0, span_s: float | None = None) -> float:
+    """Warmup, then a cosine to `min_lr_ratio` that ends at the run's last step or, with a time span,
+    after `span_s` seconds of training, whichever comes first."""
     if step < cfg.warmup_steps:
         return warmed_up(cfg.lr, step, cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    if span_s:
+        progress = max(progress, min(1.0, seconds / span_s))
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -154,6 +162,18 @@ def objective(drafter: Drafter, target: Target, ids, lens, starts, cfg: TrainCon
     assert isinstance(drafter, ChainDrafter)
     return chain_loss(drafter, target.model, ids, lens, starts, ttt_length=cfg.ttt_length, loss_cfg=loss_cfg,
                       features=features)
+
+
+def schedule_seconds(cfg: TrainConfig, seconds_before: float) -> float | None:
+    """Seconds of training the cosine spans: --schedule-minutes, else up to the end of this leg's budget."""
+    if cfg.schedule_minutes:
+        return cfg.schedule_minutes * 60
+    return seconds_before + cfg.max_minutes * 60 if cfg.max_minutes else None
+
+
+def synced_clock(seconds: float, device: torch.device) -> float:
+    """The slowest rank's training time: every rank then sets one rate and stops after the same step."""
+    return max(row[0] for row in gather_floats([seconds], device))
 
 
 class Trainer:
@@ -174,6 +194,7 @@ class Trainer:
         self.state = TrainState()
         self.gen = torch.Generator().manual_seed(cfg.seed + 7919 * rank_world()[0])
         self.memo: FeatureMemo | None = None  # offline runs reuse target features across epochs
+        self.clock: Callable[[], float] = time.perf_counter  # what budgets and the time schedule read
         # On a GPU the drafter's master weights stay fp32 and its passes run in bf16 (autocast):
         # the tensor cores then carry the step, not fp32 arithmetic at a fifteenth of their rate.
         self.mixed = self.device.type == "cuda"
@@ -300,11 +321,11 @@ class Trainer:
             raise ValueError(f"--resume: the checkpoint in {cfg.out} is at step {self.state.step}, already the run's "
                              f"{total} steps (--steps/--epochs): ask for more steps to continue it")
         last: dict[str, float] = {}
-        started, tokens_at_start = time.perf_counter(), self.state.tokens
-        deadline = started + cfg.max_minutes * 60 if cfg.max_minutes else None
+        started, tokens_at_start, seconds_before = self.clock(), self.state.tokens, self.state.seconds
+        span_s = schedule_seconds(cfg, seconds_before)
 
         def out_of_time() -> bool:
-            return deadline is not None and time.perf_counter() >= deadline
+            return cfg.max_minutes is not None and self.state.seconds - seconds_before >= cfg.max_minutes * 60
 
         while self.state.step < total and not out_of_time():
             order = epoch_order(len(sequences), cfg.seed, self.state.epoch)
@@ -314,10 +335,11 @@ class Trainer:
                 self.state.batch_index += 1
                 if profiler:
                     profiler.before_step()
-                last = self.step_on(group, lr_at(self.state.step, total, cfg)) or {}
+                last = self.step_on(group, lr_at(self.state.step, total, cfg, self.state.seconds, span_s)) or {}
+                self.state.seconds = synced_clock(seconds_before + self.clock() - started, self.device)
                 if profiler:
                     profiler.after_step()
-                last["tokens_per_s"] = (self.state.tokens - tokens_at_start) / max(time.perf_counter() - started, 1e-9)
+                last["tokens_per_s"] = (self.state.tokens - tokens_at_start) / max(self.state.seconds - seconds_before, 1e-9)
                 # past its budget the memo stops storing and each batch pays a target pass again: the
                 # throughput drops, and this says why
                 last["feature_memo_gb"] = self.memo.used / 1e9
