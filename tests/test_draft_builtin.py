@@ -16,7 +16,7 @@ from adaflash.models.drafters import DFlashDrafter
 from adaflash.models.registry import resolve_drafter
 
 
-@pytest.mark.parametrize(("name", "layers", "block"), [("smollm2-135m-dflash", 1, 4), ("smollm2-135m-general", 2, 8)])
+@pytest.mark.parametrize(("name", "layers", "block"), [("smollm2-135m-dflash", 1, 4), ("smollm2-135m-general", 3, 8)])
 def test_the_builtin_drafters_load_by_name_with_their_length_heads(name, layers, block):
     drafter = load_drafter(name)
     assert isinstance(drafter, DFlashDrafter)

@@ -493,3 +493,30 @@ def test_without_a_time_budget_the_schedule_follows_the_steps(tmp_path, learnabl
     trainer.clock = Ticking(1000.0)  # however slow its steps, a run without --max-minutes runs them all
     rates = _rates(trainer, load_sequences(regen, learnable, 256))
     assert len(rates) == 5 and rates[-1] == pytest.approx(2e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 4 / 5))))
+
+
+def test_several_data_files_train_as_one_corpus_and_a_bad_one_is_named(tmp_path, learnable, regen):
+    rows = regen.read_text().splitlines()
+    first, second = tmp_path / "greedy.jsonl", tmp_path / "sampled.jsonl"
+    first.write_text("\n".join(rows[:5]) + "\n")
+    second.write_text("\n".join(rows[5:]) + "\n")
+    both = load_sequences([first, second], learnable, 256)
+    assert [s.ids for s in both] == [s.ids for s in load_sequences(regen, learnable, 256)]
+    assert len(load_sequences([first, second], learnable, 256, limit=7)) == 7
+
+    ws = tmp_path / "ws"
+    base = ["--workspace", str(ws), "train", "draft", "--method", "dflash", "--target", str(learnable.folder),
+            "--steps", "1", "--block-size", "8", "--blocks-per-seq", "2", "--eval-prompts", "0"]
+    result = CliRunner().invoke(cli, [*base, "--data", str(first), "--data", str(second), "--out", str(tmp_path / "d")])
+    assert result.exit_code == 0, result.output
+    from adaflash.runlog import RunLog
+
+    run = RunLog.open(ws).list_runs(kind="train")[0]
+    assert run["config"]["sequences"] == len(rows) and run["dataset"] == f"{first},{second}"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"prompt_text": "x", "response": ""}\n')
+    result = CliRunner().invoke(cli, [*base, "--data", str(first), "--data", str(empty), "--out", str(tmp_path / "e")])
+    assert result.exit_code == 2 and "empty.jsonl: no usable training rows" in result.output
+    result = CliRunner().invoke(cli, [*base, "--data", str(first), "--data", str(tmp_path / "missing.jsonl"),
+                                      "--out", str(tmp_path / "m")])
+    assert result.exit_code == 2 and "missing.jsonl" in result.output

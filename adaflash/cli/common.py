@@ -137,11 +137,13 @@ def drafter_folder(option: str, value: str | None) -> str | None:
 def prompt_file(split: str):
     """A click callback: a JSONL file, or a prepared dataset's name read as its `split` split."""
 
-    def resolve(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    def resolve(ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...] | None):
         from adaflash.data.prompts import PromptFileError, prompt_source
 
         if value is None:
             return None
+        if isinstance(value, tuple):  # a repeatable option: each value resolved alike
+            return tuple(resolve(ctx, param, one) for one in value)
         try:
             path = prompt_source(value, workspace_of(ctx), split)
         except PromptFileError as err:

@@ -53,9 +53,10 @@ def train() -> None:
 def common_options(func):
     options = [
         click.option("--target", default="smollm2-135m", show_default=True),
-        click.option("--data", required=True, callback=prompt_file("train"),
+        click.option("--data", required=True, multiple=True, callback=prompt_file("train"),
                      help="Training rows (regenerated: prompt_text + response; or normalized conversations), "
-                          "or a prepared dataset's name (its train split)."),
+                          "or a prepared dataset's name (its train split). Repeat it to train on several files "
+                          "(greedy and sampled answers, say) as one corpus."),
         click.option("--out", required=True, type=click.Path(file_okay=False), help="Drafter folder (checkpoints land here)."),
         click.option("--max-len", type=click.IntRange(8), default=512, show_default=True),
         click.option("--batch-tokens", type=click.IntRange(16), default=4096, show_default=True),
@@ -174,13 +175,13 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
             vocab = frequent_tokens([s.ids[s.response_start:] for s in sequences], draft_vocab,
                                     tgt.model.cfg.vocab_size, always=tgt.eos_ids)
         trainer = Trainer(cfg, tgt, build_drafter(cfg, tgt, vocab, deepen))
-        prompts = _eval_prompts(eval_data, data, tgt, eval_prompts) if eval_prompts else []
+        prompts = _eval_prompts(eval_data, data[0], tgt, eval_prompts) if eval_prompts else []
     except (DrafterError, TrainDataError, ValueError, FileNotFoundError) as err:
         fail(str(err))
     if trainer.drafter.method != method:
         fail(f"--init {init} is a {trainer.drafter.method} drafter, not {method}")
     log = runlog_of(ctx) if rank == 0 else None
-    run_id = log.create_run("train", method=method, target=target, draft=out, dataset=data,
+    run_id = log.create_run("train", method=method, target=target, draft=out, dataset=",".join(data),
                             config={"world_size": world, "sequences": len(sequences), **{k: str(v) for k, v in vars(cfg).items()}}) if log else None
     _sigterm_interrupts()
     before = trainer.evaluate(prompts) if prompts and rank == 0 and not resume else {}
@@ -272,11 +273,11 @@ def train_length_head(ctx: click.Context, target, data, out, max_len, batch_toke
         if not isinstance(drafter, DFlashDrafter):
             fail(f"{draft} is a {drafter.method} drafter; the length head sits on DFlash drafters")
         sequences = load_sequences(data, tgt, max_len, limit)
-        prompts = _eval_prompts(eval_data, data, tgt, eval_prompts) if eval_prompts else []
+        prompts = _eval_prompts(eval_data, data[0], tgt, eval_prompts) if eval_prompts else []
     except (DrafterError, TrainDataError, ValueError, FileNotFoundError) as err:
         fail(str(err))
     log = runlog_of(ctx)
-    run_id = log.create_run("train", name="length-head", method="adaflash", target=target, draft=out, dataset=data)
+    run_id = log.create_run("train", name="length-head", method="adaflash", target=target, draft=out, dataset=",".join(data))
     with _progress("length head") as progress:
         task = progress.add_task("length head", total=steps, info="")
 

@@ -25,9 +25,9 @@ BUILTIN_DRAFTERS: dict[str, BuiltinDrafter] = {
     "smollm2-135m-general": BuiltinDrafter(
         name="smollm2-135m-general",
         target="smollm2-135m",
-        description="DFlash, 2 layers, block 8, 16,384-token draft vocabulary, with a length head; trained on an "
-                    "H200 on 37,095 answers of SmolLM2-135M to chat, code and math prompts (`data prepare suite`; "
-                    "bf16 weights, 18 MB)",
+        description="DFlash, 3 layers, block 8, 16,384-token draft vocabulary, with a length head; trained on an "
+                    "H200 on 60,802 answers of SmolLM2-135M to chat, code and math prompts (`data prepare suite`; "
+                    "bf16 weights, 26 MB)",
         default_for=("dflash", "adaflash"),
     ),
     "smollm2-135m-dflash": BuiltinDrafter(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,20 +61,26 @@ def row_to_sequence(row: dict, target: Target, max_len: int, where: str) -> Sequ
     return Sequence(ids, len(prompt_ids))
 
 
-def load_sequences(path: str | Path, target: Target, max_len: int, limit: int | None = None) -> list[Sequence]:
+def load_sequences(paths: str | Path | Iterable[str | Path], target: Target, max_len: int,
+                   limit: int | None = None) -> list[Sequence]:
+    """The usable rows of one file, or of several files in turn (one corpus), `limit` of them at most."""
     from adaflash.data.io import read_jsonl
 
-    if not Path(path).is_file():
-        raise TrainDataError(f"{path}: no such file (make one with `adaflash data regenerate` or `adaflash data prepare`)")
+    files = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    for path in files:
+        if not path.is_file():
+            raise TrainDataError(f"{path}: no such file (make one with `adaflash data regenerate` or `adaflash data prepare`)")
     out: list[Sequence] = []
-    for where, row in read_jsonl(path, TrainDataError):
-        seq = row_to_sequence(row, target, max_len, where)
-        if seq is not None:
-            out.append(seq)
-        if limit and len(out) >= limit:
-            break
-    if not out:
-        raise TrainDataError(f"{path}: no usable training rows")
+    for path in files:
+        before = len(out)
+        for where, row in read_jsonl(path, TrainDataError):
+            if limit and len(out) >= limit:
+                break
+            seq = row_to_sequence(row, target, max_len, where)
+            if seq is not None:
+                out.append(seq)
+        if len(out) == before and not (limit and len(out) >= limit):
+            raise TrainDataError(f"{path}: no usable training rows")
     return out
 
 
