@@ -520,3 +520,13 @@ def test_several_data_files_train_as_one_corpus_and_a_bad_one_is_named(tmp_path,
     result = CliRunner().invoke(cli, [*base, "--data", str(first), "--data", str(tmp_path / "missing.jsonl"),
                                       "--out", str(tmp_path / "m")])
     assert result.exit_code == 2 and "missing.jsonl" in result.output
+
+
+def test_a_time_budgeted_run_shows_the_step_its_budget_will_end_at():
+    from adaflash.cli.train import steps_in_budget
+
+    assert steps_in_budget(100, 100_000, 0, 60.0, 10.0) == 1000  # 100 steps a minute, 10 minutes
+    assert steps_in_budget(150, 100_000, 100, 30.0, 1.0) == 200  # a resumed leg counts its own steps
+    assert steps_in_budget(100, 500, 0, 60.0, 10.0) == 500  # --steps ends it first
+    assert steps_in_budget(100, 100_000, 0, 900.0, 10.0) == 100  # past the budget: it stops now
+    assert steps_in_budget(0, 7, 0, 0.0, 10.0) == 7  # no step yet: no pace to go by

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import click
@@ -43,6 +44,14 @@ def _eval_prompts(eval_data: str | None, data: str, target, count: int) -> list[
             break
     turns = chain.from_iterable(zip_longest(*groups.values()))
     return [p for p in turns if p is not None][:count]
+
+
+def steps_in_budget(step: int, total: int, first_step: int, elapsed_s: float, max_minutes: float) -> int:
+    """The step a time-budgeted run will stop at, at its pace so far (never past `total`)."""
+    done = step - first_step
+    if done <= 0 or elapsed_s <= 0:
+        return total
+    return max(step, min(total, first_step + round(done * max_minutes * 60 / elapsed_s)))
 
 
 @click.group()
@@ -190,8 +199,11 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
     try:
         with _progress("train", enabled=rank == 0) as progress:
             task = progress.add_task(f"train {method}", total=None, info="")
+            started, first_step = time.perf_counter(), trainer.state.step
 
             def on_step(step: int, total: int, stats: dict[str, float]) -> None:
+                if max_minutes:  # the budget, not --steps, ends such a run: the bar shows where it will stop
+                    total = steps_in_budget(step, total, first_step, time.perf_counter() - started, max_minutes)
                 progress.update(task, completed=step, total=total,
                                 info=f"loss {stats.get('loss', 0):.3f} acc_len {stats.get('block_accept_len', 0):.2f}")
                 if log:
