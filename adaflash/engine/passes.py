@@ -25,6 +25,7 @@ from adaflash.engine.sampling import accept
 from adaflash.models.cache import KVCache
 from adaflash.models.drafters import DFlashDrafter, Drafter
 from adaflash.models.kernels import accept_commit, fused_accept_available
+from adaflash.models.layers import greedy_ids
 from adaflash.models.target import TargetModel
 
 # Prefills replayed from graphs: widths padded to powers of two from PREFILL_MIN_WIDTH, and at most
@@ -329,7 +330,7 @@ class DevicePasses:
 
         def verify(block_p, positions, rows_p):
             logits, feats = model(block_p, positions, cache, rows_p, capture=capture, kv_len=kv)
-            return logits.argmax(-1) if greedy else logits, (torch.cat(feats, dim=-1) if feats else None)
+            return greedy_ids(logits) if greedy else logits, (torch.cat(feats, dim=-1) if feats else None)
 
         out, feats = self._run(("verify", b_pad, w_pad, kv, greedy), verify,
                                [self._pad(block, b_pad, w_pad), positions, rows_p], in_order)
@@ -432,7 +433,7 @@ class DevicePasses:
             w = block_p.shape[1]
             positions = lens_p[:, None] + torch.arange(w, device=lens_p.device)
             logits, feats = model(block_p, positions, cache, rows_p, capture=capture, kv_len=kv)
-            posterior = logits.argmax(-1)
+            posterior = greedy_ids(logits)
             features = torch.cat(feats, dim=-1) if feats else None
             draft_lens = self.draft_cache.lens if drafter is not None else None
             if fused_accept_available(block_p):  # acceptance, token and length writes: one kernel

@@ -14,6 +14,7 @@ import hashlib
 import torch
 
 from adaflash.engine.params import SamplingParams
+from adaflash.models.layers import greedy_ids
 
 
 def sample(
@@ -27,7 +28,7 @@ def sample(
 ) -> torch.Tensor:
     """logits [n, V]; per-row params [n]. Returns token ids [n]. `uniforms` [n]: a row with a number in
     (0, 1) draws by inverse CDF at it (seeded requests), a NaN row from `generator`."""
-    greedy = logits.argmax(-1)
+    greedy = greedy_ids(logits)
     hot = temperature > 0
     if not bool(hot.any()):
         return greedy
@@ -88,7 +89,7 @@ def sample_for(logits: torch.Tensor, params: list[SamplingParams], generator: to
     """Sample logits [n * repeat, V] with each request's params repeated `repeat` times (one per position).
     `positions`: each request's output position of its first row here (seeded requests need it)."""
     if all(p.temperature == 0 for p in params):
-        return logits.argmax(-1)  # decided on the host: no device round trip for greedy batches
+        return greedy_ids(logits)  # decided on the host: no device round trip for greedy batches
     device = logits.device
     temps = torch.tensor([p.temperature for p in params], device=device).repeat_interleave(repeat)
     top_p = torch.tensor([p.top_p for p in params], device=device).repeat_interleave(repeat)

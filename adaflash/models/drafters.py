@@ -26,6 +26,7 @@ from adaflash.models.layers import (
     Linear,
     RMSNorm,
     Rotary,
+    greedy_ids,
     linear,
 )
 from adaflash.models.length_head import LengthHead
@@ -243,7 +244,7 @@ class DFlashDrafter(Drafter):
 
     def tokens(self, hidden: torch.Tensor, count: int, target: TargetModel) -> torch.Tensor:
         """Greedy draft tokens of the first `count` masked positions: lm_head only where needed."""
-        return self.to_target_ids(self.draft_logits(hidden[:, 1 : 1 + count], target).argmax(-1))
+        return self.to_target_ids(greedy_ids(self.draft_logits(hidden[:, 1 : 1 + count], target)))
 
     def draft(self, cache, rows, pending, lens, target, ctx_len, steps=None, predict_length=True):
         hidden = self.block_hidden(cache, rows, pending, lens, target, ctx_len)
@@ -324,12 +325,12 @@ class ChainDrafter(Drafter):
         steps = steps or self.max_draft
         cache.reserve(ctx_len + steps)
         h = cache.last_hidden[rows]
-        token = self.to_target_ids(self.draft_logits(self.norm(h), target).argmax(-1))
+        token = self.to_target_ids(greedy_ids(self.draft_logits(self.norm(h), target)))
         drafts = [token]
         for t in range(1, steps):
             positions = (lens + t - 1)[:, None]
             u, resid = self.fuse(target.embed(token)[:, None], h[:, None], from_target=False)
             h = self.layer(u, resid, positions, cache, rows, ctx_len + t)[:, 0]
-            token = self.to_target_ids(self.draft_logits(self.norm(h), target).argmax(-1))
+            token = self.to_target_ids(greedy_ids(self.draft_logits(self.norm(h), target)))
             drafts.append(token)
         return torch.stack(drafts, dim=1), None

@@ -19,6 +19,18 @@ from adaflash.models.cpu_attention import DECODE_QUERIES, cpu_row_invariant_atte
 from adaflash.models.kernels import fused_rope_available, rope_heads, silu_mul
 
 
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax token of each row of `logits` [..., V].
+
+    On a CPU, bf16/fp16 logits are widened first: torch's CPU argmax has no vectorized half-precision
+    path, and on a 49,152-token row it took 874 µs for a block of 9 rows against 194 µs widened
+    (2 cores). Widening is exact and argmax keeps the first of equal maxima either way: the same ids.
+    """
+    if logits.device.type == "cpu" and logits.dtype in (torch.bfloat16, torch.float16):
+        return logits.float().argmax(-1)
+    return logits.argmax(-1)
+
+
 @dataclass
 class DecoderConfig:
     """The subset of a HF decoder config that the math needs."""
