@@ -310,6 +310,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by `fuse`
+        # a query keeps its bits whatever the queries beside it (the CPU's bf16 path below): the target
+        # needs it for lossless verification; a drafter, whose drafts the target checks, need not
+        self.row_invariant = True
 
     def fuse(self) -> None:
         """One GEMM for q, k and v, and one rope for q and k together (frozen inference only)."""
@@ -417,7 +420,7 @@ class Attention(nn.Module):
             return self.o_proj(out.reshape(b, nq, self.num_heads * self.head_dim))
         if mask.shape[1] != nq:
             return self._attend_grouped(q, k, v, mask)
-        if q.device.type == "cpu" and q.dtype != torch.float32 and nq <= DECODE_QUERIES:
+        if self.row_invariant and q.device.type == "cpu" and q.dtype != torch.float32 and nq <= DECODE_QUERIES:
             return self.o_proj(cpu_row_invariant_attention(q, k, v, mask).reshape(b, nq, self.num_heads * self.head_dim))
         q = q.transpose(1, 2)
         if q.stride(-1) != 1:
