@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -260,6 +261,34 @@ def test_memo_greedy_tokens_give_the_length_head_the_same_labels_as_teacher_logi
     assert stats[0] == pytest.approx(stats[1], rel=1e-5) and stats[0] == pytest.approx(stats[2], rel=1e-5)
     assert len(memo.greedy_ids) == len(sequences)  # kept: later epochs run no lm_head for them
     assert not full.store and full.batch_greedy is not None  # over budget: the batch's pass, nothing kept
+
+
+def test_training_features_match_the_cached_forward_the_engine_runs(learnable, regen):
+    """`hidden_states` (no cache, no mask, training's path) gives the features of the engine's cached
+    pass at every real position of right-padded rows, and runs no layer past the last one captured."""
+    from adaflash.train.data import pad
+
+    target = learnable.model
+    sequences = [dataclasses.replace(s, ids=s.ids[: len(s.ids) - 7 * i])
+                 for i, s in enumerate(load_sequences(regen, learnable, 256)[:5])]
+    ids, lens, _ = pad(sequences, torch.device("cpu"))
+    b, width = ids.shape
+    capture = [0, 2]
+    _, cached = target(ids, torch.arange(width).expand(b, width), target.new_cache(b, width), torch.arange(b),
+                       capture=capture)
+    direct = target.hidden_states(ids, capture)
+    assert len(set(lens.tolist())) > 1  # rows of several lengths: the padding is exercised
+    for mine, engine in zip(direct, cached):
+        for row, n in enumerate(lens.tolist()):
+            torch.testing.assert_close(mine[row, :n], engine[row, :n], rtol=1e-5, atol=1e-5)
+    mlp_calls = []
+    hooks = [layer.mlp.register_forward_hook(lambda *_: mlp_calls.append(1)) for layer in target.model.layers]
+    try:
+        target.hidden_states(ids, [1])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(mlp_calls) == 2  # layers 0 and 1 only
 
 
 def test_a_memo_budget_of_zero_keeps_only_the_first_batch(tmp_path, learnable, regen):
@@ -530,3 +559,54 @@ def test_a_time_budgeted_run_shows_the_step_its_budget_will_end_at():
     assert steps_in_budget(100, 500, 0, 60.0, 10.0) == 500  # --steps ends it first
     assert steps_in_budget(100, 100_000, 0, 900.0, 10.0) == 100  # past the budget: it stops now
     assert steps_in_budget(0, 7, 0, 0.0, 10.0) == 7  # no step yet: no pace to go by
+
+
+def test_batches_group_rows_of_like_length_and_keep_every_row_once():
+    from adaflash.train.data import Sequence, batches, epoch_order
+
+    gen = torch.Generator().manual_seed(3)
+    sequences = [Sequence([1] * int(n), 0) for n in torch.randint(8, 400, (900,), generator=gen)]
+    order = epoch_order(len(sequences), 0, 0)
+    grouped = batches(order, sequences, 2048, seed=5)
+    assert sorted(i for b in grouped for i in b) == list(range(len(sequences)))
+    assert all(max(len(sequences[i].ids) for i in b) * len(b) <= 2048 for b in grouped)
+    assert grouped == batches(order, sequences, 2048, seed=5)  # a function of the order and the seed: resumable
+    assert grouped != batches(order, sequences, 2048, seed=6)
+
+    def padding(groups):
+        return sum(max(len(sequences[i].ids) for i in b) * len(b) - sum(len(sequences[i].ids) for i in b)
+                   for b in groups)
+
+    plain = []  # the epoch order cut as it comes
+    for index in order:
+        if plain and max(len(sequences[i].ids) for i in plain[-1] + [index]) * (len(plain[-1]) + 1) <= 2048:
+            plain[-1].append(index)
+        else:
+            plain.append([index])
+    assert padding(grouped) < padding(plain) / 4
+
+
+def test_anchors_are_distinct_response_positions_and_a_row_without_any_gets_one():
+    from adaflash.train.dflash import sample_anchors
+
+    lens, starts = torch.tensor([40, 3, 2, 12]), torch.tensor([5, 3, 1, 4])
+    blocks = sample_anchors(lens, starts, 6, torch.Generator().manual_seed(0))
+    for row, (n, start) in enumerate(zip(lens.tolist(), starts.tolist())):
+        mine = blocks.anchors[row][blocks.valid[row]].tolist()
+        if n - 1 > start:
+            assert mine == sorted(set(mine)) and all(start <= a < n - 1 for a in mine)
+            assert len(mine) == min(6, n - 1 - start)
+        else:
+            assert mine == [max(n - 2, 0)]
+    again = sample_anchors(lens, starts, 6, torch.Generator().manual_seed(0))
+    assert torch.equal(again.anchors, blocks.anchors)
+
+
+def test_stack_padded_places_each_row_and_zeros_after_it():
+    from adaflash.train.features import stack_padded
+
+    rows = [torch.arange(6.0).view(3, 2), torch.ones(1, 2), torch.full((4, 2), 7.0)]
+    out = stack_padded(rows, 5)
+    assert out.shape == (3, 5, 2)
+    for row, values in enumerate(rows):
+        assert torch.equal(out[row, : len(values)], values) and not out[row, len(values):].any()

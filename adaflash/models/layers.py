@@ -422,6 +422,12 @@ class Attention(nn.Module):
             return self._attend_grouped(q, k, v, mask)
         if self.row_invariant and q.device.type == "cpu" and q.dtype != torch.float32 and nq <= DECODE_QUERIES:
             return self.o_proj(cpu_row_invariant_attention(q, k, v, mask).reshape(b, nq, self.num_heads * self.head_dim))
+        gqa = self.num_heads != self.num_kv
+        if gqa and q.is_cuda and q.requires_grad:
+            # training on a GPU: the memory-efficient kernel takes a mask but not grouped heads, and SDPA
+            # with both fell back to its unfused math (a third of a memoized DFlash step on an H200)
+            groups = self.num_heads // self.num_kv
+            k, v, gqa = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2), False
         q = q.transpose(1, 2)
         if q.stride(-1) != 1:
             # rope's broadcast can hand back q with a strided last dimension; the fused kernels need it
@@ -429,9 +435,28 @@ class Attention(nn.Module):
             q = q.contiguous()
         out = F.scaled_dot_product_attention(
             q, k.transpose(1, 2), v.transpose(1, 2),
-            attn_mask=mask.unsqueeze(1), enable_gqa=self.num_heads != self.num_kv,
+            attn_mask=mask.unsqueeze(1), enable_gqa=gqa,
         )
         return self.o_proj(out.transpose(1, 2).reshape(b, nq, self.num_heads * self.head_dim))
+
+    def attend_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention over whole sequences from position 0, with no cache and no mask.
+
+        Why: a [b, q, s] mask with grouped heads sends SDPA to its unfused math (scores, mask and
+        softmax materialized): on an H200 that was most of a training step whose target features were
+        not memoized (262 ms at 32,768 tokens). Without a mask the fused kernels run (flash on a GPU).
+        Right padding is harmless: a real position sees only the positions before it.
+        """
+        b, n = q.shape[:2]
+        groups = self.num_heads // self.num_kv
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if q.is_cuda and torch.is_autocast_enabled("cuda"):
+            dtype = torch.get_autocast_dtype("cuda")
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim))
 
     def _attend_grouped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """GQA as one kv head per group with the group's query heads stacked along the query length
@@ -477,6 +502,12 @@ class DecoderLayer(nn.Module):
 
     def mlp_block(self, h: torch.Tensor) -> torch.Tensor:
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def causal(self, h: torch.Tensor, rope: Rope) -> torch.Tensor:
+        """The layer over whole sequences from position 0, without a cache (training's target features)."""
+        attn = self.self_attn
+        q, k, v = attn.project_qkv(self.input_layernorm(h), rope)
+        return self.mlp_block(h + attn.attend_causal(q, k, v))
 
     def cached(self, h: torch.Tensor, rope: Rope, mask: torch.Tensor, cache: KVCache, index: int,
                where: torch.Tensor, rows: torch.Tensor, kv_len: int) -> torch.Tensor:

@@ -86,6 +86,25 @@ class TargetModel(nn.Module):
         return self.lm_head(self.model.norm(hidden))
 
     @torch.no_grad()
+    def hidden_states(self, input_ids: torch.Tensor, capture: Sequence[int]) -> list[torch.Tensor]:
+        """The outputs of the `capture` layers [b, S, H] over whole sequences from position 0.
+
+        What training reads: no cache to fill, no mask (`DecoderLayer.causal`), and no layer past the
+        last one captured.
+        """
+        b, width = input_ids.shape
+        h = self.model.embed_tokens(input_ids)
+        positions = torch.arange(width, device=input_ids.device).expand(b, width)
+        rope = self.rotary(positions, h.dtype, bound=width)
+        wanted = set(capture)
+        out: dict[int, torch.Tensor] = {}
+        for index, layer in enumerate(self.model.layers[: max(capture) + 1]):
+            h = layer.causal(h, rope)
+            if index in wanted:
+                out[index] = h
+        return [out[i] for i in capture]
+
+    @torch.no_grad()
     def forward(
         self,
         input_ids: torch.Tensor,

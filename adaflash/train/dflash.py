@@ -25,20 +25,27 @@ class BlockBatch:
 
 
 def sample_anchors(lens: torch.Tensor, starts: torch.Tensor, per_seq: int, gen: torch.Generator) -> BlockBatch:
-    rows = []
-    for length, start in zip(lens.tolist(), starts.tolist()):
-        candidates = torch.arange(start, max(start, length - 1))
-        if len(candidates) == 0:
-            candidates = torch.tensor([max(length - 2, 0)])
-        pick = candidates[torch.randperm(len(candidates), generator=gen)[:per_seq]]
-        rows.append(pick.sort().values)
-    n = max(len(r) for r in rows)
-    anchors = torch.zeros(len(rows), n, dtype=torch.long)
-    valid = torch.zeros(len(rows), n, dtype=torch.bool)
-    for i, r in enumerate(rows):
-        anchors[i, : len(r)] = r
-        anchors[i, len(r):] = r[0]
-        valid[i, : len(r)] = True
+    """Up to `per_seq` distinct anchors per row among its response positions start..len-2, sorted.
+
+    Drawn for the whole batch at once (random keys, the smallest first), not a loop over rows: a step
+    on a GPU is short enough that a few host ops per row showed. A row with no candidate gets one
+    anchor at max(len - 2, 0); a row with fewer candidates than the others repeats its first anchor,
+    masked out by `valid`.
+    """
+    lens_h, starts_h = lens.cpu(), starts.cpu()
+    end = torch.maximum(starts_h, lens_h - 1)  # candidates start..end-1
+    count = end - starts_h
+    width = max(int(end.max()), 1)
+    positions = torch.arange(width)
+    inside = (positions[None, :] >= starts_h[:, None]) & (positions[None, :] < end[:, None])
+    keys = torch.rand(len(lens_h), width, generator=gen).masked_fill(~inside, 2.0)
+    n = max(1, min(per_seq, int(count.max())))
+    pick = keys.topk(n, dim=1, largest=False).indices
+    kept = count.clamp(min=1, max=n)
+    valid = torch.arange(n)[None, :] < kept[:, None]
+    pick[:, 0] = torch.where(count > 0, pick[:, 0], (lens_h - 2).clamp(min=0))
+    pick = torch.where(valid, pick, width).sort(dim=1).values
+    anchors = torch.where(valid, pick, pick[:, :1])
     return BlockBatch(anchors.to(lens.device), valid.to(lens.device))
 
 

@@ -21,15 +21,11 @@ def direct_features(target: TargetModel, layer_ids: list[int]) -> FeatureSource:
 def target_features(target: TargetModel, ids: torch.Tensor, layer_ids: list[int],
                     with_last: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenated features [b, S, n·H] of `layer_ids`, and optionally the last layer's output [b, S, H]."""
-    b, width = ids.shape
     capture = list(layer_ids)
     last = target.cfg.num_hidden_layers - 1
     if with_last and last not in capture:
         capture.append(last)
-    cache = target.new_cache(b, width)
-    positions = torch.arange(width, device=ids.device).expand(b, width)
-    _, captured = target(ids, positions, cache, torch.arange(b, device=ids.device), capture=capture,
-                         logits_index=torch.zeros(b, dtype=torch.long, device=ids.device))
+    captured = target.hidden_states(ids, capture)
     feats = torch.cat(captured[: len(layer_ids)], dim=-1)
     final = captured[capture.index(last)] if with_last else None
     return feats, final
@@ -94,15 +90,10 @@ class FeatureMemo:
                 self.used += sum(t.numel() * t.element_size() for t in entry if t is not None)
                 if self.keep_greedy and final is not None:
                     self.greedy_ids[keys[i]] = greedy_tokens(self.target, final[j, :n])
-        b, width = ids.shape
-        first = self.store[keys[0]][0]
-        out = first.new_zeros(b, width, first.shape[-1])
-        last = first.new_zeros(b, width, self.target.cfg.hidden_size) if with_last else None
-        for i, k in enumerate(keys):
-            f, h = self.store[k]
-            out[i, : f.shape[0]] = f
-            if last is not None and h is not None:
-                last[i, : h.shape[0]] = h
+        width = ids.shape[1]
+        entries = [self.store[k] for k in keys]
+        out = stack_padded([f for f, _ in entries], width)
+        last = stack_padded([h for _, h in entries], width) if with_last else None  # type: ignore[misc]
         return out, last
 
     def _kept(self, feats: torch.Tensor) -> torch.Tensor:
@@ -116,11 +107,20 @@ class FeatureMemo:
             _, final = target_features(self.target, ids, self.layer_ids, with_last=True)
             assert final is not None
             return greedy_tokens(self.target, final.flatten(0, 1)).view(ids.shape)
-        out = torch.zeros_like(ids)
-        for i, k in enumerate(keys):
-            g = self.greedy_ids[k]
-            out[i, : g.shape[0]] = g
-        return out
+        return stack_padded([self.greedy_ids[k] for k in keys], ids.shape[1])
+
+
+def stack_padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """[b, width, ...] of rows [n_i, ...] (n_i <= width), zeros after each: one cat and one scatter
+    instead of a copy a row (a step of a GPU trainer is short enough that those showed)."""
+    lens = torch.tensor([r.shape[0] for r in rows])
+    with torch.autocast(rows[0].device.type, enabled=False):  # a copy: no dtype to choose (CPU autocast refuses fp16)
+        flat = torch.cat(rows)
+    out = flat.new_zeros(len(rows) * width, *flat.shape[1:])
+    where = (torch.arange(len(rows))[:, None] * width + torch.arange(width)[None, :])[
+        torch.arange(width)[None, :] < lens[:, None]]
+    out.index_copy_(0, where.to(flat.device), flat)
+    return out.view(len(rows), width, *flat.shape[1:])
 
 
 class MemoSource:

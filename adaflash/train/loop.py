@@ -24,7 +24,7 @@ from adaflash.models.drafter_io import init_from_target, load_drafter, new_draft
 from adaflash.models.drafters import ChainDrafter, DFlashDrafter, Drafter
 from adaflash.models.loading import Target
 from adaflash.train.chain import chain_loss
-from adaflash.train.data import Sequence, batches, epoch_order, pad
+from adaflash.train.data import Sequence, batches, epoch_order, epoch_seed, pad
 from adaflash.train.dflash import dflash_loss
 from adaflash.train.evaluate import eval_tau
 from adaflash.train.features import FeatureMemo, FeatureSource
@@ -189,8 +189,10 @@ class Trainer:
         head = list(self.drafter.length_head.parameters()) if getattr(self.drafter, "length_head", None) else []
         head_ids = {id(p) for p in head}
         body = [p for p in self.drafter.parameters() if id(p) not in head_ids]
-        self.opt = torch.optim.AdamW(body, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-        self.head_opt = torch.optim.AdamW(head, lr=HEAD_LR) if head else None
+        # fused on a GPU: one kernel for every parameter's update (the foreach step took 0.7 ms of a 75 ms step)
+        fused = self.device.type == "cuda"
+        self.opt = torch.optim.AdamW(body, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95), fused=fused)
+        self.head_opt = torch.optim.AdamW(head, lr=HEAD_LR, fused=fused) if head else None
         self.state = TrainState()
         self.gen = torch.Generator().manual_seed(cfg.seed + 7919 * rank_world()[0])
         self.memo: FeatureMemo | None = None  # offline runs reuse target features across epochs
@@ -315,7 +317,7 @@ class Trainer:
                                 keep_greedy=(cfg.length_head and cfg.loss.kind == "ce") or cfg.loss.greedy_chain,
                                 store_dtype=torch.bfloat16 if self.mixed else None)
         per_epoch = [b for i, b in enumerate(batches(epoch_order(len(sequences), cfg.seed, 0), sequences,
-                                                     cfg.batch_tokens)) if i % world == rank]
+                                                     cfg.batch_tokens, epoch_seed(cfg.seed, 0))) if i % world == rank]
         total = cfg.steps or cfg.epochs * len(per_epoch)
         if cfg.resume and self.state.step >= total:
             raise ValueError(f"--resume: the checkpoint in {cfg.out} is at step {self.state.step}, already the run's "
@@ -329,7 +331,8 @@ class Trainer:
 
         while self.state.step < total and not out_of_time():
             order = epoch_order(len(sequences), cfg.seed, self.state.epoch)
-            mine = [b for i, b in enumerate(batches(order, sequences, cfg.batch_tokens)) if i % world == rank]
+            mine = [b for i, b in enumerate(batches(order, sequences, cfg.batch_tokens,
+                                                                 epoch_seed(cfg.seed, self.state.epoch))) if i % world == rank]
             while self.state.batch_index < len(mine) and self.state.step < total and not out_of_time():
                 group = [sequences[i] for i in mine[self.state.batch_index]]
                 self.state.batch_index += 1
