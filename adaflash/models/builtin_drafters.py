@@ -26,7 +26,7 @@ BUILTIN_DRAFTERS: dict[str, BuiltinDrafter] = {
         name="smollm2-135m-general",
         target="smollm2-135m",
         description="DFlash, 3 layers, block 8, 16,384-token draft vocabulary, with a length head; trained on an "
-                    "H200 on 60,802 answers of SmolLM2-135M to chat, code and math prompts (`data prepare suite`; "
+                    "H200 on SmolLM2-135M's answers to the suite's chat, code and math training prompts (`data prepare suite`; "
                     "bf16 weights, 26 MB)",
         default_for=("dflash", "adaflash"),
     ),
