@@ -250,7 +250,8 @@ def test_every_shipped_recipe_validates() -> None:
 
 
 @pytest.mark.parametrize("name", ["smollm2-cpu", "qwen3-8b", "qwen3-coder-30b-a3b", "qwen3.5-9b", "smollm2-drafter-h200",
-                                  "smollm2-drafter-varied-h200", "smollm2-h200x2", "smollm2-compare-h200"])
+                                  "smollm2-drafter-varied-h200", "smollm2-h200x2", "smollm2-compare-h200",
+                                  "smollm2-general-more-h200"])
 def test_dry_run_prints_the_plan_of_each_shipped_recipe(name: str, tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "adaflash.cli.main", "--workspace", str(tmp_path / "ws"), "run", name, "--dry-run"],
