@@ -257,7 +257,7 @@ def test_memo_greedy_tokens_give_the_length_head_the_same_labels_as_teacher_logi
     for features in (direct, source, over):
         loss, stat = dflash_loss(drafter, target, ids, lens, starts, blocks_per_seq=4, loss_cfg=LossConfig("ce"),
                                  gen=torch.Generator().manual_seed(0), train_head=True, features=features)
-        stats.append((float(loss), stat["block_accept_len"], stat["loss_length_head"]))
+        stats.append((float(loss.detach()), stat["block_accept_len"], stat["loss_length_head"]))
     assert stats[0] == pytest.approx(stats[1], rel=1e-5) and stats[0] == pytest.approx(stats[2], rel=1e-5)
     assert len(memo.greedy_ids) == len(sequences)  # kept: later epochs run no lm_head for them
     assert not full.store and full.batch_greedy is not None  # over budget: the batch's pass, nothing kept
