@@ -426,8 +426,7 @@ class Attention(nn.Module):
         if gqa and q.is_cuda and q.requires_grad:
             # training on a GPU: the memory-efficient kernel takes a mask but not grouped heads, and SDPA
             # with both fell back to its unfused math (a third of a memoized DFlash step on an H200)
-            groups = self.num_heads // self.num_kv
-            k, v, gqa = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2), False
+            (k, v), gqa = self._ungrouped(k, v), False
         q = q.transpose(1, 2)
         if q.stride(-1) != 1:
             # rope's broadcast can hand back q with a strided last dimension; the fused kernels need it
@@ -448,15 +447,20 @@ class Attention(nn.Module):
         Right padding is harmless: a real position sees only the positions before it.
         """
         b, n = q.shape[:2]
-        groups = self.num_heads // self.num_kv
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+        k, v = self._ungrouped(k, v)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if q.is_cuda and torch.is_autocast_enabled("cuda"):
             dtype = torch.get_autocast_dtype("cuda")
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim))
+
+    def _ungrouped(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [b, s, kv, d] repeated to one head per query head: for kernels without GQA."""
+        groups = self.num_heads // self.num_kv
+        if groups == 1:
+            return k, v
+        return k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
 
     def _attend_grouped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """GQA as one kv head per group with the group's query heads stacked along the query length

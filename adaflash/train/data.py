@@ -122,6 +122,11 @@ def batches(order: list[int], sequences: list[Sequence], batch_tokens: int, seed
     return [out[i] for i in shuffle]
 
 
+def epoch_batches(sequences: list[Sequence], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """One epoch's batches: its order and its batches' shuffle both a function of (seed, epoch)."""
+    return batches(epoch_order(len(sequences), seed, epoch), sequences, batch_tokens, epoch_seed(seed, epoch))
+
+
 def pad(sequences: list[Sequence], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids [b, S] (0-padded), lengths [b], response starts [b]: one tensor from the host, not one a row."""
     lens = torch.tensor([len(s.ids) for s in sequences])

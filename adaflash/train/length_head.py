@@ -14,7 +14,7 @@ import torch
 from adaflash.models.drafters import DFlashDrafter
 from adaflash.models.length_head import LengthHead
 from adaflash.models.loading import Target
-from adaflash.train.data import Sequence, batches, epoch_order, epoch_seed, pad
+from adaflash.train.data import Sequence, epoch_batches, pad
 from adaflash.train.dflash import dflash_loss
 from adaflash.train.evaluate import eval_tau
 from adaflash.train.losses import LossConfig
@@ -34,8 +34,7 @@ def fit_length_head(drafter: DFlashDrafter, target: Target, sequences: list[Sequ
     gen = torch.Generator().manual_seed(seed)
     step, epoch, stats = 0, 0, {}
     while step < steps:
-        for group in batches(epoch_order(len(sequences), seed, epoch), sequences, batch_tokens,
-                             epoch_seed(seed, epoch)):
+        for group in epoch_batches(sequences, batch_tokens, seed, epoch):
             ids, lens, starts = pad([sequences[i] for i in group], target.device)
             opt.zero_grad(set_to_none=True)
             loss, stats = dflash_loss(drafter, target.model, ids, lens, starts, blocks_per_seq=blocks_per_seq,

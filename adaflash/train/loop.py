@@ -24,7 +24,7 @@ from adaflash.models.drafter_io import init_from_target, load_drafter, new_draft
 from adaflash.models.drafters import ChainDrafter, DFlashDrafter, Drafter
 from adaflash.models.loading import Target
 from adaflash.train.chain import chain_loss
-from adaflash.train.data import Sequence, batches, epoch_order, epoch_seed, pad
+from adaflash.train.data import Sequence, epoch_batches, pad
 from adaflash.train.dflash import dflash_loss
 from adaflash.train.evaluate import eval_tau
 from adaflash.train.features import FeatureMemo, FeatureSource
@@ -316,8 +316,8 @@ class Trainer:
                                 budget_bytes=None if cfg.memo_gb is None else cfg.memo_gb * 1e9,
                                 keep_greedy=(cfg.length_head and cfg.loss.kind == "ce") or cfg.loss.greedy_chain,
                                 store_dtype=torch.bfloat16 if self.mixed else None)
-        per_epoch = [b for i, b in enumerate(batches(epoch_order(len(sequences), cfg.seed, 0), sequences,
-                                                     cfg.batch_tokens, epoch_seed(cfg.seed, 0))) if i % world == rank]
+        per_epoch = [b for i, b in enumerate(epoch_batches(sequences, cfg.batch_tokens, cfg.seed, 0))
+                     if i % world == rank]
         total = cfg.steps or cfg.epochs * len(per_epoch)
         if cfg.resume and self.state.step >= total:
             raise ValueError(f"--resume: the checkpoint in {cfg.out} is at step {self.state.step}, already the run's "
@@ -330,9 +330,8 @@ class Trainer:
             return cfg.max_minutes is not None and self.state.seconds - seconds_before >= cfg.max_minutes * 60
 
         while self.state.step < total and not out_of_time():
-            order = epoch_order(len(sequences), cfg.seed, self.state.epoch)
-            mine = [b for i, b in enumerate(batches(order, sequences, cfg.batch_tokens,
-                                                                 epoch_seed(cfg.seed, self.state.epoch))) if i % world == rank]
+            mine = [b for i, b in enumerate(epoch_batches(sequences, cfg.batch_tokens, cfg.seed, self.state.epoch))
+                    if i % world == rank]
             while self.state.batch_index < len(mine) and self.state.step < total and not out_of_time():
                 group = [sequences[i] for i in mine[self.state.batch_index]]
                 self.state.batch_index += 1
