@@ -57,39 +57,75 @@ def test_refresh_retries_the_stalest_width():
     assert rule.steps % rule.refresh == 0 and rule.probe(1) == 2
 
 
-@pytest.mark.parametrize("whole_rate, choose_rate, expected", [(3.0, 2.0, True), (2.0, 3.0, False)])
-def test_modes_are_weighed_by_the_tokens_per_second_they_yield(whole_rate, choose_rate, expected):
+@pytest.mark.parametrize("choose_seconds, whole_seconds, expected", [(1.0, 0.8, True), (0.75, 0.9, False)])
+def test_modes_are_weighed_by_the_tokens_per_second_they_yield(choose_seconds, whole_seconds, expected):
     """Per-width timings favour short verifies, but steps that verify whole blocks unread may still yield
-    more tokens per second (a GPU drafts inside the step then): the rule follows what the steps yield,
-    trying each mode first, then the other one ever less often while the better one holds."""
+    more tokens per second (a GPU drafts inside the step then): the rule weighs the head's steps against
+    what whole blocks would have made of them in a whole-block step's time, trying each mode first, then
+    the other one ever less often while the better one holds."""
     rule = trained(CostRule(block=4, min_length=2, tries=1, refresh=64, mode_tries=4), 1, lambda w: 0.5 + 0.1 * w)
     assert not rule.whole_block_cheapest(1)
     modes = []
     for _ in range(600):
         whole = rule.whole_blocks(1)
         modes.append(whole)
-        width = 4 if whole else 2
-        rule.record(1, width, 1.0, tokens=int(whole_rate if whole else choose_rate))
-    assert modes[:4] == [False] * 4 and modes[4:8] == [True] * 4  # the head's choice tried first, then whole blocks
-    others = [i for i, whole in enumerate(modes[8:], start=8) if whole != expected]
-    # retries 32, 96, 224, 480 steps after the better mode settled (at step 8); while whole blocks win,
+        # a head-read step verifies 2 drafts and rejects the first: whole blocks would have given the same token
+        rule.record(1, 4 if whole else 3, whole_seconds if whole else choose_seconds, rows=[(0, 3 if whole else 2)])
+    assert not rule.whole_block_cheapest(1)  # width 2 stays the cheapest in the table
+    assert modes[:4] == [False] * 4 and modes[4] is True  # the head's choice tried first, then a whole block
+    others = [i for i, whole in enumerate(modes[5:], start=5) if whole != expected]
+    # retries 32, 96, 224, 480 steps after the better mode settled (at step 5); while whole blocks win,
     # the stalest width is also re-timed (a head-read step) after 8 x 64 steps
-    assert others == [40, 104, 232, 488] + ([520] if expected else [])
-    assert rule.mode_rate(1, "whole") == whole_rate and rule.mode_rate(1, "choose") == choose_rate
+    assert others == [37, 101, 229, 485] + ([517] if expected else [])
+    assert rule.mode_rate(1, "choose") == pytest.approx(1 / choose_seconds)
+    assert rule.mode_rate(1, "whole") == pytest.approx(1 / whole_seconds)
     assert rule.mode_rate(2, "whole") is None  # each batch bucket weighs its own
 
 
+def test_whole_blocks_are_weighed_on_the_head_read_steps_own_prompts():
+    """Acceptance swings from prompt to prompt far more than a width moves it: here every head-read step
+    meets an easy stretch (all its drafts accepted) and every whole-block step a hard one (none). Their own
+    tokens per second favour the head; weighed on the same steps, whole blocks would have given those
+    tokens and more in less time (1.05 s against 1.25 s), and win."""
+    rule = trained(CostRule(block=8, min_length=2, tries=1, refresh=0, mode_tries=4), 1, lambda w: 1.0 + 0.01 * w)
+    modes, choose_tokens = [], []
+    for _ in range(40):
+        whole = rule.whole_blocks(1)
+        modes.append(whole)
+        if whole:
+            rule.record(1, 8, 1.05, rows=[(0, 7)])
+        else:
+            verified = int(rule.choose(torch.tensor([0.5]), k=7)[0])
+            choose_tokens.append(verified + 1)
+            rule.record(1, verified + 1, 1.25, rows=[(verified, verified)])
+    assert not rule.whole_block_cheapest(1)
+    assert modes[:4] == [False] * 4 and all(modes[4:])
+    assert min(choose_tokens) / 1.25 > 1 / 1.05  # what each mode's own steps yielded favours the head
+    assert rule.mode_rate(1, "whole") > rule.mode_rate(1, "choose") * 1.25 / 1.05
+
+
+def test_tokens_past_the_width_are_expected_geometrically():
+    """A head-read step whose row accepted all 3 drafts it verified, of a block of 8 at acceptance ½, would
+    have given ½ + ¼ + ⅛ + 1/16 tokens more verifying the whole block; a row that rejected one, none."""
+    rule = trained(CostRule(block=8, min_length=2, tries=1, refresh=0, mode_tries=1), 2, lambda w: 0.5 + 0.1 * w)
+    assert not rule.whole_blocks(2) and rule.planned == "choose"
+    full_block = (1 - 0.5 ** 8) / (1 - 0.5)  # E_8 at acceptance ½: the head predicts it as a share of 8
+    verified = rule.choose(torch.tensor([full_block / 8] * 2), k=7)
+    rule.record(2, int(verified[0]) + 1, 1.0, rows=[(3, 3), (1, 3)])
+    assert list(rule.choose_steps[2]) == [(6, 1.0, pytest.approx(6 + 0.9375, abs=2e-3))]
+
+
 def test_a_change_of_the_better_mode_restarts_the_retries():
-    rule = trained(CostRule(block=4, min_length=2, tries=1, refresh=8, mode_tries=2, mode_window=2), 1,
+    rule = trained(CostRule(block=4, min_length=2, tries=1, window=1, refresh=8, mode_tries=2, mode_window=2), 1,
                    lambda w: 0.5 + 0.1 * w)
-    rates = {True: 3, False: 2}
+    seconds = {True: 0.75, False: 0.8}  # neither the cheapest width in the table (width 2: 0.7)
     modes = []
     for step in range(120):
         if step == 60:
-            rates = {True: 1, False: 4}  # whole blocks now yield less: the head's choice becomes better
+            seconds = {True: 4.0, False: 1.0}  # whole blocks now cost more: the head's choice becomes better
         whole = rule.whole_blocks(1)
         modes.append(whole)
-        rule.record(1, 4 if whole else 2, 1.0, tokens=rates[whole])
+        rule.record(1, 4 if whole else 3, seconds[whole], rows=[(0, 3 if whole else 2)])
     # from step 61 the head's choice is the better mode: whole blocks come back only as its retries,
     # 4, 12 and 28 steps (½, 1½, 3½ periods of 8) after the change
     assert [i for i in range(60, 120) if modes[i]] == [60, 65, 73, 89]
@@ -107,7 +143,7 @@ def test_stale_widths_are_retimed_ever_less_often_while_whole_blocks_win():
             if rule.planned == "probe":
                 at.append(rule.steps)
             width = rule.probe(1) if rule.planned == "probe" else 4 if whole else 2
-            rule.record(1, width, cost(width), tokens=2)
+            rule.record(1, width, cost(width), rows=[(1, width - 1)])
         return at
 
     flat = probe_steps(lambda w: 1.0)  # whole blocks win from the first decision (after 3 timing tries)
@@ -123,20 +159,20 @@ def test_whole_blocks_are_checked_again_within_recheck_steps():
     rule = trained(CostRule(block=4, min_length=2, tries=1, window=1, recheck=16, refresh=0), 1, lambda w: 1.0)
     for _ in range(5):
         assert rule.whole_blocks(1)
-        rule.record(1, 4, 1.0, tokens=2)
+        rule.record(1, 4, 1.0, rows=[(1, 3)])
     rule.record(1, 4, 5.0)  # the whole block now costs 5x the others (window 1: the median is that step)
     decided = []
     for _ in range(20):
         decided.append(rule.whole_blocks(1))
-        rule.record(1, 4 if decided[-1] else 2, 5.0 if decided[-1] else 1.0, tokens=2)
+        rule.record(1, 4 if decided[-1] else 2, 5.0 if decided[-1] else 1.0, rows=[(1, 1)])
     assert decided[0] and not decided[-1] and decided.index(False) < 16  # cached a while, then read again
 
 
 def test_probe_steps_do_not_count_for_a_mode():
     rule = CostRule(block=4, min_length=2, tries=1, mode_tries=1)
     assert not rule.whole_blocks(1)  # width 2 is due for its timing try
-    rule.record(1, 2, 1.0, tokens=9)
-    assert rule.yields == {}
+    rule.record(1, 2, 1.0, rows=[(1, 1)])
+    assert rule.choose_steps == {} and rule.whole_seconds == {}
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -188,10 +224,10 @@ def test_smaller_batches_take_whole_blocks_once_a_larger_one_settled_on_them():
     bucket stops settling on whole blocks."""
     rule = trained(CostRule(block=4, min_length=2, tries=1, refresh=0, mode_tries=2), 32, lambda w: 1.0)
     assert rule.whole_blocks(32)
-    rule.record(32, 4, 1.0, tokens=40)
+    rule.record(32, 4, 1.0, rows=[(1, 3)] * 32)
     for batch in (16, 9, 5, 3, 2, 1):
         assert rule.whole_blocks(batch) and rule.planned == "whole"
-        rule.record(batch, 4, 1.0, tokens=batch)
+        rule.record(batch, 4, 1.0, rows=[(0, 3)] * batch)
     assert rule.cost(16) is None and rule.cost(1) is None  # not one timing try below 32
     assert not rule.whole_blocks(64) and rule.planned == "probe"  # a larger batch times its widths
 
@@ -225,4 +261,4 @@ def test_the_tail_of_a_run_takes_whole_blocks_without_timing_tries(tiny_target):
     assert [len(o.output_ids) for o in outputs] == lengths
     assert set(engine.step_counts) - {"prefill"} == {"whole"}
     assert engine.cost_rule.cost(2) is None and engine.cost_rule.cost(1) is None
-    assert {bucket for bucket, _ in engine.cost_rule.yields} == {1, 2, 4}  # every bucket stepped
+    assert set(engine.cost_rule.whole_seconds) == {1, 2, 4}  # every bucket stepped

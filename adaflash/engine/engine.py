@@ -358,7 +358,7 @@ class Engine(Admitting, VerifyLengths):
         if self._reads_head() and self.length_policy == "cost":
             rule = self._cost_rule()
             kind = rule.planned or kind
-            rule.record(len(seqs), max(r[1] for r in packed) + 1, seconds, tokens=sum(r[0] for r in packed) + len(seqs))
+            rule.record(len(seqs), max(r[1] for r in packed) + 1, seconds, rows=[(r[0], r[1]) for r in packed])
         self._count(kind, seconds)
 
     def _take(self, seqs: list[RunningSeq], packed: list[list[int]], *, draft_s: float,

@@ -29,9 +29,14 @@ whose whole blocks won takes them without timing tries of its own (`_inherits_wh
 
 Those savings are not in the per-width step times (every width is timed with the head read), so
 where the timings alone favour shorter widths the rule also weighs the two modes as they really
-run: tokens per second of recent steps that let the head choose against steps that verified whole
-blocks unread, each mode tried first, the other retried now and then. On an H200 at batch 32 the
-per-width timings kept the head choosing, and that ran 2-5% slower than whole blocks at the same τ.
+run: head-read steps against whole-block steps that leave the head unread. Both are weighed on the
+same steps, the head-read ones: their tokens per second against the tokens whole blocks would have
+given them (what they gave, plus the geometric expectation past the width for each row that accepted
+every draft it verified) over the median time of a whole-block step. Comparing what each mode's own
+steps yielded instead confounds the mode with the prompts it happened to run on: a row's acceptance
+swings far more from prompt to prompt than a verify width moves it, and at batch 1 on an H200 that
+kept the head choosing on 42% of the steps of code prompts (each step about a quarter dearer than a
+whole-block one, 0.93x DFlash's throughput at the same τ).
 """
 
 from __future__ import annotations
@@ -67,16 +72,19 @@ class CostRule:
         self._stale: set[tuple[int, int]] = set()  # keys recorded since their median was taken
         self.last_seen: dict[tuple[int, int], int] = {}
         self.steps = 0
-        # realized (tokens, seconds) of recent steps per (batch bucket, mode), mode "choose" or "whole"
+        # per batch bucket, recent head-read steps as (tokens, seconds, tokens whole blocks would have
+        # given them), and the seconds of recent whole-block steps
         self.mode_tries = mode_tries
         self.mode_window = mode_window
-        self.yields: dict[tuple[int, str], deque[tuple[int, float]]] = {}
+        self.choose_steps: dict[int, deque[tuple[int, float, float]]] = {}
+        self.whole_seconds: dict[int, deque[float]] = {}
+        self._chosen: torch.Tensor | None = None  # per row, the acceptance `choose` read for the coming step
         self.mode_seen: dict[tuple[int, str], int] = {}
         self._whole_since: dict[int, int] = {}  # per batch bucket: the step whole blocks became the settled mode
         self._whole_checked: dict[int, int] = {}  # per batch bucket: the step the table last said whole blocks win
         self._planned: tuple[int, str] | None = None  # what `whole_blocks` decided for the coming step
         self._best: dict[int, tuple[str, int]] = {}  # per batch bucket: the better mode and the step it became so
-        a = torch.linspace(0.0, 0.999, _GRID, dtype=torch.float64)
+        a = self._accept = torch.linspace(0.0, 0.999, _GRID, dtype=torch.float64)
         lengths = torch.arange(1, block + 1, dtype=torch.float64)
         self._yield = (1 - a[:, None] ** lengths) / (1 - a[:, None])  # [grid, B]: E_L for each a
         self._full_block = self._yield[:, -1].contiguous()  # E_B, rising with a: searched per step
@@ -89,10 +97,10 @@ class CostRule:
     def widths(self) -> range:
         return range(self.min_length, self.block + 1)
 
-    def record(self, batch: int, width: int, seconds: float, tokens: int | None = None) -> None:
-        """One speculative step of `batch` rows that verified `width` positions took `seconds` and
-        emitted `tokens`; the tokens count for the mode `whole_blocks` planned (not for a probe).
-        Runs every step, so it only appends: medians are taken when the table is read."""
+    def record(self, batch: int, width: int, seconds: float, rows: list[tuple[int, int]] | None = None) -> None:
+        """One speculative step of `batch` rows that verified `width` positions took `seconds`; `rows` are
+        its (accepted drafts, verified drafts) per row, which count for the mode `whole_blocks` planned
+        (not for a probe). Runs every step, so it only appends: medians are taken when the table is read."""
         bucket_ = self._batch(batch)
         key = (bucket_, width)
         seen = self.samples.get(key)
@@ -103,12 +111,35 @@ class CostRule:
         self.steps += 1
         self.last_seen[key] = self.steps
         planned, self._planned = self._planned, None
-        if tokens is not None and planned is not None and planned[0] == bucket_ and planned[1] != "probe":
-            recent = self.yields.get(planned)
-            if recent is None:
-                recent = self.yields[planned] = deque(maxlen=self.mode_window)
-            recent.append((tokens, seconds))
-            self.mode_seen[planned] = self.steps
+        chosen, self._chosen = self._chosen, None
+        if rows is None or planned is None or planned[0] != bucket_ or planned[1] == "probe":
+            return
+        if planned[1] == "whole":
+            self._recent(self.whole_seconds, bucket_, self.window).append(seconds)
+        else:
+            tokens = sum(accepted + 1 for accepted, _ in rows)
+            self._recent(self.choose_steps, bucket_, self.mode_window).append(
+                (tokens, seconds, tokens + self._past_width(rows, chosen)))
+        self.mode_seen[planned] = self.steps
+
+    def _recent(self, table: dict, bucket_: int, size: int) -> deque:
+        seen = table.get(bucket_)
+        if seen is None:
+            seen = table[bucket_] = deque(maxlen=size)
+        return seen
+
+    def _past_width(self, rows: list[tuple[int, int]], chosen: torch.Tensor | None) -> float:
+        """The tokens a head-read step lost to its width, expected: a row that accepted all v drafts it
+        verified would have gone on accepting each further draft with its acceptance a, Σ_{j≤m} a^j for
+        the m = B - 1 - v drafts left unverified."""
+        if chosen is None or len(chosen) != len(rows):
+            return 0.0
+        lost = 0.0
+        for (accepted, verified), a in zip(rows, chosen.tolist()):
+            left = self.block - 1 - verified
+            if accepted == verified and left > 0:
+                lost += a * (1 - a ** left) / (1 - a)
+        return lost
 
     @property
     def planned(self) -> str | None:
@@ -116,11 +147,18 @@ class CostRule:
         return self._planned[1] if self._planned is not None else None
 
     def mode_rate(self, batch: int, mode: str) -> float | None:
-        """Tokens per second of the recent steps run in `mode`, once it has had its tries."""
-        seen = self.yields.get((self._batch(batch), mode))
-        if seen is None or len(seen) < self.mode_tries:
+        """Tokens per second of the recent head-read steps (`mode` "choose"), or what whole blocks would
+        have made of those same steps ("whole"), once each mode has had its tries."""
+        bucket_ = self._batch(batch)
+        steps = self.choose_steps.get(bucket_)
+        if steps is None or len(steps) < self.mode_tries:
             return None
-        return sum(t for t, _ in seen) / max(sum(s for _, s in seen), 1e-12)
+        if mode == "choose":
+            return sum(t for t, _, _ in steps) / max(sum(s for _, s, _ in steps), 1e-12)
+        whole = self.whole_seconds.get(bucket_)
+        if whole is None or len(whole) < self.tries:
+            return None
+        return sum(w for _, _, w in steps) / (len(steps) * max(statistics.median(whole), 1e-12))
 
     def cost(self, batch: int) -> dict[int, float] | None:
         """Median step seconds per width at this batch size, once every width has its tries."""
@@ -221,7 +259,7 @@ class CostRule:
         the better one, and the other now and then, `_retry_due`)."""
         rates = {mode: self.mode_rate(bucket_, mode) for mode in ("choose", "whole")}
         for mode, rate in rates.items():
-            if rate is None:
+            if rate is None:  # the head's choice tried first: the whole blocks' rate is weighed on its steps
                 return None, mode
         best = max(rates, key=lambda mode: rates[mode] or 0.0)
         held = self._best.get(bucket_)
@@ -255,6 +293,7 @@ class CostRule:
         mean = (pred.detach().double().cpu() * self.block).clamp(1.0, float(self.block))
         # a from E_B(a) = m: E_B rises with a, so the first grid point reaching m
         index = torch.searchsorted(self._full_block, mean).clamp(max=_GRID - 1)
+        self._chosen = self._accept[index]
         expected = self._yield[index][:, self.min_length - 1:].sum(0)  # [widths]: the batch's tokens
         seconds = torch.tensor([table[w] for w in self.widths()], dtype=torch.float64)
         best = int((expected / seconds).argmax()) + self.min_length
