@@ -13,7 +13,9 @@ asyncio logs a traceback per refused accept. So:
 
 `ConnectionGuard` is the protocol factory of the listening socket: it wraps aiohttp's and tracks
 which connections are inside a request through `mark_busy`/`mark_idle`, which the server's first
-middleware calls (`request.protocol` is the connection).
+middleware calls (`request.protocol` is the connection). Its handlers report their connection's end
+(`http_handler.JsonRequestHandler.on_lost`), so `count` is the connections open now, not those open
+when their last deadline was checked.
 """
 
 from __future__ import annotations
@@ -92,6 +94,8 @@ class ConnectionGuard:
         if len(self.open) >= self.cap:
             self._make_room()
         handler = self.factory()
+        if hasattr(handler, "on_lost"):  # a JsonRequestHandler: forgotten the moment its connection closes
+            handler.on_lost = self._drop
         self.open[handler] = None
         self.started[handler] = 0
         self._arm(handler, self.limits.header_timeout)

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from adaflash.serve.protocol import BadRequest
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_LOGGED_CHARS = 200  # of a client's bytes quoted in a log line or an error message
+
+log = logging.getLogger("adaflash.serve")
 
 
 KINDS = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 408: "RequestTimeout",
-         413: "RequestTooLarge", 503: "ServiceUnavailable"}
+         413: "RequestTooLarge", 415: "UnsupportedMediaType", 503: "ServiceUnavailable"}
 
 
 def error_body(message: str, kind: str = "BadRequest", *, param: str | None = None,
@@ -75,10 +80,41 @@ def parse_json(raw: bytes) -> Any:
         raise BadRequest(f"the request body is not valid JSON ({err})") from None
 
 
+def one_line(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
+    """`text` as one printable ASCII line of at most `limit` characters (so a client cannot forge log lines)."""
+    flat = " ".join(text.split()).encode("ascii", "backslashreplace").decode("ascii")
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def declared_too_large(request: web.Request) -> web.Response | None:
+    """A 413 for a request whose Content-Length is over the body limit, answered from its head before a
+    byte of the body is read (aiohttp would read up to the limit first); None for any other request."""
+    declared = request.content_length
+    if declared is None or declared <= MAX_BODY_BYTES:
+        return None
+    response = error_response(f"the request body ({declared} bytes, as its Content-Length says) is over the "
+                              f"server's limit of {MAX_BODY_BYTES} bytes", 413)
+    response.force_close()  # the client may still be sending it
+    return response
+
+
+def _payload_problem(err: web.RequestPayloadError) -> str:
+    """What was wrong with a body the parser could not read: its cause's message (a content encoding
+    that does not decode, a broken chunked encoding, a body shorter than its Content-Length)."""
+    cause = err.__cause__
+    text = cause.message if isinstance(cause, HttpProcessingError) else str(err)
+    return one_line(str(text))
+
+
 async def json_body(request: web.Request, timeout: float | None = None) -> Any:
-    """The request's JSON body, read within `timeout` seconds (a 408 after it)."""
+    """The request's JSON body, read within `timeout` seconds (a 408 after it); a body that cannot be
+    decoded (bad gzip, deflate or chunked encoding) is a 400 and one log line."""
     try:
         raw = await asyncio.wait_for(request.read(), timeout)
     except asyncio.TimeoutError:
         raise BadRequest(f"the request body did not arrive within {timeout:g} s", 408) from None
+    except web.RequestPayloadError as err:
+        problem = _payload_problem(err)
+        log.warning("adaflash serve: refused an unreadable request body from %s: %s", request.remote, problem)
+        raise BadRequest(f"the request body could not be read: {problem}") from None
     return parse_json(raw)

@@ -1,7 +1,10 @@
 """`GET /metrics`: the server's counters in Prometheus' text format, under SGLang's metric names.
 
 Why SGLang's names: dashboards and alerts built for SGLang (its Grafana board, `sglang:` queries) then
-work on the embedded engine unchanged. Names without an SGLang counterpart use the `adaflash:` prefix.
+work on the embedded engine unchanged. SGLang reports speculation only as gauges (τ and the accept
+rate); the draft and accepted token counters, which give τ and the accept rate over any window, take
+vLLM's names (`vllm:spec_decode_*`), so vLLM's queries work too. Other names without an SGLang
+counterpart use the `adaflash:` prefix.
 Each server has its own registry (tests run several servers in one process), and gauges are read from
 the server at scrape time.
 """
@@ -47,7 +50,14 @@ class ServerMetrics:
         self.e2e = Histogram("sglang:e2e_request_latency_seconds",
                              "Histogram of End-to-end request latency in seconds", names, buckets=E2E_BUCKETS,
                              registry=r).labels(**self.labels)
-        r.register(_Gauges(self.labels, state))
+        self.drafts = Counter("vllm:spec_decode_num_drafts", "Number of verify steps that checked a draft.", names,
+                              registry=r).labels(**self.labels)
+        self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens proposed.", names,
+                                    registry=r).labels(**self.labels)
+        self.accepted_tokens = Counter("vllm:spec_decode_num_accepted_tokens", "Number of draft tokens accepted.",
+                                       names, registry=r).labels(**self.labels)
+        self.spec_totals = {"draft_tokens": 0, "accepted_tokens": 0}
+        r.register(_Gauges(self.labels, lambda: {**state(), "spec_accept_rate": self.accept_rate()}))
 
     def tokens(self, count: int, since_last: float | None) -> None:
         """A step's `count` new tokens of one request, `since_last` seconds after its previous ones
@@ -68,6 +78,25 @@ class ServerMetrics:
         self.requests.inc()
         self.e2e.observe(e2e_seconds)
 
+    def speculated(self, meta: dict[str, Any]) -> None:
+        """A finished request's drafting, from its meta_info: draft tokens proposed and accepted, and
+        verify steps that checked a draft (the steps of its accept histogram)."""
+        proposed = int(meta.get("spec_num_proposed_drafts") or 0)
+        accepted = int(meta.get("spec_num_correct_drafts") or 0)
+        drafts = sum(int(n) for n in meta.get("spec_accept_histogram") or ())
+        if drafts:
+            self.drafts.inc(drafts)
+        if proposed:
+            self.draft_tokens.inc(proposed)
+            self.accepted_tokens.inc(accepted)
+            self.spec_totals["draft_tokens"] += proposed
+            self.spec_totals["accepted_tokens"] += accepted
+
+    def accept_rate(self) -> float | None:
+        """Draft tokens accepted per draft token proposed, so far (None before any draft)."""
+        proposed = self.spec_totals["draft_tokens"]
+        return self.spec_totals["accepted_tokens"] / proposed if proposed else None
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -81,6 +110,8 @@ class _Gauges:
         ("sglang:gen_throughput", "The generate throughput (token/s)", "last_gen_throughput"),
         ("sglang:spec_accept_length", "The average acceptance length of speculative decoding",
          "avg_spec_accept_length"),
+        ("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding (accepted / draft tokens)",
+         "spec_accept_rate"),
         ("sglang:max_running_requests", "Maximum running requests", "max_running_requests"),
         ("sglang:context_len", "The context length", "context_length"),
         ("adaflash:drafter_version", "The version of the drafter in use (-1: none or unversioned)", "drafter_version"),

@@ -33,6 +33,7 @@ class OpenAIRoutes:
 
     def register(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/", self.models)  # clients that join base URL and path keep the slash
         app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -100,7 +101,7 @@ class OpenAIRoutes:
                               adapt=parsed.adapt, tag=parsed.tag)
                  for p in prompts]
         try:
-            handles = await self.server.submit(items, arrived)
+            handles = await self.server.submit(items, arrived, field="messages" if chat else "prompt")
         except BadRequest as err:  # the engine's checks name the native field
             if "input_ids" not in str(err):
                 raise

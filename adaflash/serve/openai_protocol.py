@@ -101,8 +101,8 @@ def _check_fields(body: dict[str, Any], known: set[str]) -> None:
         if key in NEUTRAL:
             if value is None or any(value == off and type(value) is type(off) for off in NEUTRAL[key]):
                 continue
-            raise BadRequest(f"{key}={value!r} is not supported by the embedded engine")
-        raise BadRequest(f"unknown field {key!r}")
+            raise BadRequest(f"{key}={value!r} is not supported by the embedded engine", param=key)
+        raise BadRequest(f"unknown field {key!r}", param=key)
 
 
 def _message(raw: Any, index: int) -> dict[str, str]:

@@ -47,16 +47,17 @@ class BadRequest(ValueError):
         self.param = param if param is not None else field_named(message)
 
 
+# In this order: a message that starts `n=2 ...` names n, whatever quoted text its value holds.
 FIELD_PATTERNS = (
     re.compile(r"(?:sampling_params|messages\[\d+\](?:\.content\[\d+\])?)(?:\.[a-z_]+)?"),
-    re.compile(r"'([A-Za-z_][A-Za-z0-9_.]*)'"),
     re.compile(r"^([a-z_]+)="),
+    re.compile(r"'([A-Za-z_][A-Za-z0-9_.]*)'"),
 )
 
 
 def field_named(message: str) -> str | None:
     """The request field an error message names first: `sampling_params.top_k`, `messages[2].role`,
-    `'prompt'` (as prompt), `n=2 ...` (as n)."""
+    `n=2 ...` (as n), `'prompt'` (as prompt)."""
     for pattern in FIELD_PATTERNS:
         match = pattern.search(message)
         if match:
@@ -92,8 +93,8 @@ def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None,
         if key in UNSUPPORTED_FIELDS:
             if value in DEFAULTS_OK:
                 continue
-            raise BadRequest(f"field {key!r} is not supported by the embedded engine")
-        raise BadRequest(f"unknown field {key!r}")
+            raise BadRequest(f"field {key!r} is not supported by the embedded engine", param=key)
+        raise BadRequest(f"unknown field {key!r}", param=key)
     has_text, has_ids = body.get("text") is not None, body.get("input_ids") is not None
     if has_text == has_ids:
         raise BadRequest("give exactly one of 'text' or 'input_ids'")

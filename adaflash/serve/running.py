@@ -10,6 +10,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from adaflash.serve.connections import ConnectionGuard, QuietAcceptErrors, connection_cap, raise_fd_limit
+from adaflash.serve.http_handler import handler_factory
 from adaflash.serve.server import EmbeddedServer
 
 ACCEPT_BURST = 128  # asyncio accepts up to this many sockets per wake-up, before the guard sees any
@@ -21,19 +22,20 @@ async def serve(server: EmbeddedServer, host: str, port: int, stop: asyncio.Even
     """Serve until `stop` is set; `ready(url)` once the socket listens and the engine thread runs.
 
     The listening socket's protocol factory is a `ConnectionGuard` (deadlines and a cap on idle
-    connections, `connections.py`) around aiohttp's."""
+    connections, `connections.py`) around aiohttp's handlers with JSON parser errors (`http_handler.py`)."""
     loop = asyncio.get_running_loop()
     previous = loop.get_exception_handler()
     loop.set_exception_handler(QuietAcceptErrors(loop))
     limits = server.limits
+    handler_options = {"access_log": None, "keepalive_timeout": limits.keepalive_timeout + limits.header_timeout}
     # handler_cancellation: a client that disconnects cancels its handler, which aborts its requests.
-    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=5.0, handler_cancellation=True,
-                           keepalive_timeout=limits.keepalive_timeout + limits.header_timeout)
+    runner = web.AppRunner(server.app(), shutdown_timeout=5.0, handler_cancellation=True, **handler_options)
     await runner.setup()
     listening = None
     try:
         assert runner.server is not None
-        server.guard = ConnectionGuard(runner.server, limits, connection_cap(limits, raise_fd_limit()))
+        server.guard = ConnectionGuard(handler_factory(runner.server, **handler_options), limits,
+                                       connection_cap(limits, raise_fd_limit()))
         sock = _listening_socket(host, port)
         listening = await loop.create_server(server.guard, sock=sock, backlog=ACCEPT_BURST)
         sock.listen(KERNEL_BACKLOG)  # asyncio listened with its burst size; the kernel may queue more

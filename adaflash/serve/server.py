@@ -45,7 +45,14 @@ from adaflash.serve.adapt import Adapter
 from adaflash.serve.connections import ConnectionGuard, ConnectionLimits
 from adaflash.serve.engine_loop import EngineLoop, Failure, Handle
 from adaflash.serve.event_stream import EventStream
-from adaflash.serve.http_errors import MAX_BODY_BYTES, error_body, error_response, http_error, json_body
+from adaflash.serve.http_errors import (
+    MAX_BODY_BYTES,
+    declared_too_large,
+    error_body,
+    error_response,
+    http_error,
+    json_body,
+)
 from adaflash.serve.metrics import CONTENT_TYPE, ServerMetrics
 from adaflash.serve.openai_api import OpenAIRoutes
 from adaflash.serve.protocol import BadRequest, GenerateItem, parse_generate
@@ -94,6 +101,7 @@ class EmbeddedServer:
         self.in_flight: set[str] = set()
         self.swaps = 0
         self.metrics = ServerMetrics(self.served_model_name, self.info)
+        self.max_prompt_chars = prompt_chars_limit(engine.target.tokenizer, engine.max_len)
 
     # -- application -------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -133,7 +141,11 @@ class EmbeddedServer:
 
     @web.middleware
     async def _track(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        """Tell the connection guard this connection is inside a request (no idle deadline applies)."""
+        """Refuse a body declared over the limit (413) before reading it; tell the connection guard this
+        connection is inside a request (no idle deadline applies)."""
+        too_large = declared_too_large(request)
+        if too_large is not None:
+            return too_large
         guard, connection = self.guard, request.protocol
         if guard is None:
             return await handler(request)
@@ -169,7 +181,7 @@ class EmbeddedServer:
             given = request.headers.get("Authorization", "")
             if not given:
                 return error_response("missing API key: send 'Authorization: Bearer KEY'", 401)
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            if not hmac.compare_digest(bearer_token(given).encode(), self.api_key.encode()):
                 return error_response("invalid API key", 401)
         return await handler(request)
 
@@ -195,9 +207,11 @@ class EmbeddedServer:
         payload = [r.to_json() for r in results]
         return web.json_response(payload if parsed.batch else payload[0])
 
-    async def submit(self, items: list[GenerateItem], arrived: float) -> list[Handle]:
+    async def submit(self, items: list[GenerateItem], arrived: float, *, field: str = "text") -> list[Handle]:
         """Tokenize, check and queue `items` for the engine thread: one Handle each, whose queue gets
-        its StepEvents. The caller must `release` them when it is done, whatever happened."""
+        its StepEvents. The caller must `release` them when it is done, whatever happened. `field` is the
+        request field the prompts came from, named by the errors about them."""
+        self._check_before_encoding(items, field)
         encoded = await asyncio.get_running_loop().run_in_executor(self.encoding, self._encode, items)
         requests = [self._to_request(item, ids) for item, ids in zip(items, encoded)]
         self._check_live()
@@ -218,6 +232,18 @@ class EmbeddedServer:
                 self.loop_thread.abort(handle.rid)
                 self.metrics.aborted.inc()
 
+    def _check_before_encoding(self, items: list[GenerateItem], field: str) -> None:
+        """The checks that need no tokens: stop token ids, and text prompts too long to fit the context
+        whatever their tokens (a 10 MB prompt takes seconds of CPU and hundreds of MB to tokenize, only
+        to be refused after)."""
+        for index, item in enumerate(items):
+            self._check_stop_ids(item.params.stop_token_ids)
+            if item.text is not None and len(item.text) > self.max_prompt_chars:
+                where = f"{field}[{index}]" if len(items) > 1 else field
+                raise BadRequest(f"'{where}' holds {len(item.text)} characters: more than fit the context of "
+                                 f"{self.engine.max_len} tokens (at most {self.max_prompt_chars} characters)",
+                                 param=field)
+
     def _encode(self, items: list[GenerateItem]) -> list[list[int]]:
         """Token ids of each item (on the tokenizing thread)."""
         return [self.encoder.encode(item.text) if item.text is not None else list(item.input_ids or [])
@@ -233,6 +259,14 @@ class EmbeddedServer:
         except ValueError as err:
             raise BadRequest(str(err)) from None
         return req
+
+    def _check_stop_ids(self, stop_ids: list[int]) -> None:
+        """Stop tokens must be token ids of the vocabulary, as prompt ids must."""
+        vocab = self.engine.model.cfg.vocab_size
+        bad = [t for t in stop_ids if not 0 <= t < vocab]
+        if bad:
+            raise BadRequest(f"sampling_params.stop_token_ids must be token ids in [0, {vocab}), got {bad[0]}",
+                             param="sampling_params.stop_token_ids")
 
     def _check_live(self) -> None:
         if self.loop_thread is None or not self.loop_thread.alive:
@@ -275,6 +309,7 @@ class EmbeddedServer:
         meta["drafter_version"] = self.engine.drafter_version
         if not handle.probe:
             self.metrics.finished(int(meta.get("prompt_tokens") or 0), meta["e2e_latency"])
+            self.metrics.speculated(meta)
             if self.adapter is not None:
                 self.adapter.record(handle.rid, handle.prompt_ids, output.output_ids, output.text, meta,
                                     tag=handle.tag, train=handle.adapt)
@@ -388,7 +423,7 @@ class EmbeddedServer:
             "uptime": time.time() - self.started,
             "drafter_swaps": self.swaps,
             "engine_error": loop.error if loop else None,
-            "open_connections": len(self.guard.open) if self.guard else None,
+            "open_connections": self.guard.count if self.guard else None,
             "served_model_name": self.served_model_name,
             "tokenizer_path": str(engine.target.folder),
             "internal_states": [{"avg_spec_accept_length": avg, "last_gen_throughput": throughput}],
@@ -490,6 +525,29 @@ class EmbeddedServer:
             self.on_event("drafter_swap", {"path": path, "version": version})
         return web.json_response({"success": True, "message": f"drafter swapped to {path}",
                                   "drafter_version": version, "num_paused_requests": 0})
+
+
+def bearer_token(header: str) -> str:
+    """The credentials of an `Authorization: Bearer TOKEN` header; the scheme's case does not matter
+    (RFC 7235). Any other scheme gives "", which matches no key."""
+    scheme, _, token = header.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+# The most characters one token of a prompt can stand for, beyond the longest vocabulary entry: a
+# normalizer (NFC, say) may fold up to 3 characters into one before the model's tokens are found.
+NORMALIZER_SLACK = 4
+
+
+def prompt_chars_limit(tokenizer: Any, context: int) -> int:
+    """Characters past which a text prompt cannot fit `context` tokens, whatever it says: `context` times
+    the longest vocabulary entry (a byte-level or SentencePiece entry is at least as long as the text it
+    covers), times NORMALIZER_SLACK when the tokenizer normalizes text first."""
+    vocab = tokenizer.get_vocab()
+    longest = max((len(entry) for entry in vocab), default=1)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    slack = 1 if backend is not None and backend.normalizer is None else NORMALIZER_SLACK
+    return context * max(longest, 1) * slack
 
 
 def _swap_refused(message: str) -> web.Response:
