@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from adaflash.cli.bench_cost import cost
 from adaflash.cli.bench_shift import shift
 from adaflash.cli.common import DTYPE_HELP, fail, note_builtin_drafter, runlog_of, workspace_of
 from adaflash.cli.engine_options import engine_options
@@ -137,7 +138,8 @@ def bench(ctx: click.Context, base_url: str | None, dataset: str | None, num_pro
     """Benchmark a running server with SGLang bench_serving's metrics; the result goes to the run log.
 
     `adaflash bench matrix ...` instead serves every method in turn and measures each one;
-    `adaflash bench engine ...` measures them in this process through the embedded engine.
+    `adaflash bench engine ...` measures them in this process through the embedded engine;
+    `adaflash bench cost ...` times the target's verify pass by width and batch.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -487,3 +489,4 @@ def engine(ctx: click.Context, target: str, methods: str, draft_dir: str | None,
 
 
 bench.add_command(shift)
+bench.add_command(cost)

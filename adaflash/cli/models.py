@@ -1,29 +1,35 @@
-"""`adaflash models`: the built-in targets and their cached conversion."""
+"""`adaflash models`: the built-in targets and their cached conversion; synthetic 8B-shaped targets."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
 from adaflash.cli.common import emit_rows, fail
-from adaflash.models import registry
+from adaflash.models import registry, synth
 
 
 @click.group()
 def models() -> None:
-    """List and prepare the built-in target models."""
+    """List and prepare the built-in target models; write synthetic ones (`models synth`)."""
 
 
 @models.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_models(as_json: bool) -> None:
-    """The built-in targets, where each is cached and whether it is ready."""
+    """The built-in targets, where each is cached and whether it is ready; the architectures `models synth`
+    writes."""
     rows = [registry.describe(name) for name in registry.BUILTINS]
+    archs = list(synth.describe_archs())
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps([*({"kind": "builtin", **row} for row in rows),
+                               *({"kind": "synth", **row} for row in archs)], indent=2))
         return
     emit_rows(rows, ["name", "ready", "cached_at", "source", "hub_id"], "table", title="Built-in targets")
+    emit_rows(archs, ["name", "model_type", "layers", "hidden", "vocab", "description"], "table",
+              title="Synthetic architectures (adaflash models synth NAME --out DIR)")
     click.echo("Any Hugging Face id or local model folder is accepted wherever a target is asked for.")
 
 
@@ -53,3 +59,66 @@ def prepare_model(name: str, force: bool) -> None:
         except FileNotFoundError as err:
             fail(str(err))
     click.echo(f"{name} is ready at {folder}")
+
+
+@models.command("synth")
+@click.argument("name", metavar="NAME")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The model folder to write (new or empty).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the random weights: the same seed on the same kind of device gives the same "
+                   "weights.")
+@click.option("--layers", type=click.IntRange(1), default=None,
+              help="Decoder layers instead of the architecture's own: the same widths, smaller and quicker.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
+              help="dtype of the weights written.")
+@click.option("--device", default="auto", show_default=True,
+              help="Where the weights are drawn: cpu, cuda, cuda:N or auto (a GPU if there is one).")
+@click.option("--max-shard-gb", type=click.FloatRange(0, min_open=True), default=4.0, show_default=True,
+              help="Largest safetensors shard in GB; several shards come with model.safetensors.index.json.")
+@click.option("--force", is_flag=True, help="Replace a synthetic model already in --out.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def synth_model(name: str, out: str, seed: int, layers: int | None, dtype: str, device: str,
+                max_shard_gb: float, force: bool, as_json: bool) -> None:
+    """Write a model folder of a real architecture with seeded random weights, for speed and memory.
+
+    NAME is qwen3-8b, llama-3.1-8b, or qwen3-tiny / llama-tiny (a few MB, for tests). The folder (config.json,
+    safetensors shards, a byte-level tokenizer with a chat template, generation_config.json) loads wherever a
+    target is asked for. Random weights run at the real speed and memory; τ measured with them means nothing.
+    Dense decoders only: the embedded engine has no mixture-of-experts layer, so there is no MoE architecture.
+    llama-3.1-8b keeps Llama 3.1's llama3 rope scaling, which the engine implements.
+    """
+    import sys
+
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    try:
+        synth.arch_of(name)
+        synth.check_out(Path(out).expanduser(), force)
+    except synth.SynthError as err:
+        fail(str(err))
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), disable=as_json or not sys.stderr.isatty()) as progress:
+        task = progress.add_task(f"{name} -> {out}", total=None)
+
+        def report(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        try:
+            result = synth.write_synth(name, out, seed=seed, layers=layers, dtype=dtype, device=device,
+                                       force=force, max_shard_bytes=int(max_shard_gb * 1e9), progress=report)
+        except synth.SynthError as err:
+            fail(str(err))
+    if as_json:
+        click.echo(json.dumps(result.as_json(), indent=2))
+        return
+    click.echo(f"{name}: {result.layers} layers, {_count(result.parameters, 'B', 'M')} parameters, "
+               f"{_count(result.bytes, ' GB', ' MB')} in {result.dtype}, seed {seed}, "
+               f"drawn on {result.device}, "
+               f"written to {result.out} in {result.seconds:.1f} s")
+    click.echo(f"use it as a target: adaflash bench cost --target {result.out}")
+
+
+def _count(value: float, billions: str, millions: str) -> str:
+    return f"{value / 1e9:.2f}{billions}" if value >= 1e8 else f"{value / 1e6:.1f}{millions}"

@@ -1,0 +1,116 @@
+"""`adaflash bench cost`: the verify-cost curve (ms per target pass of k tokens at batch b)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from adaflash.bench.cost import gigabytes
+from adaflash.cli.common import DTYPE_HELP, emit_rows, fail, output_format_option, runlog_of, writable_file
+
+
+@click.command("cost")
+@click.option("--target", default="smollm2-135m", show_default=True,
+              help="Built-in name, HF model folder (e.g. one `adaflash models synth` wrote) or hub id.")
+@click.option("--batch-sizes", default="1,8,32,64", show_default=True, help="Comma-separated batch sizes b.")
+@click.option("--widths", default="1,2,4,8,16", show_default=True,
+              help="Comma-separated tokens k verified per row in one pass (1 is a Vanilla decode step).")
+@click.option("--context", type=click.IntRange(1), default=512, show_default=True,
+              help="Tokens already in every row's cache.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--dtype", default="bf16-if-native", show_default=True, help=DTYPE_HELP)
+@click.option("--repeats", type=click.IntRange(1), default=20, show_default=True,
+              help="Timed passes per cell; the table shows their median.")
+@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True,
+              help="Unmeasured passes per cell first (on a GPU the first captures its CUDA graph).")
+@click.option("--bandwidth-gbs", type=click.FloatRange(0, min_open=True), default=None,
+              help="Memory bandwidth in GB/s for the Vanilla roofline [default: H200 4800, H100 3350 "
+                   "(PCIe 2000, NVL 3900) by the GPU's name; none elsewhere].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random token ids.")
+@click.option("--label", default=None, help="A name for this run.")
+@click.option("--out", "plot", default=None, metavar="FILE.png|FILE.svg", callback=writable_file,
+              help="Also plot the curve into this file.")
+@output_format_option(("table", "markdown", "csv", "json"))
+@click.pass_context
+def cost(ctx: click.Context, target: str, batch_sizes: str, widths: str, context: int, device: str,
+         dtype: str, repeats: int, warmup: int, bandwidth_gbs: float | None, seed: int, label: str | None,
+         plot: str | None, fmt: str) -> None:
+    """Time one target pass of k tokens at batch b, and its ratio to the k=1 pass at the same batch.
+
+    Each pass is the engine's own verify pass over rows holding --context tokens (on a GPU replayed from its
+    CUDA graph, on a CPU eager), timed from launch to its last kernel: the median of --repeats. This is the
+    verify-cost curve that decides where verifying fewer drafted tokens pays. With a known bandwidth, the
+    k=1 pass is also set against the floor of a Vanilla decode step: the bytes of the weights and of every
+    row's cache, read once. The table goes to the run log (`adaflash runs show RUN`).
+    """
+    from adaflash.bench.cost import CostBench, CostBenchError, CostSpec, parse_sizes, record
+
+    if plot and Path(plot).suffix.lower() not in (".png", ".svg"):
+        fail(f"--out {plot}: the plot is written as .png or .svg")
+    try:
+        spec = CostSpec(target=target, batch_sizes=parse_sizes(batch_sizes, "--batch-sizes", "1,8,32,64"),
+                        widths=parse_sizes(widths, "--widths", "1,2,4,8,16"), context=context, device=device,
+                        dtype=dtype, repeats=repeats, warmup=warmup, bandwidth_gbs=bandwidth_gbs, seed=seed,
+                        label=label)
+    except CostBenchError as err:
+        fail(str(err))
+    log = runlog_of(ctx)
+
+    def say(message: str) -> None:
+        click.echo(message, err=True)
+
+    def on_cell(cell: dict[str, Any]) -> None:
+        say(f"b {cell['batch']:>3} k {cell['width']:>2}: {cell['ms']:.3f} ms (min {cell['ms_min']:.3f})")
+
+    try:
+        run_id, result = record(log, CostBench(spec, say), on_cell)
+    except CostBenchError as err:
+        fail(str(err))
+    picture = None
+    if plot:
+        from adaflash.bench.cost_plot import plot_cost
+
+        picture = plot_cost(result, plot)
+    data = {"run_id": run_id, **result.as_json(), "plot": str(picture) if picture else None}
+    if fmt == "json":
+        click.echo(json.dumps(data, indent=2, default=str))
+    elif fmt == "csv":
+        emit_rows(result.cells, ["batch", "width", "ms", "ms_min", "ms_max", "ratio"], "csv")
+    else:
+        _print_tables(result, fmt, run_id)
+    if picture:
+        say(f"plot: {picture}")
+    say(f"recorded in the run log: adaflash runs show {run_id}")
+
+
+def _print_tables(result: Any, fmt: str, run_id: str) -> None:
+    """Per batch: ms per pass by k (with the roofline where a bandwidth is known), then the ratios to k=1."""
+    spec = result.spec
+    ks = [f"k={w}" for w in spec.widths]
+    roofline = {row["batch"]: row for row in result.roofline()}
+    timed, ratios = [], []
+    for batch in spec.batch_sizes:
+        cells = [result.cell(batch, w) for w in spec.widths]
+        row: dict[str, Any] = {"batch": batch, **{k: c["ms"] for k, c in zip(ks, cells)}}
+        if result.bandwidth_gbs:
+            line = roofline[batch]
+            row.update({"floor ms": line["floor_ms"], "share": f"{line['share']:.0%}"})
+        timed.append(row)
+        ratios.append({"batch": batch, **{k: f"{c['ratio']:.2f}x" for k, c in zip(ks, cells)}})
+    extra = ["floor ms", "share"] if result.bandwidth_gbs else []
+    click.echo(f"bench cost [{run_id}]: {spec.target} · {result.hardware} · {result.dtype} · "
+               f"{'CUDA graphs' if result.cuda_graphs else 'eager'} · context {spec.context} · "
+               f"median of {spec.repeats}")
+    emit_rows(timed, ["batch", *ks, *extra], fmt, title="ms per target pass")
+    if fmt == "markdown":
+        click.echo()
+    emit_rows(ratios, ["batch", *ks], fmt, title=f"ratio to k={min(spec.widths)} at the same batch")
+    if result.bandwidth_gbs:
+        click.echo(f"floor: {gigabytes(result.weight_bytes)} of weights + the cache of {spec.context} tokens "
+                   f"a row, read once at {result.bandwidth_gbs:g} GB/s; share = floor / the "
+                   f"k={min(spec.widths)} pass", err=True)
+    else:
+        click.echo("no roofline: give --bandwidth-gbs (known by name: H100, H200)", err=True)
