@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -78,7 +79,17 @@ def start_detached(
         if gpus and leases is not None:
             leases.release(prepared.run_id)
         raise
-    return _await_takeover(prepared, runlog, child, wait)
+    run_id = _await_takeover(prepared, runlog, child, wait)
+    reap_when_done(child)
+    return run_id
+
+
+def reap_when_done(child: subprocess.Popen[bytes]) -> threading.Thread:
+    """Collect the supervisor's exit status when it ends: a caller that lives on (the dashboard) would
+    otherwise keep it as a zombie until its next subprocess. A daemon thread: it never holds up an exit."""
+    thread = threading.Thread(target=child.wait, name=f"reap supervisor {child.pid}", daemon=True)
+    thread.start()
+    return thread
 
 
 def _spawn_supervisor(

@@ -3,14 +3,29 @@
 Why apart from `launch_plan`: reading a typed field (an integer, a time budget, `method=DIR` pairs)
 and warning about a path that is not there yet are one idea; which commands a launch means is another.
 Errors refuse the launch; warnings only inform (a dataset or drafter may be made by an earlier job).
+What is not there now is also recorded as `Missing`: a launch from the form has no earlier job, so
+`launch_plan.build` refuses it, and offers to prepare a built-in dataset that is only not prepared yet.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from adaflash.data.builtin_datasets import BUILTIN_DATASETS
 from adaflash.data.prompts import PromptFileError, prompt_source
 from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS
+
+PREPARABLE = (*BUILTIN_DATASETS, "suite")  # what `adaflash data prepare NAME` makes with no other argument
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A path a job reads that is not there now: the job would exit 2 at its start."""
+
+    warning: str  # as the recipe's warnings say it (an earlier job of a recipe may create it)
+    error: str  # as a launch from the form says it (nothing runs before its one job)
+    dataset: str | None = None  # a built-in dataset `adaflash data prepare NAME` would make
 
 
 def integer(text: str, what: str, errors: list[str], *, low: int = 1, high: int | None = None,
@@ -65,26 +80,40 @@ def drafts_of(text: str, methods: tuple[str, ...], errors: list[str]) -> list[st
     return out
 
 
-def warn_missing(value: str, what: str, warnings: list[str]) -> None:
+def _note(warnings: list[str], missing: list[Missing] | None, warning: str, error: str,
+          dataset: str | None = None) -> None:
+    warnings.append(warning)
+    if missing is not None:
+        missing.append(Missing(warning, error, dataset))
+
+
+def warn_missing(value: str, what: str, warnings: list[str], missing: list[Missing] | None = None) -> None:
     """A folder or file that is neither a placeholder, a built-in drafter, nor there yet."""
     if value and "{" not in value and value not in BUILTIN_DRAFTERS and not Path(value).expanduser().exists():
-        warnings.append(f"{what} {value!r} does not exist yet (the job fails unless it is created first)")
+        _note(warnings, missing, f"{what} {value!r} does not exist yet (the job fails unless it is created first)",
+              f"{what} {value!r}: no such file or folder (the job would fail at its start)")
 
 
-def warn_dataset(value: str, split: str, workspace: Path | None, warnings: list[str]) -> None:
+def warn_dataset(value: str, split: str, workspace: Path | None, warnings: list[str],
+                 missing: list[Missing] | None = None) -> None:
     """A prompt file or a prepared dataset's name, found as the job will look for it (`prompt_source`)."""
     if not value or "{" in value or workspace is None:
         return
     try:
         path = prompt_source(value, workspace, split)
     except PromptFileError as err:
-        warnings.append(f"dataset {err}")
+        builtin = value.lower() if value.lower() in PREPARABLE else None
+        error = (f"dataset {value}: not prepared in this workspace (the job would exit 2)" if builtin else
+                 f"dataset {value}: neither a file nor a prepared dataset (the job would exit 2)")
+        _note(warnings, missing, f"dataset {err}", error, builtin)
         return
     if not path.exists():
-        warnings.append(f"dataset {value!r} does not exist yet (the job fails unless it is created first)")
+        _note(warnings, missing, f"dataset {value!r} does not exist yet (the job fails unless it is created first)",
+              f"dataset {value!r}: no such file (the job would exit 2)")
 
 
-def warn_target(value: str, warnings: list[str]) -> None:
+def warn_target(value: str, warnings: list[str], missing: list[Missing] | None = None) -> None:
     """A target given as a path must be there; a hub id cannot be checked offline, a built-in name is known."""
     if value.startswith(("/", "./", "../", "~")) and not Path(value).expanduser().exists():
-        warnings.append(f"target {value!r}: no such folder (a built-in name, a hub id or a model folder)")
+        _note(warnings, missing, f"target {value!r}: no such folder (a built-in name, a hub id or a model folder)",
+              f"target {value!r}: no such folder (a built-in name, a hub id or a model folder)")

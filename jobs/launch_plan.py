@@ -19,7 +19,7 @@ import tomli_w
 
 from adaflash.methods import ONLINE_TRAINABLE, TABLE, method_of
 from adaflash.models.builtin_drafters import OFFLINE_INIT, builtin_drafter_of
-from jobs.launch_checks import drafts_of, integer, minutes, warn_dataset, warn_missing, warn_target
+from jobs.launch_checks import Missing, drafts_of, integer, minutes, warn_dataset, warn_missing, warn_target
 
 PRESETS = (("adaflash", "AdaFlash"), ("osd", "OSD"))
 SERVER_METHODS = tuple((m.name, m.display) for m in TABLE)  # (name, what the form shows)
@@ -76,6 +76,7 @@ class Built:
     overrides: list[str]
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    prepare: list[str] = field(default_factory=list)  # built-in datasets to prepare before it can launch
 
 
 @dataclass
@@ -87,14 +88,15 @@ class _Job:
     table: dict[str, Any]
 
 
-def _pipeline(choice: LaunchChoice, workspace: Path | None, errors: list[str], warnings: list[str]) -> _Job:
+def _pipeline(choice: LaunchChoice, workspace: Path | None, errors: list[str], warnings: list[str],
+              missing: list[Missing]) -> _Job:
     target, draft, dataset = choice.target.strip(), choice.draft.strip(), choice.dataset.strip()
     if not draft and not builtin_drafter_of(target, OFFLINE_INIT):
         errors.append("drafter: required (the initial drafter folder, e.g. an offline DFlash)")
     if not dataset:
         errors.append("dataset: required (prompts as a .jsonl file or a prepared dataset's name)")
-    warn_missing(draft, "drafter", warnings)
-    warn_dataset(dataset, "train", workspace, warnings)
+    warn_missing(draft, "drafter", warnings, missing)
+    warn_dataset(dataset, "train", workspace, warnings, missing)
     samples = integer(choice.max_samples, "max samples", errors, optional=True)
     new_tokens = integer(choice.max_new_tokens, "max new tokens", errors, optional=True)
     batch = integer(choice.batch_size, "batch size", errors, optional=True)
@@ -110,12 +112,12 @@ def _pipeline(choice: LaunchChoice, workspace: Path | None, errors: list[str], w
                 {"command": command, "gpus": ["inference", "training"], "stop_grace": PIPELINE_STOP_GRACE})
 
 
-def _server(choice: LaunchChoice, errors: list[str], warnings: list[str]) -> _Job:
+def _server(choice: LaunchChoice, errors: list[str], warnings: list[str], missing: list[Missing]) -> _Job:
     target, draft = choice.target.strip(), choice.draft.strip()
     port = integer(choice.port, "port", errors, low=1, high=65535) or 0
     if choice.method != "vanilla" and not draft and not builtin_drafter_of(target, choice.method):
         errors.append(f"drafter: required for {choice.method} (a drafter folder)")
-    warn_missing(draft, "drafter", warnings)
+    warn_missing(draft, "drafter", warnings, missing)
     command = ["adaflash", "serve", "--method", choice.method, "--target", target,
                *(["--draft", draft] if draft else []), "--port", str(port), "--gpus", "{gpus.server}"]
     placement: dict[str, Any] = {"role": "server"}
@@ -132,7 +134,8 @@ def _server(choice: LaunchChoice, errors: list[str], warnings: list[str]) -> _Jo
                  "ready": {"http": f"http://127.0.0.1:{port}/health", "timeout": 900}})
 
 
-def _bench(choice: LaunchChoice, workspace: Path | None, errors: list[str], warnings: list[str]) -> _Job:
+def _bench(choice: LaunchChoice, workspace: Path | None, errors: list[str], warnings: list[str],
+           missing: list[Missing]) -> _Job:
     target, dataset = choice.target.strip(), choice.dataset.strip()
     methods = tuple(choice.bench_methods)
     if not methods:
@@ -142,13 +145,13 @@ def _bench(choice: LaunchChoice, workspace: Path | None, errors: list[str], warn
     if not dataset:
         errors.append("dataset: required (prepared names or FILE.jsonl, comma separated)")
     for each in (d.strip() for d in dataset.split(",") if d.strip()):
-        warn_dataset(each, "test", workspace, warnings)
+        warn_dataset(each, "test", workspace, warnings, missing)
     drafts = drafts_of(choice.draft, methods, errors)
     for spec in drafts:
         method, _, folder = spec.partition("=")
         if method not in methods:
             errors.append(f"drafter: {method}= names no method of the matrix ({', '.join(methods) or 'none'})")
-        warn_missing(folder, f"drafter of {method}", warnings)
+        warn_missing(folder, f"drafter of {method}", warnings, missing)
     given = {d.split("=", 1)[0] for d in drafts}
     missing = [m for m in methods if method_of(m).needs_draft_on("embedded") and m not in given
                and not builtin_drafter_of(target, m)]
@@ -166,20 +169,23 @@ def _bench(choice: LaunchChoice, workspace: Path | None, errors: list[str], warn
     return _Job("tui-bench-matrix", "benchmark matrix from adaflash-tui", {"command": command, "role": "server"})
 
 
-def method_recipe(choice: LaunchChoice, workspace: Path | None = None) -> tuple[str, list[str], list[str]]:
+def method_recipe(choice: LaunchChoice, workspace: Path | None = None, *,
+                  missing: list[Missing] | None = None) -> tuple[str, list[str], list[str]]:
     """(recipe TOML text, form errors, warnings) for a method mode; with the `workspace`, datasets given by
-    name are looked for in it."""
+    name are looked for in it. Paths not there now are warnings (the recipe may be run later, after
+    something made them) and, when `missing` is given, are also appended to it."""
     errors: list[str] = []
     warnings: list[str] = []
+    missing = [] if missing is None else missing
     if not choice.target.strip():
         errors.append("target: required (a built-in name, HF id or folder)")
-    warn_target(choice.target.strip(), warnings)
+    warn_target(choice.target.strip(), warnings, missing)
     if choice.mode == "pipeline":
-        job = _pipeline(choice, workspace, errors, warnings)
+        job = _pipeline(choice, workspace, errors, warnings, missing)
     elif choice.mode == "server":
-        job = _server(choice, errors, warnings)
+        job = _server(choice, errors, warnings, missing)
     elif choice.mode == "bench":
-        job = _bench(choice, workspace, errors, warnings)
+        job = _bench(choice, workspace, errors, warnings, missing)
     else:
         raise ValueError(f"not a method mode: {choice.mode!r}")
     roles = choice.role_map
@@ -225,9 +231,24 @@ def build(choice: LaunchChoice, recipes_dir: Path, *, final: str | None = None,
             errors.append("recipe: pick one from the list or type a path to a .toml file")
             return Built(None, None, overrides, errors)
         return Built(recipe, None, overrides, errors)
-    text, errors, warnings = method_recipe(choice, workspace)
+    missing: list[Missing] = []
+    text, errors, warnings = method_recipe(choice, workspace, missing=missing)
+    # Launched now, the one job runs first: what is not there now fails it at its start (exit 2).
+    errors += [m.error for m in missing]
+    warnings = [w for w in warnings if w not in {m.warning for m in missing}]
+    prepare = list(dict.fromkeys(m.dataset for m in missing if m.dataset))
     name = f"tui-{choice.mode}-{final}.toml" if final else f"tui-draft-{choice.mode}.toml"
-    return Built(str(recipes_dir / name), text, [], errors, warnings)
+    return Built(str(recipes_dir / name), text, [], errors, warnings, prepare)
+
+
+def prepare_recipe(datasets: list[str]) -> str:
+    """The recipe that prepares built-in datasets in the run's workspace, one job each (the form's offer)."""
+    jobs = {f"prepare_{name.replace('-', '_')}": {"command": ["adaflash", "data", "prepare", name]}
+            for name in datasets}
+    recipe = {"run": {"name": f"tui-data-prepare-{'-'.join(datasets)}",
+                      "description": f"adaflash data prepare {', '.join(datasets)}, from adaflash-tui"},
+              "jobs": jobs}
+    return HEADER + tomli_w.dumps(recipe)
 
 
 def default_roles(indices: list[int]) -> dict[str, tuple[int, ...] | None]:

@@ -138,6 +138,11 @@ def fill_runlog(workspace: Path) -> RunLog:
             {"run_id": PIPELINE_RUN, "job": "training", "step": step, "name": "loss_rkl",
              "value": 2.0 / (1 + step / 6), "time": t + 5},
         ]
+        # what `pipeline status` reads: per version, the requests it finished and their τ (4 a flush)
+        rows += [{"run_id": PIPELINE_RUN, "job": "inference", "step": None, "version": version, "name": name,
+                  "value": value, "time": t} for name, value in (
+                      ("served_requests", 4), ("served_tau_sum", 4 * (2.1 + 0.3 * version + 0.02 * (step % 5))),
+                      ("served_tokens", 4 * 96), ("served_verify", 4 * 96 / (2.0 + 0.3 * version)))]
     with log._write():
         log.db["metrics"].insert_all(rows)
 
@@ -269,7 +274,7 @@ def screen_text(app: Any) -> str:
 def test_fixture_runlog_is_complete(tmp_path: Path) -> None:
     log = fill_runlog(tmp_path / "ws")
     assert {r["id"] for r in log.list_runs()} == {RECIPE_RUN, PIPELINE_RUN, MATRIX_RUN, GENERATE_RUN, SERVE_RUN}
-    assert len(log.metrics_since(0, run_id=PIPELINE_RUN)) == 280
+    assert len(log.metrics_since(0, run_id=PIPELINE_RUN)) == 440
     assert len(log.bench_results()) == 8
 
     recipe = log.get_run(RECIPE_RUN)

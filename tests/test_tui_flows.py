@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import psutil
 import pytest
 from textual.pilot import Pilot
 from textual.widgets import Checkbox, DataTable, Input, Select
@@ -204,6 +205,9 @@ async def test_assign_launch_monitor_and_stop_a_real_cpu_job(ws: Path, leases: P
             await wait_for(pilot, lambda: jobs.state is not None and jobs.state.run["status"] == "stopped", 30,
                            "the run stopped")
             assert next(iter(jobs.rows.values())).job["status"] == "stopped"
+            # the background supervisor this app started is reaped once it exits, not left a zombie
+            await wait_for(pilot, lambda: not [c for c in psutil.Process().children()
+                                               if c.status() == psutil.STATUS_ZOMBIE], 30, "no zombie child")
             await pilot.press("q")  # nothing runs any more: quits at once
             await pilot.pause()
         assert app.return_code == 0
@@ -350,7 +354,7 @@ async def test_history_filter_open_and_compare(ws: Path) -> None:
         await settle(pilot)
         assert app.current_run_id == RECIPE_RUN and app.active_tab == "jobs"
         assert "pipeline › inference" in screen_text(app)
-        assert app.pane("monitor").model.rows_seen == 280
+        assert app.pane("monitor").model.rows_seen == 440
         # the palette knows the runs too (context: what History read)
         await pilot.press("ctrl+p")
         await pilot.pause()
@@ -379,10 +383,17 @@ async def test_launch_shows_invalid_choices_inline_and_refuses(ws: Path, leases:
         app.query_one("#dataset", Input).value = "data/none.jsonl"
         app.query_one("#max-samples", Input).value = "many"
         await settle(pilot)
-        assert launch.errors == ["max samples: expected an integer, got 'many'"]
+        # what is not there now fails the job at its start: refused too (nothing runs before it)
+        assert launch.errors == ["max samples: expected an integer, got 'many'",
+                                 "drafter 'drafters/none': no such file or folder (the job would fail at its start)",
+                                 "dataset 'data/none.jsonl': no such file (the job would exit 2)"]
+        (ws / "drafter").mkdir()
+        (ws / "prompts.jsonl").write_text('{"prompt": "hi"}\n')
+        app.query_one("#draft", Input).value = str(ws / "drafter")
+        app.query_one("#dataset", Input).value = str(ws / "prompts.jsonl")
         app.query_one("#max-samples", Input).value = "8"
         await settle(pilot)
-        assert launch.errors == [] and "does not exist yet" in screen_text(app)
+        assert launch.errors == [] and "ready to launch" in screen_text(app)
         assert "--infer-gpus 0 --train-gpus 1" in launch.plan.plan_text.replace("\n", " ")
         # training onto GPU 0 as well: a conflict with inference unless they may share
         launch.toggle("training", "0")
@@ -593,7 +604,9 @@ async def test_stop_lets_a_pipeline_finish_its_step_and_publish(ws: Path) -> Non
                            "the rows updated")
         log = RunLog.open(ws)
         run, pipeline = log.get_run(run_id), log.get_run(pipeline_id)
-        assert (run["status"], pipeline["status"]) == ("finished", "finished")
+        # one word for what the user stopped, as for a server stopped by signal; the note says how it ended
+        assert (run["status"], pipeline["status"]) == ("stopped", "stopped")
+        assert {j["status"] for j in log.jobs(run_id) + log.jobs(pipeline_id)} == {"stopped"}
         assert run["note"].startswith("stopped by the user") and "final version published" in pipeline["note"]
         assert log.last_metrics(pipeline_id).get("published_version") is not None
     finally:
@@ -714,7 +727,7 @@ async def test_at_80x24_the_version_table_and_compare_keep_their_key_columns(ws:
         await settle(pilot)
         lines = screen_text(app).splitlines()
         version_rows = [line for line in lines if line.lstrip("│ ").startswith(("v0 ", "v3 "))]
-        assert len(version_rows) == 2 and all("2.04" in r or "3.09" in r for r in version_rows), lines
+        assert len(version_rows) == 2 and all("2.14" in r or "3.04" in r for r in version_rows), lines  # per request
         await pilot.press("5")
         await settle(pilot)
         table = app.query_one("#compare-table", DataTable)
@@ -774,6 +787,10 @@ async def test_jobs_shows_progress_and_a_killed_pipeline_ends_at_once(ws: Path) 
         await wait_for(pilot, lambda: jobs.state.run["status"] == "failed", 10, "the run reaped")
         await wait_for(pilot, lambda: all(r.job["status"] != "running" for r in jobs.rows.values()), 10,
                        "the rows updated")
+        # the progress line no longer says "in flight": what the run did, and how it ended
+        await wait_for(pilot, lambda: "inference failed: 99 tokens · 1 answers" in screen_text(app), 10,
+                       "the progress line of an ended run")
+        assert "in flight" not in screen_text(app)
 
 
 async def test_compare_shows_a_suites_rows_per_domain_and_overall(ws: Path) -> None:

@@ -1,4 +1,5 @@
-"""SVG snapshots of every adaflash-tui screen at 100×32, over the fixture run log.
+"""SVG snapshots of every adaflash-tui screen at 80×24 (the smallest it is laid out for) and 160×50, over the
+fixture run log.
 
 Deterministic by construction: fixed ids, timestamps and pids in the run log, a fake GPU
 inventory, no polling timers, UTC, a fixed workspace path and interpreter path (both appear in
@@ -19,7 +20,7 @@ from textual.widgets import Input
 from tests.test_tui_fixtures import FIXED_RUN_ID, RECIPE_RUN, FakeInventory, fill_runlog, settle
 from tui.app import AdaflashApp
 
-SIZE = (100, 32)
+SIZES = {"80x24": (80, 24), "160x50": (160, 50)}
 WORKSPACE = Path("/tmp/adaflash-tui-snapshots/ws")
 pytestmark = pytest.mark.xdist_group("tui-snapshots")  # one fixed workspace: one xdist worker at a time
 
@@ -55,35 +56,55 @@ def show(then=None):
     return run_before
 
 
-def test_snapshot_gpus(snap_compare, snap_app) -> None:
-    assert snap_compare(snap_app("gpus"), terminal_size=SIZE, run_before=show())
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_gpus(snap_compare, snap_app, size) -> None:
+    assert snap_compare(snap_app("gpus"), terminal_size=SIZES[size], run_before=show())
 
 
-def test_snapshot_launch_pipeline(snap_compare, snap_app) -> None:
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_launch_pipeline(snap_compare, snap_app, size) -> None:
     async def fill_form(pilot) -> None:
         await pilot.click("#mode-pipeline")
         await settle(pilot)
-        pilot.app.query_one("#draft", Input).value = "drafters/dflash"
-        pilot.app.query_one("#dataset", Input).value = "data/gsm8k_train.jsonl"
+        (WORKSPACE / "drafters" / "dflash").mkdir(parents=True)
+        (WORKSPACE / "data").mkdir()
+        (WORKSPACE / "data" / "gsm8k_train.jsonl").write_text('{"prompt": "hi"}\n')
+        pilot.app.query_one("#draft", Input).value = str(WORKSPACE / "drafters" / "dflash")
+        pilot.app.query_one("#dataset", Input).value = "gsm8k"
         pilot.app.query_one("#max-samples", Input).value = "32"
         await settle(pilot)
         pilot.app.pane("launch").focus_primary()
 
-    assert snap_compare(snap_app("launch"), terminal_size=SIZE, run_before=show(fill_form))
+    assert snap_compare(snap_app("launch"), terminal_size=SIZES[size], run_before=show(fill_form))
 
 
-def test_snapshot_jobs(snap_compare, snap_app) -> None:
-    assert snap_compare(snap_app("jobs"), terminal_size=SIZE, run_before=show())
+def test_snapshot_launch_blocked_with_an_offer(snap_compare, snap_app) -> None:
+    """A dataset not prepared: the launch is refused, and the form offers to prepare it."""
+    async def fill_form(pilot) -> None:
+        await pilot.click("#mode-bench")
+        await settle(pilot)
+        pilot.app.query_one("#dataset", Input).value = "gsm8k"
+        await settle(pilot)
+        pilot.app.query_one("#dataset", Input).focus()
+
+    assert snap_compare(snap_app("launch"), terminal_size=SIZES["80x24"], run_before=show(fill_form))
 
 
-def test_snapshot_monitor(snap_compare, snap_app) -> None:
-    assert snap_compare(snap_app("monitor"), terminal_size=SIZE, run_before=show())
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_jobs(snap_compare, snap_app, size) -> None:
+    assert snap_compare(snap_app("jobs"), terminal_size=SIZES[size], run_before=show())
 
 
-def test_snapshot_compare(snap_compare, snap_app) -> None:
-    assert snap_compare(snap_app("compare"), terminal_size=SIZE, run_before=show())
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_monitor(snap_compare, snap_app, size) -> None:
+    assert snap_compare(snap_app("monitor"), terminal_size=SIZES[size], run_before=show())
 
 
-def test_snapshot_history(snap_compare, snap_app) -> None:
-    assert snap_compare(snap_app("history"), terminal_size=SIZE, run_before=show())
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_compare(snap_compare, snap_app, size) -> None:
+    assert snap_compare(snap_app("compare"), terminal_size=SIZES[size], run_before=show())
 
+
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_history(snap_compare, snap_app, size) -> None:
+    assert snap_compare(snap_app("history"), terminal_size=SIZES[size], run_before=show())

@@ -181,3 +181,23 @@ def test_the_first_screen_imports_neither_the_run_log_nor_the_other_panes() -> N
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert out.stdout.strip() == "[]"
+
+
+def test_the_progress_line_says_what_was_done_once_the_run_ended() -> None:
+    """After the run ended it still read "1 prompts in flight … training: step 1"."""
+    model = MonitorModel("r")
+    progress = [{"id": 1, "run_id": "c", "job": "inference", "step": 0, "name": "prompts_in_flight", "value": 1.0,
+                 "time": 1.0},
+                {"id": 2, "run_id": "c", "job": "inference", "step": 0, "name": "tokens_so_far", "value": 900.0,
+                 "time": 1.0},
+                {"id": 3, "run_id": "c", "job": "inference", "step": 0, "name": "answers_so_far", "value": 8.0,
+                 "time": 1.0},
+                {"id": 4, "run_id": "c", "job": "training", "step": 1, "name": "training_step", "value": 1.0,
+                 "time": 2.0}]
+    model.ingest("r", {"r": "", "c": "pipeline"}, {"c": progress}, {"r": "running", "c": "running"})
+    assert model.progress().startswith("inference: 1 prompts in flight")
+    generation = model.generation
+    model.ingest("r", {"r": "", "c": "pipeline"}, {"c": []}, {"r": "stopped", "c": "stopped"})
+    assert model.generation > generation  # no new row, yet the view changes
+    assert model.progress() == "inference stopped: 900 tokens · 8 answers │ training stopped at step 1"
+    assert "in flight" not in model.progress()

@@ -62,6 +62,8 @@ REGISTRY: tuple[Command, ...] = (
     Command("launch.share", "ctrl+s", "Share GPUs", "Allow roles to share a GPU (toggle)", "toggle_share", scope="launch"),
     Command("launch.cpu", "ctrl+n", "All CPU", "Put every role on CPU", "all_cpu", scope="launch"),
     Command("launch.grid", "ctrl+g", "Grid", "Focus the GPU assignment grid", "focus_grid", scope="launch", show=False),
+    Command("launch.prepare", "ctrl+o", "Prepare data", "Prepare the built-in datasets the form needs (a job: "
+            "adaflash data prepare NAME)", "prepare_data", scope="launch", show=False),
     # -- Jobs ----------------------------------------------------------------------------------
     Command("jobs.stop", "s", "Stop job", "Stop the selected job (asks first)", "stop_job", scope="jobs"),
     Command("jobs.restart", "r", "Restart job", "Restart the selected job (asks first)", "restart_job", scope="jobs"),
@@ -69,6 +71,12 @@ REGISTRY: tuple[Command, ...] = (
     Command("jobs.log", "l", "Full log", "The selected job's log full screen (l or esc: back)", "toggle_log",
             scope="jobs"),
     Command("jobs.monitor", "m", "Monitor", "Monitor this run", "app.show_tab('monitor')", scope="jobs"),
+    Command("jobs.follow", "f", "Follow", "Follow the log's end, or hold it where it is (toggle)", "toggle_follow",
+            scope="jobs"),
+    Command("jobs.search", "slash", "Search", "Search the log (enter: next match, esc: back)", "search_log",
+            scope="jobs"),
+    Command("jobs.error", "e", "First error", "Jump to the log's first error (error, Traceback, failed)",
+            "first_error", scope="jobs"),
     # -- Monitor -------------------------------------------------------------------------------
     Command("monitor.reload", "ctrl+o", "Reload", "Re-read every metric of the run from the start", "reload",
             scope="monitor"),
@@ -88,6 +96,8 @@ REGISTRY: tuple[Command, ...] = (
     Command("history.select", "space", "Select", "Select or unselect the run for comparison", "toggle_select",
             scope="history"),
     Command("history.compare", "c", "Compare", "Compare the selected runs", "compare_selected", scope="history"),
+    Command("history.load", "l", "Load", "Load the run's recipe into the Launch form (check it, then launch it again)",
+            "load_run", scope="history"),
     Command("history.filter", "slash", "Filter", "Filter runs by text", "focus_filter", scope="history"),
     Command("history.clear", "escape", "Clear", "Clear filters and selection, back to the table", "clear_filters",
             scope="history"),

@@ -242,6 +242,13 @@ class AdaflashApp(App[None]):
             pane.set_runs(run_ids)
         self.show_tab("compare")
 
+    def load_recipe(self, path: str) -> None:
+        """Launch shows this recipe (a past run's), planned afresh: check it, then launch it again."""
+        pane = self.pane("launch")
+        if pane is not None:
+            pane.load_recipe(path)
+        self.show_tab("launch")
+
     def use_cpu_workers(self) -> None:
         pane = self.pane("launch")
         if pane is not None:

@@ -80,6 +80,7 @@ class MetricsBatch:
     sources: dict[str, str]  # run id -> label ("" for the run itself, else the job that created it)
     rows: dict[str, list[dict[str, Any]]]
     more: bool  # a page was full: read again at once (catching up on a large log)
+    statuses: dict[str, str] = field(default_factory=dict)  # run id -> its status now (ended: no "in flight")
 
 
 @dataclass
@@ -200,8 +201,25 @@ class Backend:
             return self.run_state(run["id"], group)
         for child in children:
             child["jobs"] = log.jobs(child["id"])
+        for job in jobs:
+            job["url"] = service_url(run, job["name"])
         alive = supervisor_pid(run) is not None
         return RunState(run, jobs, children, alive, run["status"] in LIVE_RUN_STATUSES and alive)
+
+    def run_statuses(self, run_ids: list[str], group: str = "default") -> dict[str, tuple[str, str | None]]:
+        """(status, note) of each run (a run not in the log is left out); a lost run reads failed."""
+        from jobs.control import supervisor_pid
+
+        log = self.log(group)
+        out = {}
+        for run_id in run_ids:
+            with contextlib.suppress(KeyError):
+                run = log.get_run(run_id)
+                if (run["status"] in LIVE_RUN_STATUSES and run.get("pid_start_time") is not None
+                        and supervisor_pid(run) is None and log.reap_lost_runs()):
+                    run = log.get_run(run_id)
+                out[run_id] = (run["status"], run.get("note"))
+        return out
 
     def live_runs(self, run_ids: list[str]) -> list[dict[str, Any]]:
         """Which of these runs still run (recorded live and supervised by a live process)."""
@@ -258,13 +276,14 @@ class Backend:
 
         Each live pipeline in the run (the run itself, or one its jobs started) is asked to stop through its
         swap dir: both workers finish the step in flight, a final version is published and the pipeline
-        records its end. Only then is whatever still runs stopped with signals; a run that ended on its own
-        meanwhile ends `finished`, its note saying the user stopped it.
+        records its end. Only then is whatever still runs stopped with signals. Whichever way it went, what the
+        user stopped reads `stopped` (a server stopped by signal does too), its note saying how it ended.
         """
         from adaflash.pipeline.buffer import SwapBuffer
         from jobs.control import stop_run
 
         run = log.get_run(run_id)
+        asked = time.time()
         pipelines = [r for r in [run, *log.child_runs(run)] if r.get("kind") == "pipeline"
                      and r["status"] in LIVE_RUN_STATUSES and (r.get("config") or {}).get("swap_dir")]
         for pipeline in pipelines:
@@ -280,8 +299,11 @@ class Backend:
         how = (log.get_run(ended[0])["note"] or "") if ended else ""
         how = how.removeprefix("stopped on request: ") or "the pipeline finished its step"
         for rid in dict.fromkeys([*ended, *([run["id"]] if pipelines else [])]):
-            if log.get_run(rid)["status"] == "finished":
-                log.update_run(rid, note=f"stopped by the user: {how}")
+            if log.get_run(rid)["status"] == "finished":  # it honoured the request: stopped, cleanly
+                log.update_run(rid, status="stopped", note=f"stopped by the user: {how}")
+                for job in log.jobs(rid):
+                    if job["status"] == "finished" and (job.get("ended_at") or 0) >= asked:
+                        log.update_job(job["id"], status="stopped", message=f"stopped by the user: {how}")
         current = log.get_run(run["id"])
         return f"run {run['id']} {current['status']}" + (f", {current['note']}" if current.get("note") else "")
 
@@ -338,14 +360,16 @@ class Backend:
         log = self.log("monitor")
         run = log.get_run(run_id)
         sources = {run["id"]: ""}
+        statuses = {run["id"]: run["status"]}
         for child in log.child_runs(run):
-            sources[child["id"]] = child["job"]
+            sources[child["id"]] = source_label(child)
+            statuses[child["id"]] = child["status"]
         rows, more = {}, False
         for rid in sources:
             batch = log.metrics_since(cursors.get(rid, 0), run_id=rid, limit=page)
             more = more or len(batch) >= page
             rows[rid] = batch
-        return MetricsBatch(run["id"], sources, rows, more)
+        return MetricsBatch(run["id"], sources, rows, more, statuses)
 
     # -- launch ---------------------------------------------------------------------------------
     def recipes(self) -> list[tuple[str, str]]:
@@ -459,6 +483,25 @@ class Backend:
         path = unique_path(self.workspace / EXPORTS_DIR / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.{suffix}")
         write_text(path, text)
         return path
+
+
+def service_url(run: dict[str, Any], job: str) -> str | None:
+    """Where a recipe's service job answers: its readiness URL less the path (http://127.0.0.1:30000)."""
+    from urllib.parse import urlsplit
+
+    config = run.get("config") if isinstance(run.get("config"), dict) else {}
+    spec = (config.get("jobs") or {}).get(job) or {}
+    http = (spec.get("ready") or {}).get("http") if isinstance(spec, dict) else None
+    if not http:
+        return None
+    parts = urlsplit(http)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
+
+
+def source_label(child: dict[str, Any]) -> str:
+    """How the Monitor names a run its run's jobs created: the job, and the run's method when it has one, so
+    the servers of a benchmark matrix (one job, one run per method) are one series per method."""
+    return "/".join(part for part in (child.get("job"), child.get("method")) if part)
 
 
 def rows_csv(rows: list[dict[str, Any]]) -> str:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rich.cells import cell_len
+from rich.segment import Segment
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -12,8 +15,10 @@ from textual.containers import Horizontal, Vertical
 from textual.events import Click
 from textual.message import Message
 from textual.reactive import reactive
+from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import DataTable, Label, Static
+from textual.widgets import Checkbox, DataTable, Label, RadioButton, SelectionList, Static
+from textual.widgets._toggle_button import ToggleButton
 
 if TYPE_CHECKING:
     from jobs.gpus import GpuInfo, HostInfo
@@ -41,6 +46,87 @@ class Table(DataTable):
         Binding("home", "scroll_top", "First row", show=False),
         Binding("end", "scroll_bottom", "Last row", show=False),
     ]
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column of a FitTable: `priority` 0 is always shown; higher numbers are left out first."""
+
+    key: str
+    title: str
+    priority: int = 0
+    hide_empty: bool = False  # left out while no row has a value in it
+
+
+def cell_width(value: Any) -> int:
+    return value.cell_len if isinstance(value, Text) else cell_len(str(value))
+
+
+class FitTable(Table):
+    """A table that shows whole columns only: what does not fit the width is left out, least important
+    first, and comes back when the terminal grows (a column cut at the edge read `2026-` for a date).
+    Rows are given whole (`show`); a redraw keeps the cursor on the same row key."""
+
+    def __init__(self, columns: list[Col], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.specs = list(columns)
+        self.data: list[tuple[str, dict[str, Any]]] = []
+        self.shown_keys: list[str] = []
+        self._fitted_width = -1
+
+    def show(self, rows: list[tuple[str, dict[str, Any]]]) -> None:
+        """Show these rows, (key, cells by column key); cells in place when the row keys and columns stay."""
+        previous = [key for key, _ in self.data]
+        self.data = rows
+        visible = self.fit()
+        if visible == self.shown_keys and previous == [key for key, _ in rows] and self.row_count == len(rows):
+            for key, cells in rows:
+                for column in visible:
+                    self.update_cell(key, column, cells.get(column, ""), update_width=True)
+            return
+        self._redraw(visible)
+
+    def fit(self) -> list[str]:
+        """Keys of the columns that fit whole in the width, in display order."""
+        width = self.size.width
+        if width <= 0:
+            return [c.key for c in self.specs]
+        if len(self.data) + 1 > self.size.height:
+            width -= self.styles.scrollbar_size_vertical
+        need = {c.key: 2 * self.cell_padding + max([cell_width(c.title)] + [cell_width(cells.get(c.key, ""))
+                                                                             for _, cells in self.data])
+                for c in self.specs}
+        empty = {c.key for c in self.specs if c.hide_empty and not any(cell_width(cells.get(c.key, ""))
+                                                                         for _, cells in self.data)}
+        keep = {c.key for c in self.specs if c.priority == 0}
+        used = sum(need[k] for k in keep)
+        for column in sorted((c for c in self.specs if c.priority and c.key not in empty), key=lambda c: c.priority):
+            if used + need[column.key] <= width:
+                keep.add(column.key)
+                used += need[column.key]
+        return [c.key for c in self.specs if c.key in keep]
+
+    def _redraw(self, visible: list[str]) -> None:
+        cursor_key = None
+        if self.row_count and self.cursor_coordinate.row < self.row_count:
+            cursor_key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        self.clear(columns=True)
+        self.shown_keys = visible
+        titles = {c.key: c.title for c in self.specs}
+        for key in visible:
+            self.add_column(titles[key], key=key)
+        for key, cells in self.data:
+            self.add_row(*(cells.get(column, "") for column in visible), key=key)
+        keys = [key for key, _ in self.data]
+        if cursor_key in keys:
+            self.move_cursor(row=keys.index(cursor_key), animate=False)
+
+    def on_resize(self) -> None:
+        if self.size.width != self._fitted_width:
+            self._fitted_width = self.size.width
+            visible = self.fit()
+            if visible != self.shown_keys:
+                self._redraw(visible)
 
 
 # -- the assignment grid ---------------------------------------------------------------------------
@@ -82,18 +168,18 @@ class AssignGrid(DataTable):
         self.add_column("role", key="role")
         for choice in choices:
             if choice == CPU:
-                label = Text(" cpu ")
+                label = Text("cpu")
             else:
-                label = Text(f" GPU {choice}" + ("?" if int(choice) in unknown else " "),
+                label = Text(f"GPU {choice}" + ("?" if int(choice) in unknown else ""),
                              style="bold red" if int(choice) in unknown else "")
             self.add_column(label, key=choice)
         for role in roles:
             gpus = assign.get(role, ())
             active = role in used
-            cells: list[Any] = [Text(role if active else f"{role} (unused)", style="bold" if active else "dim")]
+            cells: list[Any] = [Text(role if active else f"{role} (idle)", style="bold" if active else "dim")]
             for choice in choices:
                 on = gpus is None if choice == CPU else (gpus is not None and int(choice) in gpus)
-                mark = "  ●  " if on else "  ·  "
+                mark = " ● " if on else " · "
                 style = ("bold green" if active else "green") if on else "dim"
                 cells.append(Text(mark, style=style))
             self.add_row(*cells, key=role)
@@ -270,3 +356,37 @@ class BarChart(Widget):
             out.append("█" * full + (part.strip() or ""), style=style)
             out.append(f" {value:.2f}x")
         return out
+
+
+# -- toggles whose glyph says on or off (not only their colour) --------------------------------------
+
+
+class Radio(RadioButton):
+    """A radio button drawn ● when on and empty when off: the state reads without colour."""
+
+    @property
+    def BUTTON_INNER(self) -> str:  # noqa: N802 - textual reads this class constant per render
+        return "●" if self.value else " "
+
+
+class Check(Checkbox):
+    """A checkbox drawn ✓ when on and empty when off."""
+
+    @property
+    def BUTTON_INNER(self) -> str:  # noqa: N802
+        return "✓" if self.value else " "
+
+
+class Checklist(SelectionList):
+    """A selection list whose boxes are ✓ when selected and empty when not."""
+
+    def render_line(self, y: int) -> Strip:
+        strip = super().render_line(y)
+        segments = list(strip)
+        if len(segments) > 2 and segments[1].text == ToggleButton.BUTTON_INNER and segments[1].style:
+            index = (segments[1].style.meta or {}).get("option")
+            if index is not None:
+                on = self.get_option_at_index(index).value in self.selected
+                segments[1] = Segment("✓" if on else " ", segments[1].style)
+                return Strip(segments, strip.cell_length)
+        return strip

@@ -78,8 +78,10 @@ class ComparePane(Pane):
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="compare-bar"):
-            yield Input(placeholder="filter: text or key=value (method=adaflash dataset=gsm8k)", id="compare-filter",
-                        compact=True)
+            box = Input(placeholder="/ filter: text or key=value", id="compare-filter", compact=True)
+            box.tooltip = "Filter rows: words match method, dataset, target…; key=value matches one column " \
+                          "(method=adaflash dataset=gsm8k). Esc clears."
+            yield box
             yield Static("", id="compare-source", classes="pane-status")
         yield Table(id="compare-table", cursor_type="cell", zebra_stripes=True)
         with Horizontal(id="compare-bottom"):
@@ -155,15 +157,23 @@ class ComparePane(Pane):
             return
         rows = self.visible_rows()
         self.shown = rows
+        # Columns, their titles and widths from every row, not only those the filter keeps: filtered rows
+        # may lack a column (its titles then fell out of step with the values), and the columns hold still
+        # while a filter is typed (they shrank to `adafla` meanwhile).
         own = compare.columns_for(data.rows)
-        shown, own_titles = compare.display_rows(rows)
+        every, own_titles = compare.display_rows(data.rows)
         title_of = dict(zip(own, own_titles))
+        item_of = {id(row): item for row, item in zip(data.rows, every)}
+        shown = [item_of[id(row)] for row in rows]
         self.columns = [c for c in KEY_COLUMNS if c in own] + [c for c in own if c not in KEY_COLUMNS]
         titles = [title_of[c] for c in self.columns]
+        widths = {column: max([len(title_of[column])] + [len("N/A" if item[title_of[column]] is None
+                                                               else str(item[title_of[column]])) for item in every])
+                  for column in self.columns}
         table.fixed_columns = PINNED if self.columns[:PINNED] == list(KEY_COLUMNS[:PINNED]) else 0
         for column, title in zip(self.columns, titles):
             arrow = (" ▼" if self.reverse else " ▲") if column == self.sort_column else ""
-            table.add_column(title + arrow, key=column)
+            table.add_column(title + arrow, key=column, width=max(widths[column], len(title) + 2))
         for row, item in zip(rows, shown):
             cells = []
             for column, title in zip(self.columns, titles):

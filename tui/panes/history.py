@@ -4,6 +4,7 @@ one (Jobs and Monitor follow it) or select several and compare them."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -16,12 +17,13 @@ from tui.backend import RUN_FILTERS as FILTERS
 from tui.backend import RunIndex
 from tui.panes.base import Pane
 from tui.panes.jobs import status_text
-from tui.widgets import Table
+from tui.widgets import Col, FitTable
 
-# Status right after the id: on an 80-column terminal the columns past the dataset are off-screen.
-COLUMNS = (("mark", " "), ("id", "run"), ("status", "status"), ("kind", "kind"), ("name", "name"),
-           ("method", "method"), ("target", "target"), ("dataset", "dataset"), ("created", "created"),
-           ("duration", "duration"))
+# Status right after the id; a narrow terminal leaves out whole columns, the least telling first (the id
+# already holds the kind and the date), and the line under the table tells all of the highlighted run.
+COLUMNS = [Col("mark", " "), Col("id", "run"), Col("status", "status"), Col("kind", "kind", 7),
+           Col("name", "name", 1), Col("method", "method", 2), Col("target", "target", 6),
+           Col("dataset", "dataset", 3), Col("created", "created", 4), Col("duration", "duration", 5)]
 
 
 def when(stamp: float | None) -> str:
@@ -63,13 +65,8 @@ class HistoryPane(Pane):
             for name in FILTERS:
                 yield Select([], prompt=f"any {name}", id=f"f-{name}", compact=True)
             yield Input(placeholder="/ text", id="f-text", compact=True)
-        yield Table(id="runs-table", cursor_type="row", zebra_stripes=True)
+        yield FitTable(COLUMNS, id="runs-table", cursor_type="row", zebra_stripes=True)
         yield Static("", id="history-detail", classes="pane-status")
-
-    def on_mount(self) -> None:
-        table = self.query_one("#runs-table", DataTable)
-        for key, title in COLUMNS:
-            table.add_column(title, key=key)
 
     # -- reading ------------------------------------------------------------------------------------
     def request(self) -> Any:
@@ -106,15 +103,15 @@ class HistoryPane(Pane):
             return
         self._signature = signature
         self.shown = shown
-        table = self.query_one("#runs-table", DataTable)
+        table = self.query_one("#runs-table", FitTable)
         cursor = table.cursor_coordinate
-        table.clear()
-        for run in shown:
-            mark = Text("✓", style="bold green") if run["id"] in self.selected else Text(" ")
-            table.add_row(mark, Text(run["id"], style="bold"), status_text(run.get("status")), run.get("kind") or "",
-                          short(run.get("name"), 20), run.get("method") or "", short(run.get("target")),
-                          short(run.get("dataset")), when(run.get("created_at")), duration(run), key=run["id"])
-        if table.row_count:
+        table.show([(run["id"], {
+            "mark": Text("✓", style="bold green") if run["id"] in self.selected else Text(" "),
+            "id": Text(run["id"], style="bold"), "status": status_text(run.get("status")), "kind": run.get("kind") or "",
+            "name": short(run.get("name"), 20), "method": run.get("method") or "", "target": short(run.get("target")),
+            "dataset": short(run.get("dataset")), "created": when(run.get("created_at")), "duration": duration(run),
+        }) for run in shown])
+        if table.row_count and table.cursor_coordinate.row != min(cursor.row, table.row_count - 1):
             table.move_cursor(row=min(cursor.row, table.row_count - 1), animate=False)
         self._detail()
 
@@ -129,8 +126,10 @@ class HistoryPane(Pane):
         if run is None:
             detail.update(f"{total}{picked}" if self.runs else "No runs in this workspace yet.")
             return
-        note = (run.get("note") or "").splitlines()[0][:100] if run.get("note") else ""
-        detail.update(Text.assemble((run["id"], "bold"), f" · {run.get('kind')} · {run.get('status')}",
+        note = (run.get("note") or "").splitlines()[0] if run.get("note") else ""
+        facts = [run.get("kind"), run.get("status"), run.get("method"), run.get("target"), run.get("dataset"),
+                 f"created {when(run.get('created_at'))}", duration(run) and f"took {duration(run)}"]
+        detail.update(Text.assemble((run["id"], "bold"), " · " + " · ".join(str(f) for f in facts if f),
                                     (f" · {note}" if note else "", "dim"), f"\n{total}{picked}"))
 
     def _current(self) -> dict[str, Any] | None:
@@ -171,6 +170,23 @@ class HistoryPane(Pane):
             return
         self.adaflash.open_run(run["id"])
         self.app.notify(f"Following run {run['id']}", timeout=2)
+
+    def action_load_run(self) -> None:
+        """A recipe run (a form launch is one too) back into the Launch form, to check and launch again."""
+        run = self._current()
+        if run is None:
+            return
+        config = run.get("config")
+        if isinstance(config, str):
+            import json
+
+            config = json.loads(config or "{}")
+        path = (config or {}).get("path") if run.get("kind") == "recipe" else None
+        if not path or not Path(path).is_file():
+            self.app.notify(f"Run {run['id']} was not started from a recipe file Launch can load"
+                            + (f" ({path} is gone)" if path else "") + ".", severity="warning")
+            return
+        self.adaflash.load_recipe(str(path))
 
     def action_toggle_select(self) -> None:
         run = self._current()

@@ -3,28 +3,33 @@ uptime and restarts; the selected job's log tail, live; stop/restart with a conf
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import DataTable, Label, Log, Static
+from textual.widgets import DataTable, Input, Label, Log, Static
 
 from tui.actions import bindings_for
 from tui.backend import LIVE_RUN_STATUSES, LogChunk, RunState, is_active
 from tui.modals import ConfirmScreen
 from tui.panes.base import Pane
-from tui.widgets import Table
+from tui.widgets import Col, FitTable
 
+ERROR_LINE = re.compile(r"\b(error|traceback|exception|failed)\b", re.IGNORECASE)
 STATUS_STYLE = {
     "pending": "dim", "starting": "yellow", "running": "cyan", "ready": "bold green", "finished": "green",
     "failed": "bold red", "stopped": "magenta", "restarting": "yellow", "detached": "cyan", "cached": "blue",
 }
-COLUMNS = (("job", "job"), ("role", "role"), ("status", "status"), ("gpus", "GPUs"), ("pid", "pid"),
-           ("uptime", "uptime"), ("restarts", "restarts"), ("exit", "exit"), ("note", "note"))
+# What stays when the terminal is narrow: the job, its status and where a service answers, then the rest.
+COLUMNS = [Col("job", "job"), Col("role", "role", 6), Col("status", "status"), Col("gpus", "GPUs", 3),
+           Col("url", "serves at", 1, hide_empty=True), Col("pid", "pid", 7), Col("uptime", "uptime", 4),
+           Col("restarts", "restarts", 8), Col("exit", "exit", 2), Col("note", "note", 5)]
 
 
 def uptime(job: dict[str, Any], now: float | None = None) -> str:
@@ -63,17 +68,17 @@ class JobsPane(Pane):
         self.log_path: str | None = None
         self.log_offset = 0
         self.stopping: set[str] = set()  # runs whose stop is under way (a pipeline finishing its step)
+        self.log_line = -1  # the line a search or "first error" went to
 
     def compose(self) -> ComposeResult:
         yield Static("No run yet: launch one (2) or open one from History (6).", id="run-header",
                      classes="pane-status")
         yield Static("", id="jobs-progress", classes="hidden")
-        table = Table(id="jobs-table", cursor_type="row", zebra_stripes=True)
-        for key, title in COLUMNS:
-            table.add_column(title, key=key)
-        yield table
+        yield FitTable(COLUMNS, id="jobs-table", cursor_type="row", zebra_stripes=True)
         with Vertical(id="log-box"):
             yield Label("log", id="log-title")
+            yield Input(placeholder="search the log: enter finds the next line, esc goes back", id="log-search",
+                        classes="hidden", compact=True)
             yield Log(id="job-log", max_lines=2000, highlight=False)
 
     def on_mount(self) -> None:
@@ -91,7 +96,7 @@ class JobsPane(Pane):
         self.rows.clear()
         self.selected = None
         self._select_log(None)
-        self.query_one("#jobs-table", DataTable).clear()
+        self.query_one("#jobs-table", FitTable).show([])
         self.show_progress(None, "")
         self.refresh_data()
 
@@ -107,11 +112,25 @@ class JobsPane(Pane):
         path = row.job.get("log_path") if row else None
         self.selected = key
         if path != self.log_path:
-            self.log_path, self.log_offset = path, 0
+            self.log_path, self.log_offset, self.log_line = path, 0, -1
             self.query_one("#job-log", Log).clear()
-            title = f"log · {row.label} · {path}" if row and path else "log"
-            self.query_one("#log-title", Label).update(title)
-            self.query_one("#job-log", Log).border_title = title  # shown when full screen
+            self._log_title(row)
+
+    def _log_title(self, row: JobRow | None = None) -> None:
+        row = row or (self.rows.get(self.selected) if self.selected else None)
+        log = self.query_one("#job-log", Log)
+        path = row.job.get("log_path") if row else None
+        title = f"log · {row.label} · {self._short_path(path)}" if row and path else "log"
+        title += "" if log.auto_scroll else "  [held: f follows]"
+        self.query_one("#log-title", Label).update(Text(title))
+        log.border_title = title  # shown when full screen
+
+    def _short_path(self, path: str) -> str:
+        """A log path as short as it stays clear: inside the workspace, relative to it."""
+        try:
+            return str(Path(path).relative_to(self.adaflash.workspace))
+        except ValueError:
+            return path
 
     # -- reading ------------------------------------------------------------------------------------
     def request(self) -> Any:
@@ -160,12 +179,13 @@ class JobsPane(Pane):
         if run["status"] in ("pending", "running", "detached"):
             text.append("  supervisor " + (f"pid {run.get('pid')} alive" if state.supervisor_alive else "gone"),
                         style="green" if state.supervisor_alive else "bold red")
-        if run.get("note"):
-            text.append(f"  {run['note'].splitlines()[0][:80]}", style="dim")
+        if run.get("note"):  # whole (it may end with the failed job's log path): the header wraps
+            note = run["note"].splitlines()[0].replace(f"{self.adaflash.workspace}/", "")  # paths as in the title
+            text.append(f"  {note}", style="dim")
         header.update(text)
 
     def _table(self, state: RunState) -> None:
-        table = self.query_one("#jobs-table", DataTable)
+        table = self.query_one("#jobs-table", FitTable)
         rows: dict[str, JobRow] = {}
         if state.run is not None:
             for job in state.jobs:
@@ -176,23 +196,20 @@ class JobsPane(Pane):
                     key = f"{child['id']}:{job['id']}"
                     rows[key] = JobRow(key, child["id"], job["name"], f"{child['job']} › {job['name']}", False, job)
         now = time.time()
-        for key in [k for k in self.rows if k not in rows]:
-            table.remove_row(key)
+        shown = []
         for key, row in rows.items():
             job = row.job
             note = (job.get("message") or "").splitlines()[0][:60] if job.get("message") else ""
-            cells = {
+            url = job.get("url") if job.get("status") in ("ready", "running", "starting", "restarting") else None
+            shown.append((key, {
                 "job": Text(row.label, style="bold" if row.controllable else ""), "role": job.get("role") or "",
                 "status": status_text(job.get("status")), "gpus": job.get("gpus") or "cpu",
+                "url": Text(url or "", style="bold green" if job.get("status") == "ready" else "dim"),
                 "pid": str(job.get("pid") or ""), "uptime": uptime(job, now), "restarts": str(job.get("restarts") or 0),
                 "exit": "" if job.get("exit_code") is None else str(job["exit_code"]), "note": note,
-            }
-            if key in self.rows:
-                for column, value in cells.items():
-                    table.update_cell(key, column, value, update_width=True)
-            else:
-                table.add_row(*(cells[c] for c, _ in COLUMNS), key=key)
+            }))
         self.rows = rows
+        table.show(shown)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id != "jobs-table" or event.row_key is None:
@@ -298,6 +315,57 @@ class JobsPane(Pane):
         if self.screen.maximize(log, container=False):
             log.focus()
             log.scroll_end(animate=False)
+
+    # -- the log: follow, search, first error ---------------------------------------------------------
+    def action_toggle_follow(self) -> None:
+        log = self.query_one("#job-log", Log)
+        log.auto_scroll = not log.auto_scroll
+        if log.auto_scroll:
+            log.scroll_end(animate=False)
+        self._log_title()
+
+    def _show_line(self, index: int) -> None:
+        """Hold the log at this line (following would pull it away at the next write)."""
+        log = self.query_one("#job-log", Log)
+        log.auto_scroll = False
+        log.scroll_to(y=max(0, index - 2), animate=False)
+        self.log_line = index
+        self._log_title()
+
+    def action_search_log(self) -> None:
+        box = self.query_one("#log-search", Input)
+        box.remove_class("hidden")
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id != "log-search" or not event.value.strip():
+            return
+        event.stop()
+        lines = self.query_one("#job-log", Log).lines
+        needle = event.value.strip().lower()
+        start = self.log_line + 1
+        order = [*range(start, len(lines)), *range(0, min(start, len(lines)))]
+        found = next((i for i in order if needle in lines[i].lower()), None)
+        if found is None:
+            self.app.notify(f"{event.value.strip()!r} is not in the log shown.", severity="warning", timeout=3)
+            return
+        self._show_line(found)
+
+    def on_key(self, event: Any) -> None:
+        box = self.query_one("#log-search", Input)
+        if event.key == "escape" and box.has_focus:
+            event.stop()
+            box.value = ""
+            box.add_class("hidden")
+            self.query_one("#jobs-table").focus()
+
+    def action_first_error(self) -> None:
+        lines = self.query_one("#job-log", Log).lines
+        found = next((i for i, line in enumerate(lines) if ERROR_LINE.search(line)), None)
+        if found is None:
+            self.app.notify("No error in the log shown.", timeout=3)
+            return
+        self._show_line(found)
 
     def focus_primary(self) -> None:
         self.query_one("#jobs-table").focus()

@@ -14,17 +14,8 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import (
-    Button,
-    Checkbox,
-    Input,
-    Label,
-    RadioButton,
-    RadioSet,
-    Select,
-    SelectionList,
-    Static,
-)
+from textual.timer import Timer
+from textual.widgets import Button, Checkbox, Input, Label, RadioSet, Select, SelectionList, Static
 
 from jobs.launch_plan import (
     DEFAULT_ROLES,
@@ -34,12 +25,13 @@ from jobs.launch_plan import (
     LaunchChoice,
     build,
     default_roles,
+    prepare_recipe,
     roles_of,
 )
 from tui.actions import bindings_for
 from tui.backend import RECIPES_DIR, LaunchPlan
 from tui.panes.base import Pane
-from tui.widgets import CPU, AssignGrid
+from tui.widgets import CPU, AssignGrid, Check, Checklist, Radio
 
 if TYPE_CHECKING:
     from jobs.gpus import Snapshot
@@ -48,9 +40,16 @@ MODES = (("recipe", "Recipe"), ("pipeline", "Pipeline"), ("server", "Baseline se
          ("bench", "Benchmark matrix"))
 FIELDS_OF_MODE = {
     "recipe": ("recipe-fields",),
-    "pipeline": ("pipeline-fields", "model-fields"),
+    "pipeline": ("pipeline-fields", "model-fields", "dataset-fields"),
     "server": ("server-fields", "model-fields"),
-    "bench": ("bench-fields", "model-fields"),
+    "bench": ("bench-fields", "model-fields", "dataset-fields"),
+}
+FIELD_GROUPS = ("recipe-fields", "pipeline-fields", "server-fields", "bench-fields", "model-fields", "dataset-fields")
+# Each mode's hints: a field shared by modes says what it takes in the mode shown, never another's.
+PLACEHOLDERS = {
+    "pipeline": {"draft": "folder (empty: built-in)", "dataset": "name or prompts .jsonl"},
+    "server": {"draft": "folder (empty: built-in)"},
+    "bench": {"draft": "DIR or method=DIR,…", "dataset": "names or .jsonl: a,b"},
 }
 
 
@@ -71,6 +70,13 @@ class LaunchPane(Pane):
             super().__init__()
             self.run_id, self.error = run_id, error
 
+    class Preparing(Message):
+        """The run preparing datasets started (or could not)."""
+
+        def __init__(self, run_id: str | None, datasets: list[str], error: str | None = None) -> None:
+            super().__init__()
+            self.run_id, self.datasets, self.error = run_id, datasets, error
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.mode = "recipe"
@@ -89,15 +95,19 @@ class LaunchPane(Pane):
         self.planned: LaunchChoice | None = None
         self.launching = False
         self._recipes: list[tuple[str, str]] = []
+        # Runs preparing datasets the form asked for: run id -> datasets, and their last status.
+        self.preparing: dict[str, list[str]] = {}
+        self.prepare_state: dict[str, tuple[str, str | None]] = {}
+        self._prepare_timer: Timer | None = None
 
     # -- layout ---------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         with Horizontal(id="launch-columns"):
-            with VerticalScroll(id="launch-form"):
+            with VerticalScroll(id="launch-form", can_focus=False):  # its fields are the Tab stops
                 yield Label("What to launch", classes="section")
                 with RadioSet(id="mode", compact=True):
                     for value, title in MODES:
-                        yield RadioButton(title, value=value == "recipe", id=f"mode-{value}")
+                        yield Radio(title, value=value == "recipe", id=f"mode-{value}")
                 with Vertical(id="recipe-fields", classes="fields"):
                     yield from field("recipe", Select([], prompt="pick a recipe", id="recipe-select", compact=True))
                     yield from field("or file", Input(placeholder="path/to/recipe.toml", id="recipe-path", compact=True))
@@ -106,7 +116,7 @@ class LaunchPane(Pane):
                 with Vertical(id="pipeline-fields", classes="fields hidden"):
                     with RadioSet(id="preset", compact=True):
                         for value, title in PRESETS:
-                            yield RadioButton(title, value=value == "adaflash", id=f"preset-{value}")
+                            yield Radio(title, value=value == "adaflash", id=f"preset-{value}")
                     yield from field("samples", Input(placeholder="max samples (empty: all)", id="max-samples",
                                                       compact=True))
                     yield from field("new tokens", Input(placeholder="per answer (256)",
@@ -119,32 +129,41 @@ class LaunchPane(Pane):
                     yield from field("method", Select([(t, v) for v, t in SERVER_METHODS], value="vanilla",
                                                       allow_blank=False, id="server-method", compact=True))
                     yield from field("port", Input("30000", placeholder="port", id="port", compact=True))
-                    yield Checkbox("learn the traffic (--adapt: a trainer on the training role)", False, id="adapt",
-                                   compact=True)
+                    yield Check("learn its traffic (--adapt)", False, id="adapt", compact=True)
+                    yield Static("its trainer: the training role", classes="hint")
                 with Vertical(id="bench-fields", classes="fields hidden"):
-                    yield SelectionList[str](*((t, v, v in ("vanilla", "dflash", "adaflash"))
-                                               for v, t in SERVER_METHODS), id="bench-methods", compact=True)
+                    yield Checklist(*((t, v, v in ("vanilla", "dflash", "adaflash"))
+                                           for v, t in SERVER_METHODS), id="bench-methods", compact=True)
                     yield from field("concurrency", Input("1", placeholder="e.g. 1,4", id="concurrency", compact=True))
                     yield from field("prompts", Input("16", placeholder="prompts per cell", id="num-prompts",
                                                       compact=True))
                 with Vertical(id="model-fields", classes="fields hidden"):
                     yield from field("target", Input("smollm2-135m", placeholder="built-in, HF id or folder", id="target",
                                                      compact=True))
-                    yield from field("drafter", Input(placeholder="folder (bench: DIR or method=DIR,…)", id="draft",
-                                                      compact=True))
-                    yield from field("dataset", Input(placeholder=".jsonl (bench: names or files, a,b)", id="dataset",
-                                                      compact=True))
+                    yield from field("drafter", Input(id="draft", compact=True))
+                with Vertical(id="dataset-fields", classes="fields hidden"):
+                    yield from field("dataset", Input(id="dataset", compact=True))
             with Vertical(id="launch-side"):
                 yield Label("GPUs → roles (space/click toggles)", classes="section")
                 yield AssignGrid(id="assign")
-                yield Checkbox("roles may share a GPU (^s)", False, id="share", compact=True)
+                yield Check("roles may share a GPU (^s)", False, id="share", compact=True)
                 yield Static("", id="launch-problems", classes="hidden")
+                with Horizontal(id="prepare-offer", classes="hidden"):
+                    yield Button("Prepare (^o)", id="prepare-button", variant="warning", compact=True)
+                    yield Static("", id="prepare-note")
                 with VerticalScroll(id="plan-box") as plan_box:
                     plan_box.border_title = "plan · the exact command lines"
                     yield Static("planning…", id="launch-plan")
                 with Horizontal(id="launch-actions"):
                     yield Button("Launch (^l)", id="launch-button", variant="success", compact=True, disabled=True)
                     yield Static("", id="launch-status", classes="pane-status")
+
+    def _show_fields(self) -> None:
+        """Only the fields of the mode shown, each with that mode's hint."""
+        for fields in FIELD_GROUPS:
+            self.query_one(f"#{fields}").set_class(fields not in FIELDS_OF_MODE[self.mode], "hidden")
+        for widget_id, hint in PLACEHOLDERS.get(self.mode, {}).items():
+            self.query_one(f"#{widget_id}", Input).placeholder = hint
 
     def on_mount(self) -> None:
         if self.adaflash.snapshot is not None:
@@ -181,7 +200,7 @@ class LaunchPane(Pane):
 
         select = self.query_one("#recipe-select", Select)
         recipe = value("recipe-path").strip() or ("" if select.value is Select.NULL else str(select.value))
-        preset = "osd" if self.query_one("#preset-osd", RadioButton).value else "adaflash"
+        preset = "osd" if self.query_one("#preset-osd", Radio).value else "adaflash"
         method = self.query_one("#server-method", Select).value
         roles = self.assignment()
         edited = [*self.recipe_edits, *(["share"] if self.recipe_share_edit is not None else [])]
@@ -203,21 +222,22 @@ class LaunchPane(Pane):
         self.refresh_data()
 
     def request(self) -> Any:
-        return self.choice(), self.snapshot
+        return self.choice(), self.snapshot, tuple(self.preparing)
 
-    def read(self, request: Any) -> tuple[Built, LaunchPlan | None, list[tuple[str, str]]]:
-        choice, snapshot = request
+    def read(self, request: Any) -> tuple[Built, LaunchPlan | None, list[tuple[str, str]], dict[str, Any]]:
+        choice, snapshot, preparing = request
         backend = self.adaflash.backend
         recipes = backend.recipes()
+        states = backend.run_statuses(list(preparing), group="launch") if preparing else {}
         built = build(choice, backend.workspace / RECIPES_DIR, workspace=backend.workspace)
         problem = self._port_problem(choice)
         if problem:
             built.errors.append(problem)
         if built.recipe_path is None:
-            return built, None, recipes
+            return built, None, recipes, states
         plan = backend.plan(built.recipe_path, built.overrides, snapshot, recipe_text=built.recipe_text,
                             warnings=built.warnings)
-        return built, plan, recipes
+        return built, plan, recipes, states
 
     def _port_problem(self, choice: LaunchChoice) -> str | None:
         """A server's port held by another process (its health check would answer for our job): blocking."""
@@ -241,11 +261,13 @@ class LaunchPane(Pane):
                 if default:
                     select.value = default
 
-    def apply(self, request: Any, result: tuple[Built, LaunchPlan | None, list[tuple[str, str]]]) -> None:
-        choice, _ = request
-        built, plan, recipes = result
+    def apply(self, request: Any,
+              result: tuple[Built, LaunchPlan | None, list[tuple[str, str]], dict[str, Any]]) -> None:
+        choice = request[0]
+        built, plan, recipes, states = result
         if recipes != self._recipes:
             self._set_recipes(recipes)
+        self._prepare_progress(states)
         if choice != self.choice():
             self._again = True  # the form changed while planning: plan again
             return
@@ -270,8 +292,11 @@ class LaunchPane(Pane):
         self.query_one("#launch-plan", Static).update(Text(plan_text))
         ok = not errors and plan is not None and plan.plan_text is not None
         self.query_one("#launch-button", Button).disabled = not ok or self.launching
+        warned = f" [yellow]· {len(warnings)} warning(s)[/yellow]" if warnings else ""
         self.query_one("#launch-status", Static).update(
-            "[green]ready to launch[/green]" if ok else f"[red]{len(errors)} problem(s)[/red]")
+            f"[green]ready to launch[/green]{warned}" if ok else
+            f"[red]cannot launch: {len(errors)} problem(s)[/red]{warned}")
+        self._show_prepare_offer()
 
     def failed(self, request: Any, error: BaseException) -> None:
         self.query_one("#launch-problems", Static).update(Text(f"✗ {error}", style="bold red"))
@@ -358,8 +383,7 @@ class LaunchPane(Pane):
         event.stop()
         if event.radio_set.id == "mode":
             self.mode = (event.pressed.id or "mode-recipe").removeprefix("mode-")
-            for fields in ("recipe-fields", "pipeline-fields", "server-fields", "bench-fields", "model-fields"):
-                self.query_one(f"#{fields}").set_class(fields not in FIELDS_OF_MODE[self.mode], "hidden")
+            self._show_fields()
             self._draw_grid()
             self._show_share()
         self.replan()
@@ -396,8 +420,20 @@ class LaunchPane(Pane):
         if event.button.id == "launch-button":
             event.stop()
             self.action_launch()
+        elif event.button.id == "prepare-button":
+            event.stop()
+            self.action_prepare_data()
 
     # -- launch ---------------------------------------------------------------------------------------
+    def load_recipe(self, path: str) -> None:
+        """Recipe mode with this file (History's load); the plan follows."""
+        self.query_one("#mode-recipe", Radio).value = True
+        self.mode = "recipe"
+        self._show_fields()
+        self.recipe_roles, self.recipe_share, self.recipe_edits, self.recipe_share_edit = {}, None, {}, None
+        self.query_one("#recipe-path", Input).value = path
+        self.replan()
+
     def set_all_cpu(self) -> None:
         """The GPUs tab's offer on a machine without GPUs: every role on CPU workers."""
         self.action_all_cpu()
@@ -450,6 +486,80 @@ class LaunchPane(Pane):
             self.app.notify(f"Launch failed: {(message.error or '').splitlines()[0]}", severity="error")
             return
         self.adaflash.run_launched(message.run_id)
+
+    # -- preparing datasets ---------------------------------------------------------------------------
+    def _preparing_datasets(self) -> set[str]:
+        return {d for datasets in self.preparing.values() for d in datasets}
+
+    def _show_prepare_offer(self) -> None:
+        """Offer to prepare the built-in datasets the plan lacks; say which are being prepared."""
+        wanted = list(self.built.prepare) if self.built is not None else []
+        busy = self._preparing_datasets()
+        todo = [d for d in wanted if d not in busy]
+        button = self.query_one("#prepare-button", Button)
+        button.label = f"Prepare {', '.join(todo)} (^o)" if todo else "Prepare (^o)"
+        button.display = bool(todo)
+        notes = [f"preparing {', '.join(datasets)}: run {run_id} "
+                 f"{(self.prepare_state.get(run_id) or ('starting', None))[0]}…"
+                 for run_id, datasets in self.preparing.items()]
+        if todo and not notes:
+            notes = [f"a job: adaflash data prepare {' '.join(todo)}"]
+        self.query_one("#prepare-note", Static).update(Text("  ".join(notes), style="dim"))
+        self.query_one("#prepare-offer").set_class(not (todo or self.preparing), "hidden")
+
+    def action_prepare_data(self) -> None:
+        datasets = [d for d in (self.built.prepare if self.built else []) if d not in self._preparing_datasets()]
+        if not datasets:
+            self.app.notify("No built-in dataset to prepare for this launch.", severity="warning")
+            return
+        backend, snapshot = self.adaflash.backend, self.snapshot
+        path = backend.workspace / RECIPES_DIR / "tui-data-prepare.toml"
+        text = prepare_recipe(datasets)
+        self.query_one("#prepare-button", Button).display = False
+        self.run_worker(lambda: self._prepare(str(path), text, datasets, snapshot), thread=True,
+                        group="launch-prepare", name="prepare datasets", exit_on_error=False)
+
+    def _prepare(self, path: str, text: str, datasets: list[str], snapshot: Snapshot | None) -> None:
+        try:
+            run_id = self.adaflash.backend.launch(path, [], snapshot, recipe_text=text)
+        except Exception as err:  # noqa: BLE001 - RecipeError, LeaseError, RuntimeError: shown, never a crash
+            self.post_message(self.Preparing(None, datasets, str(err)))
+        else:
+            self.post_message(self.Preparing(run_id, datasets))
+
+    def on_launch_pane_preparing(self, message: LaunchPane.Preparing) -> None:
+        message.stop()
+        if message.run_id is None:
+            self.app.notify(f"Cannot prepare {', '.join(message.datasets)}: {message.error}", severity="error")
+            self._show_prepare_offer()
+            return
+        self.preparing[message.run_id] = message.datasets
+        self.adaflash.launched.append(message.run_id)  # the quit question knows it
+        self.app.notify(f"Preparing {', '.join(message.datasets)}: run {message.run_id} (History lists it; "
+                        "this form checks again when it ends)", timeout=6)
+        if self._prepare_timer is None:
+            self._prepare_timer = self.set_interval(1.0 * self.adaflash.interval_scale, self.refresh_data,
+                                                    name="launch-prepare-poll")
+        self._show_prepare_offer()
+        self.refresh_data()
+
+    def _prepare_progress(self, states: dict[str, tuple[str, str | None]]) -> None:
+        """Fold the preparing runs' statuses: an ended one is announced and dropped."""
+        for run_id, (status, note) in states.items():
+            if run_id not in self.preparing:
+                continue
+            self.prepare_state[run_id] = (status, note)
+            if status in ("pending", "running", "detached"):
+                continue
+            datasets = ", ".join(self.preparing.pop(run_id))
+            if status == "finished":
+                self.app.notify(f"Prepared {datasets} (run {run_id}).", timeout=5)
+            else:
+                self.app.notify(f"Preparing {datasets} {status}: {note or 'see its log in Jobs'}", severity="error",
+                                timeout=10)
+        if not self.preparing and self._prepare_timer is not None:
+            self._prepare_timer.stop()
+            self._prepare_timer = None
 
     def focus_primary(self) -> None:
         self.query_one("#mode").focus()

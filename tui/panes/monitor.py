@@ -9,16 +9,21 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, VerticalScroll
 from textual.message import Message
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from tui.actions import bindings_for
 from tui.backend import MetricsBatch
 from tui.monitor_model import CHARTS, MonitorModel, fmt, spark
 from tui.panes.base import Pane
-from tui.widgets import Table
+from tui.widgets import Col, FitTable
 
 MAX_LINES = 4  # series per chart
+# The narrow terminal keeps the version, its requests and τ; the metric, its last value and its trend.
+VERSION_COLUMNS = [Col("version", "version"), Col("requests", "requests", 1), Col("tau", "τ"),
+                   Col("tau_tokens", "τ tokens", 4), Col("tps", "tok/s", 2), Col("samples", "samples", 3)]
+METRIC_COLUMNS = [Col("metric", "metric"), Col("last", "last"), Col("mean", "mean", 2), Col("min", "min", 3),
+                  Col("max", "max", 4), Col("n", "n", 5), Col("trend", "trend", 1)]
 # Fixed line colours (the theme's blue, amber, green, red): the same chart always looks the same.
 LINE_COLORS = ((95, 168, 211), (242, 184, 75), (123, 198, 123), (229, 98, 94))
 
@@ -56,14 +61,10 @@ class MonitorPane(Pane):
 
     def _tables(self) -> ComposeResult:
         with Horizontal(id="monitor-tables"):
-            versions = Table(id="versions", cursor_type="row", zebra_stripes=True)
+            versions = FitTable(VERSION_COLUMNS, id="versions", cursor_type="row", zebra_stripes=True)
             versions.border_title = "τ per drafter version"
-            versions.add_columns("version", "n", "τ", "tok/s", "samples")
             yield versions
-            metrics = Table(id="metrics", cursor_type="row", zebra_stripes=True)
-            metrics.border_title = "latest metrics"
-            metrics.add_columns("metric", "last", "mean", "min", "max", "n", "trend")
-            yield metrics
+            yield FitTable(METRIC_COLUMNS, id="metrics", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
         self.model.reset(self.adaflash.current_run_id)
@@ -97,7 +98,7 @@ class MonitorPane(Pane):
     def apply(self, request: Any, batch: MetricsBatch) -> None:
         if request[0] != self.model.run_id or request[2] != self.epoch:
             return
-        self.model.ingest(request[0], batch.sources, batch.rows)
+        self.model.ingest(request[0], batch.sources, batch.rows, batch.statuses)
         if batch.more:
             self._again = True  # catching up on a large log: read the next page at once,
             self._header()  # and draw the charts once caught up
@@ -157,19 +158,25 @@ class MonitorPane(Pane):
             lines = lines[:MAX_LINES]
             for (label, xs, ys, side), color in zip(lines, LINE_COLORS):
                 plt.plot(xs, ys, label=label, marker="braille", color=color, yside=side)
-            if not lines:
-                plt.title(f"{title}: no data yet")
+            if not lines:  # τ comes with the first flush of finished answers; say so while they are under way
+                waiting = i == 0 and model.progress() and model.ended() is None
+                plt.title(f"{title}: {'with the first flush of answers' if waiting else 'no data yet'}")
             plot.refresh()
-        versions = self.query_one("#versions", DataTable)
-        versions.clear()
-        for v in model.version_table():
-            versions.add_row(f"{v.source + ':' if v.source else ''}v{v.version}", str(v.n), fmt(v.tau),
-                             fmt(v.tokens_per_s), fmt(v.samples))
-        metrics = self.query_one("#metrics", DataTable)
-        metrics.clear()
-        for s in model.table():
-            metrics.add_row(s.label, fmt(s.last), fmt(s.mean), fmt(s.low), fmt(s.high), str(s.count),
-                            Text(spark(v for _, v in s.points), style="cyan"))
+        table = model.version_table()
+        versions = self.query_one("#versions", FitTable)
+        windows = any(not v.per_request for v in table)
+        versions.border_title = "τ per drafter version" + (" (flush-window means)" if windows else "")
+        versions.border_subtitle = "τ: mean per request" if table and not windows else ""
+        versions.show([(f"{v.source}:{v.version}", {
+            "version": model.label(v, f"v{v.version}"), "requests": str(v.requests) if v.per_request else "N/A",
+            "tau": fmt(v.tau), "tau_tokens": fmt(v.tau_tokens), "tps": fmt(v.tokens_per_s), "samples": fmt(v.samples),
+        }) for v in table])
+        metrics = self.query_one("#metrics", FitTable)
+        metrics.border_title = "latest metrics"
+        metrics.show([(f"{s.source}:{s.name}", {
+            "metric": model.label(s, s.name), "last": fmt(s.last), "mean": fmt(s.mean), "min": fmt(s.low),
+            "max": fmt(s.high), "n": str(s.count), "trend": Text(spark(v for _, v in s.points), style="cyan"),
+        }) for s in model.table()])
 
     def focus_primary(self) -> None:
         self.query_one("#monitor-body").focus()

@@ -1,0 +1,77 @@
+"""What users of nvitop, k9s and Harlequin expect: a log that holds still on request, searched and
+jumped to its first error; a past run loaded back into the Launch form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.widgets import Input, Log
+
+from tests.test_tui_fixtures import RECIPE_RUN, FakeInventory, fill_runlog, screen_text, settle
+from tests.test_tui_flows import SIZE, make_app
+
+
+async def test_the_log_follows_or_holds_is_searched_and_jumps_to_its_first_error(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    fill_runlog(ws)
+    bench_log = ws / "runs" / RECIPE_RUN / "bench.log"
+    bench_log.write_text("".join(f"step {i}: ok\n" for i in range(200)) + "Traceback (most recent call last):\n"
+                         + "".join(f"after {i}\n" for i in range(50)))
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=RECIPE_RUN, tab="jobs")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        jobs = app.pane("jobs")
+        table = app.query_one("#jobs-table")
+        table.focus()
+        table.move_cursor(row=2)  # the bench job
+        await settle(pilot)
+        log = app.query_one("#job-log", Log)
+        assert log.auto_scroll and "Traceback" not in screen_text(app)
+        await pilot.press("e")
+        await pilot.pause()
+        assert jobs.log_line == 200 and not log.auto_scroll and "Traceback" in screen_text(app)
+        assert "held: f follows" in screen_text(app)
+        await pilot.press("f")  # follow again: the end
+        await pilot.pause()
+        assert log.auto_scroll and "after 49" in screen_text(app)
+        await pilot.press("slash")
+        assert app.focused is app.query_one("#log-search", Input)
+        await pilot.press(*"step 17", "enter")
+        await pilot.pause()
+        assert jobs.log_line == 17 and "step 17: ok" in screen_text(app)
+        await pilot.press("enter")  # the next match
+        await pilot.pause()
+        assert jobs.log_line == 170
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.focused is table and app.query_one("#log-search").has_class("hidden")
+
+
+async def test_a_past_recipe_run_loads_into_the_launch_form(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("ADAFLASH_LEASES", str(tmp_path / "leases.json"))
+    ws = tmp_path / "ws"
+    log = fill_runlog(ws)
+    recipe = ws / "recipes" / "mine.toml"
+    recipe.parent.mkdir()
+    recipe.write_text('[run]\nname = "mine"\n\n[jobs.hello]\ncommand = ["python", "-c", "print(1)"]\n')
+    run_id = log.create_run("recipe", name="mine", config={"path": str(recipe), "jobs": {}}, status="finished")
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, tab="history")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        history = app.pane("history")
+        table = app.query_one("#runs-table")
+        table.focus()
+        table.move_cursor(row=[r["id"] for r in history.shown].index(run_id))
+        await pilot.press("l")
+        await settle(pilot)
+        launch = app.pane("launch")
+        assert app.active_tab == "launch" and launch.mode == "recipe"
+        assert app.query_one("#recipe-path", Input).value == str(recipe)
+        assert launch.errors == [] and "ready to launch" in screen_text(app)
+        app.show_tab("history")
+        await settle(pilot)
+        table.move_cursor(row=[r["id"] for r in history.shown].index(RECIPE_RUN))  # no recipe file recorded
+        await pilot.press("l")
+        await pilot.pause()
+        assert app.active_tab == "history"
+        assert any("not started from a recipe file" in n.message for n in app._notifications)
