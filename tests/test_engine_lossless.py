@@ -342,16 +342,18 @@ def test_busy_engine_admits_prompts_in_groups_and_keeps_outputs(tiny_target):
                        config=EngineConfig(max_batch=1, max_len=512)).generate(requests())
     engine = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target),
                     config=EngineConfig(max_batch=3, max_len=512, admit_batch=2))
-    admitted: list[tuple[int, int]] = []  # (prompts prefilled, rows decoding at that moment)
-    prefill = engine.passes.prefill
-    engine.passes.prefill = lambda ids, rows, length: (admitted.append((ids.shape[0], len(engine.active))),
-                                                       prefill(ids, rows, length))[1]
+    admitted: list[tuple[int, int]] = []  # (prompts admitted, rows decoding at that moment)
+    passes: list[int] = []  # prompts in each prefill pass
+    take, prefill = engine._admitted, engine.passes.prefill
+    engine._admitted = lambda: (found := take(), admitted.append((len(found), len(engine.active))))[0]
+    engine.passes.prefill = lambda ids, rows, length: (passes.append(ids.shape[0]), prefill(ids, rows, length))[1]
     outputs = engine.generate(requests())
     assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
     assert admitted[0] == (3, 0)  # an idle engine fills every slot at once
     assert all(3 - busy >= 2 for _, busy in admitted[1:]), admitted  # two slots free at every later prefill
     assert any(n == 2 for n, _ in admitted[1:]), admitted  # and prompts admitted together
     assert sum(n for n, _ in admitted) == 8
+    assert passes == [1] * 8  # on a CPU each prompt prefills alone: its bits whatever arrives with it
 
 
 def test_admit_batch_defaults_to_an_eighth_of_a_padded_batch(tiny_target):

@@ -74,9 +74,10 @@ def output_format_option(formats: Sequence[str] = ("table", "json", "csv")):
 
 
 WHOLE_COLUMNS = ("id", "run_id", "run")
-DTYPE_HELP = ("bf16-if-native: bf16 on a GPU and on a CPU with a bf16 unit (there speculative decoding pays, and is "
-              "lossless by construction), float32 on other CPUs; auto: bf16 on a GPU, float32 on any CPU; float32, "
-              "bfloat16 or float16.")
+DTYPE_HELP = ("bf16-if-native: bf16 on a GPU and on a CPU with a bf16 unit (there speculative decoding pays), float32 "
+              "on other CPUs; auto: bf16 on a GPU, float32 on any CPU; float32, bfloat16 or float16. In float32 and "
+              "bf16 a request's greedy tokens are the target's own for that request alone, whatever the method and "
+              "the batch (fp16 on a CPU is not checked; docs/engine.md, 'Batch invariance').")
 
 
 def emit_rows(rows: list[dict[str, Any]], columns: Sequence[str], fmt: str, *, title: str | None = None) -> None:

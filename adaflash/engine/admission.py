@@ -77,7 +77,17 @@ class Admitting:
         return self._activate(admitted, firsts, elapsed)
 
     def _launch_prefill(self, admitted: list[RunningSeq]) -> torch.Tensor:
-        """The target's pass over the prompts and the drafter's context of them; their first tokens."""
+        """The target's pass over the prompts and the drafter's context of them; their first tokens.
+
+        On exact shapes (a CPU) each prompt runs alone at its own length: prefilled beside others, padded to
+        the longest, its keys and values took other bits, and greedy answers changed with the prompts that
+        happened to arrive with them. There a prefill's cost is its tokens anyway. Padded passes (a GPU) run
+        batch-invariant kernels and take the prompts together."""
+        if self.passes.padded:
+            return self._prefill_pass(admitted)
+        return torch.cat([self._prefill_pass([seq]) for seq in admitted])
+
+    def _prefill_pass(self, admitted: list[RunningSeq]) -> torch.Tensor:
         lens = [len(s.request.prompt_ids) for s in admitted]
         ids = torch.zeros(len(admitted), max(lens), dtype=torch.long, device=self.device)
         for i, seq in enumerate(admitted):

@@ -74,7 +74,6 @@ class DevicePasses:
         """Move the drafter to the target's device and size its feature buffer and context cache."""
         drafter = drafter.to(device=self.device, dtype=self.model.dtype).eval()
         drafter.fuse_projections()
-        drafter.free_rows()
         drafter.bind_head(self.model, self.model.dtype)
         drafter.rotary.fix_table(self.max_len + drafter.max_draft + 2, self.model.dtype)
         self.drafter = drafter

@@ -1,7 +1,8 @@
-"""Attention for bf16/fp16 decoding on a CPU that gives each query the same bits in any pass.
+"""Attention for decoding on a CPU that gives each query the same bits in any pass.
 
 Speculative decoding is lossless only if a position verified in a block of 9 gets the logits Vanilla's
-one-token step gave it; the GPU has batch-invariant kernels for that (`invariant`), and this is the CPU's.
+one-token step gave it, and a row of a batch the logits it gets alone; the GPU has batch-invariant kernels for
+that (`invariant`), and this is the CPU's, for float32 and bf16 alike.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import torch.nn.functional as F
 
 
 def cpu_row_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Attention whose every query keeps its bits whatever the queries and keys beside it (bf16/fp16 on a
-    CPU): q [b, q, h, d], k and v [b, s, kv, d], mask [b, q, s] → [b, q, h, d], in float32 throughout.
+    """Attention whose every query keeps its bits whatever the queries and keys beside it (on a CPU):
+    q [b, q, h, d], k and v [b, s, kv, d], mask [b, q, s] → [b, q, h, d], in float32 throughout.
 
     Why: a verify pass attends 9 queries over s + 8 keys where Vanilla attends 1 over s, and on a CPU
     SDPA rounds a query by how many come with it; in bf16 that flips a bit of a layer's output and, a
@@ -53,4 +54,4 @@ def cpu_row_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 QUERY_COLUMNS = 32  # the column count of every attention product on a CPU in bf16/fp16
 KEY_PIECE = 64  # the keys each of its value products sums over
-DECODE_QUERIES = 16  # passes of at most this many queries (decode, verify) take it; prompts prefill through SDPA
+DECODE_QUERIES = 64  # passes of at most this many queries a row (decode, verify) keep each row's bits on a CPU

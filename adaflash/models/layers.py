@@ -6,6 +6,9 @@ Parameter names follow Hugging Face's so checkpoints load without renaming.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +18,7 @@ from torch import nn
 
 from adaflash.models import invariant
 from adaflash.models.cache import KVCache
-from adaflash.models.cpu_attention import DECODE_QUERIES, cpu_row_invariant_attention
+from adaflash.models.cpu_attention import cpu_row_invariant_attention
 from adaflash.models.kernels import fused_rope_available, rope_heads, silu_mul
 
 
@@ -101,32 +104,72 @@ class DecoderConfig:
         return out
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, except that skinny float32 CPU products run as W @ xᵀ with x's rows dense.
+_ROWS_KEEP_BITS: ContextVar[bool] = ContextVar("rows_keep_bits", default=False)
 
-    Decoding multiplies 1-16 rows by each weight, and on a CPU the weights stream from memory. In
-    float32, MKL's GEMV/GEMM reach that bandwidth only in this orientation, and only from 2 rows on: one
-    row goes to a GEMV that streams at about half speed, so a lone row is paired with a copy of itself
-    (SmolLM2, AVX2: the 49152-row lm_head takes 10.5 ms for 1 row through F.linear, 8 ms as W @ [x, x]ᵀ,
-    and 4 rows 27 ms through F.linear against 7.7 ms here; a decode step on a 2-core AVX-512 EPYC 27 ms
-    against 43 ms). In bfloat16 the orientation turns: there F.linear's oneDNN path streams the weights
-    and this one does not (the same EPYC: 25 ms a decode step against 43-51 ms).
+
+@contextmanager
+def rows_keep_bits(on: bool = True) -> Iterator[None]:
+    """Within it, CPU products and attention give each row the bits it gets in any other batch (`linear`,
+    `Attention.attend`): the target's decode and verify passes, whose rows must match Vanilla's one-token
+    steps. Outside it (a prompt's prefill, always run alone at its own length; training; a drafter, whose
+    drafts the target verifies) the fastest kernels run."""
+    token = _ROWS_KEEP_BITS.set(on)
+    try:
+        yield
+    finally:
+        _ROWS_KEEP_BITS.reset(token)
+
+
+# The most rows one CPU inference product takes at once, by dtype, so that every row keeps its bits
+# whatever the rows beside it (lossless batching: a request's tokens must not depend on the batch). Measured,
+# not taken from the kernels' documentation (tests/test_cpu_lossless.py checks it on the machine that runs
+# the tests): MKL's float32 GEMM rounds a row of 4 or more rows otherwise than the same row with one other;
+# oneDNN's bf16 GEMM keeps a row's bits from 2 rows to at least 32 for every SmolLM2 weight shape (on an
+# AVX512-BF16 EPYC for any count; on a CPU with AMX, the 49,152-row lm_head changes them from 33 rows).
+CPU_ROW_CHUNK = {torch.float32: 3, torch.bfloat16: 32, torch.float16: 32}
+SKINNY_ROWS = 16  # outside `rows_keep_bits`, products of up to this many rows take `_cpu_rows`' layout
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, except that CPU products under `rows_keep_bits` run in chunks that keep each row's bits.
+
+    Rows go through `_cpu_rows` at most `CPU_ROW_CHUNK[dtype]` at a time, a lone row paired with a copy of
+    itself (a one-row product takes a GEMV that rounds otherwise). So a row gets the same bits in a
+    one-token decode step, in a verify pass of 9 positions and in a batch of 16 rows.
     """
     if invariant.mm_available(x, weight, bias):  # bf16/fp16 on a GPU: the same bits for any number of rows
         return invariant.mm(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if x.device.type != "cpu" or torch.is_grad_enabled() or not 1 <= rows <= 16:
+    chunk = CPU_ROW_CHUNK.get(x.dtype)
+    if x.device.type != "cpu" or not rows or chunk is None or torch.is_grad_enabled():
         return F.linear(x, weight, bias)
+    if not _ROWS_KEEP_BITS.get():  # a drafter, a prefill: few rows still take the fast layout
+        chunk = SKINNY_ROWS
+        if rows > chunk:
+            return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
-    if rows == 1:  # a lone row goes to a GEMV: half the bandwidth in float32, other rounding in bf16
-        flat = flat.expand(2, -1)  # (a row must keep its bits whatever the rows beside it: lossless bf16)
-    if x.dtype != torch.float32:  # 2-D: a 3-D x can take matmul's bmm path, which copies W every call
-        out = F.linear(flat, weight, bias)[:rows]
+    if rows <= chunk:
+        out = _cpu_rows(flat, weight, bias)
     else:
-        out = (weight @ flat.contiguous().T)[:, :rows].T  # W @ xᵀ is fast only with xᵀ a transposed view
-        if bias is not None:
-            out = out + bias
+        out = torch.cat([_cpu_rows(flat[i:i + chunk], weight, bias) for i in range(0, rows, chunk)])
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _cpu_rows(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """One CPU product of 1 to `CPU_ROW_CHUNK` rows, in the layout that streams the weights fastest.
+
+    Decoding multiplies a few rows by each weight, and on a CPU the weights stream from memory. In
+    float32, MKL reaches that bandwidth only as W @ xᵀ with x's rows dense, and only from 2 rows on; in
+    bfloat16 the orientation turns: F.linear's oneDNN path on 2-D rows streams the weights (a decode step
+    of SmolLM2 on a 2-core AVX-512 EPYC: 25 ms, against 43-51 ms the other way).
+    """
+    rows = flat.shape[0]
+    if rows == 1:  # a lone row goes to a GEMV: half the bandwidth in float32, other rounding in both
+        flat = flat.expand(2, -1)
+    if flat.dtype != torch.float32:  # 2-D: a 3-D x can take matmul's bmm path, which copies W every call
+        return F.linear(flat, weight, bias)[:rows]
+    out = (weight @ flat.contiguous().T)[:, :rows].T  # W @ xᵀ is fast only with xᵀ a transposed view
+    return out + bias if bias is not None else out
 
 
 class Linear(nn.Linear):
@@ -310,9 +353,6 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by `fuse`
-        # a query keeps its bits whatever the queries beside it (the CPU's bf16 path below): the target
-        # needs it for lossless verification; a drafter, whose drafts the target checks, need not
-        self.row_invariant = True
 
     def fuse(self) -> None:
         """One GEMM for q, k and v, and one rope for q and k together (frozen inference only)."""
@@ -420,7 +460,7 @@ class Attention(nn.Module):
             return self.o_proj(out.reshape(b, nq, self.num_heads * self.head_dim))
         if mask.shape[1] != nq:
             return self._attend_grouped(q, k, v, mask)
-        if self.row_invariant and q.device.type == "cpu" and q.dtype != torch.float32 and nq <= DECODE_QUERIES:
+        if q.device.type == "cpu" and _ROWS_KEEP_BITS.get():
             return self.o_proj(cpu_row_invariant_attention(q, k, v, mask).reshape(b, nq, self.num_heads * self.head_dim))
         gqa = self.num_heads != self.num_kv
         if gqa and q.is_cuda and q.requires_grad:

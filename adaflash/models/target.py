@@ -17,6 +17,7 @@ from torch import nn
 
 from adaflash.models import invariant
 from adaflash.models.cache import KVCache
+from adaflash.models.cpu_attention import DECODE_QUERIES
 from adaflash.models.layers import (
     DecoderConfig,
     DecoderLayer,
@@ -26,6 +27,7 @@ from adaflash.models.layers import (
     additive_mask,
     fold_mask,
     grouped_queries,
+    rows_keep_bits,
 )
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -134,13 +136,15 @@ class TargetModel(nn.Module):
         where = cache.where(rows, positions)
         wanted = {layer: i for i, layer in enumerate(capture)}
         captured: list[torch.Tensor | None] = [None] * len(capture)
-        for index, layer in enumerate(self.model.layers):
-            h = layer.cached(h, rope, mask, cache, index, where, rows, kv_len)
-            if index in wanted:
-                captured[wanted[index]] = h
-        if logits_index is not None:
-            h = h[torch.arange(h.shape[0], device=h.device), logits_index]
-        return self.logits(h), captured  # type: ignore[return-value]
+        # decode and verify passes: each row's bits whatever the batch (a prompt's prefill runs alone)
+        with rows_keep_bits(input_ids.shape[1] <= DECODE_QUERIES):
+            for index, layer in enumerate(self.model.layers):
+                h = layer.cached(h, rope, mask, cache, index, where, rows, kv_len)
+                if index in wanted:
+                    captured[wanted[index]] = h
+            if logits_index is not None:
+                h = h[torch.arange(h.shape[0], device=h.device), logits_index]
+            return self.logits(h), captured  # type: ignore[return-value]
 
 
 def read_hf_config(folder: Path) -> dict:
