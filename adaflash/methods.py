@@ -52,11 +52,17 @@ TABLE: tuple[Method, ...] = (
 )
 METHOD_NAMES: tuple[str, ...] = tuple(m.name for m in TABLE)
 VANILLA = TABLE[0].name  # the reference every speed-up is measured against
+# Names for code that means one method (a default, a baseline); what a method *does* is asked of its row.
+_, DFLASH, ADAFLASH, EAGLE3, MTP, OSD = METHOD_NAMES
 SPECULATIVE_NAMES: tuple[str, ...] = tuple(m.name for m in TABLE if m.needs_drafter)
 # The drafter architectures, in the table's order (what `adaflash draft new --method` makes).
 DRAFTER_ARCHITECTURES: tuple[str, ...] = tuple(dict.fromkeys(m.drafter for m in TABLE if m.drafter))
 # The methods whose drafters the on-policy loop trains (`pipeline`, `serve --adapt`): DFlash drafters.
 ONLINE_TRAINABLE: tuple[str, ...] = tuple(m.name for m in TABLE if m.drafter == "dflash")
+# Their drafter architectures: what `pipeline --draft` and `serve --adapt` accept.
+ONLINE_DRAFTERS: tuple[str, ...] = tuple(dict.fromkeys(m.drafter for m in TABLE if m.name in ONLINE_TRAINABLE and m.drafter))
+# The drafter architectures that carry an AdaFlash length head.
+LENGTH_HEAD_DRAFTERS: tuple[str, ...] = tuple(dict.fromkeys(m.drafter for m in TABLE if m.length_head and m.drafter))
 # Older SGLang spellings a server_info may report, and the algorithm they mean.
 SGLANG_ALIASES = {"EAGLE": "EAGLE3"}
 _BY_NAME = {m.name: m for m in TABLE}

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 ADAFLASH_MODULE = "adaflash.cli.main"
+PROGRAM = "adaflash"  # the console script (a command line's first word), not the method
 
 
 def resolve_head(argv: list[str], python: str | None = None) -> list[str]:
@@ -18,7 +19,7 @@ def resolve_head(argv: list[str], python: str | None = None) -> list[str]:
     python = python or sys.executable
     if not argv:
         return argv
-    if argv[0] == "adaflash":
+    if argv[0] == PROGRAM:
         return [python, "-m", ADAFLASH_MODULE, *argv[1:]]
     if argv[0] in ("python", "python3"):
         return [python, *argv[1:]]
@@ -34,7 +35,7 @@ def torchrun_launcher(python: str | None = None) -> list[str]:
 
 def torchrun_tail(argv: list[str], python: str | None = None) -> list[str]:
     """What follows torchrun's own flags: `-m module ...`, `script.py ...`, or `--no-python cmd ...`."""
-    if argv and argv[0] == "adaflash":
+    if argv and argv[0] == PROGRAM:
         return ["-m", ADAFLASH_MODULE, *argv[1:]]
     if argv and argv[0] in ("python", "python3", sys.executable):
         rest = argv[1:]

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from adaflash import procs
+from adaflash.devices import CPU, parse_gpus, physical
 
-CPU = "cpu"
 DEFAULT_EXCLUSIVE = frozenset({"server"})
 RESERVED_KEYS = ("share", "exclusive")
 LEASES_ENV = "ADAFLASH_LEASES"
@@ -47,49 +47,6 @@ def format_gpus(gpus: tuple[int, ...] | None) -> str:
     return CPU if gpus is None else ",".join(str(i) for i in gpus)
 
 
-def parse_gpus(value: Any, *, owner: str = "value") -> tuple[int, ...] | None:
-    """GPU indices from an int, a list of ints, "0,1", or "cpu" (-> None). ValueError names `owner`."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text.lower() == CPU:
-            return None
-        if text == "":
-            raise ValueError(f"{owner} has no GPU: give it GPU indices or \"cpu\"")
-        parts: list[Any] = [p.strip() for p in text.split(",")]
-        items: list[Any] = []
-        for part in parts:
-            if part.lower() == CPU:
-                items.append(CPU)
-            elif part.isdigit():
-                items.append(int(part))
-            else:
-                raise ValueError(f"{owner}: expected GPU indices or \"cpu\", got {value!r}")
-    elif isinstance(value, bool):
-        raise ValueError(f"{owner}: expected a GPU index, a list of GPU indices or \"cpu\", got {value!r}")
-    elif isinstance(value, int):
-        items = [value]
-    elif isinstance(value, (list, tuple)):
-        items = list(value)
-    else:
-        raise ValueError(
-            f"{owner}: expected a GPU index, a list of GPU indices or \"cpu\", got {value!r} ({type(value).__name__})"
-        )
-    if not items:
-        raise ValueError(f"{owner} has no GPU: give it GPU indices or \"cpu\"")
-    if any(isinstance(i, str) and i.lower() == CPU for i in items):
-        if len(items) > 1:
-            raise ValueError(f"{owner}: \"cpu\" cannot be mixed with GPU indices")
-        return None
-    out: list[int] = []
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
-            raise ValueError(f"{owner}: expected GPU indices (integers >= 0), got {item!r}")
-        if item in out:
-            raise ValueError(f"{owner}: GPU {item} is listed twice")
-        out.append(item)
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class RoleGPUs:
     """The GPUs of one role (None: the role runs on CPU)."""
@@ -103,8 +60,9 @@ class RoleGPUs:
 
     @property
     def cuda_visible_devices(self) -> str:
-        """Value of CUDA_VISIBLE_DEVICES: "" hides every GPU from a CPU role."""
-        return "" if self.gpus is None else ",".join(str(i) for i in self.gpus)
+        """Value of CUDA_VISIBLE_DEVICES: "" hides every GPU from a CPU role; indices count the GPUs we see
+        (`adaflash.devices`), so under CUDA_VISIBLE_DEVICES=2,3 GPU 0 is "2"."""
+        return "" if self.gpus is None else ",".join(physical(self.gpus, f"role {self.role!r}"))
 
     @property
     def nproc(self) -> int:
@@ -173,6 +131,7 @@ class Assignment:
                 continue
             try:
                 roles[role] = RoleGPUs(role, parse_gpus(value, owner=f"role {role!r}"))
+                roles[role].cuda_visible_devices  # noqa: B018  (an index beyond the visible GPUs fails here)
             except ValueError as err:
                 errors.append(str(err))
         if errors:

@@ -146,7 +146,7 @@ def stop_run(runlog: RunLog, run_id: str, *, grace: float = 10.0, wait: float | 
         return StopResult(run_id, "stopped", "scancel")
     pid = supervisor_pid(run)
     if pid is not None:
-        os.kill(pid, signal.SIGTERM)
+        procs.signal_pid(pid, signal.SIGTERM)
         max_grace = max([grace, *(j.get("stop_grace", 10.0) for j in (config.get("jobs") or {}).values())])
         deadline = time.monotonic() + (wait if wait is not None else max_grace + 15.0)
         while time.monotonic() < deadline:
@@ -161,8 +161,7 @@ def stop_run(runlog: RunLog, run_id: str, *, grace: float = 10.0, wait: float | 
             return StopResult(run_id, current["status"], "supervisor")
         stopped = _stop_jobs_directly(runlog, run_id, grace, "stopped by adaflash runs stop")
         if supervisor_pid(current) == pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            procs.signal_pid(pid, signal.SIGKILL)
         runlog.finish_run(run_id, "stopped", note="stopped by adaflash runs stop (supervisor did not answer)")
         return StopResult(run_id, "stopped", "direct", stopped)
     stopped = _stop_jobs_directly(runlog, run_id, grace, "stopped by adaflash runs stop (supervisor gone)")

@@ -8,7 +8,6 @@ resolved recipe from the run log and runs it with a Runner; the leases pass to t
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -84,7 +83,7 @@ def start_detached(
     return run_id
 
 
-def reap_when_done(child: subprocess.Popen[bytes]) -> threading.Thread:
+def reap_when_done(child: procs.ProcessGroup) -> threading.Thread:
     """Collect the supervisor's exit status when it ends: a caller that lives on (the dashboard) would
     otherwise keep it as a zombie until its next subprocess. A daemon thread: it never holds up an exit."""
     thread = threading.Thread(target=child.wait, name=f"reap supervisor {child.pid}", daemon=True)
@@ -94,18 +93,18 @@ def reap_when_done(child: subprocess.Popen[bytes]) -> threading.Thread:
 
 def _spawn_supervisor(
     prepared: PreparedRun, leases: GpuLeases | None, python: str | None
-) -> subprocess.Popen[bytes]:
+) -> procs.ProcessGroup:
     """The background supervisor: its own session, meant to outlive us (no parent-death signal), output
     appended to supervisor.log."""
     env = dict(os.environ)
     if leases is not None:
         env["ADAFLASH_LEASES"] = str(leases.path)
     return procs.spawn(supervisor_command(prepared.workspace, prepared.run_id, python),
-                       log=prepared.run_dir / SUPERVISOR_LOG, env=env, die_with_parent=False).proc
+                       log=prepared.run_dir / SUPERVISOR_LOG, env=env, die_with_parent=False)
 
 
 def _await_takeover(
-    prepared: PreparedRun, runlog: RunLog, child: subprocess.Popen[bytes], wait: float
+    prepared: PreparedRun, runlog: RunLog, child: procs.ProcessGroup, wait: float
 ) -> str:
     """The run id once the supervisor has moved the run on from pending (or is still alive after `wait`).
 

@@ -42,6 +42,7 @@ class GpuProcess:
     used_memory: int | None  # bytes
     kind: str  # "compute" | "graphics"
     job: JobRef | None = None
+    sm_utilization: float | None = None  # percent of the GPU's SMs, recent samples (None: NVML gives none)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -241,6 +242,8 @@ class Inventory:
         limit = _try(lambda: nvml.nvmlDeviceGetEnforcedPowerManagementLimit(handle))
         info.power_limit = limit / 1000.0 if isinstance(limit, (int, float)) else None
         seen: set[int] = set()
+        samples = _try(lambda: nvml.nvmlDeviceGetProcessUtilization(handle, 0)) or []
+        sm = {getattr(x, "pid", None): getattr(x, "smUtil", None) for x in samples}
         for kind, getter in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
                              ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
             func = getattr(nvml, getter, None)
@@ -254,7 +257,9 @@ class Inventory:
                 if not isinstance(used, int) or used < 0 or used >= 2**63:  # NVML_VALUE_NOT_AVAILABLE
                     used = None
                 name = _try(lambda pid=pid: psutil.Process(pid).name())
-                info.processes.append(GpuProcess(pid, name, used, kind, map_pid_to_job(pid, jobs_by_pid)))
+                util = sm.get(pid)
+                info.processes.append(GpuProcess(pid, name, used, kind, map_pid_to_job(pid, jobs_by_pid),
+                                                 float(util) if isinstance(util, (int, float)) else None))
         return info
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from adaflash.data.builtin_datasets import BUILTIN_DATASETS
 from adaflash.data.prompts import PromptFileError, prompt_source
+from adaflash.methods import VANILLA
 from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS
 
 PREPARABLE = (*BUILTIN_DATASETS, "suite")  # what `adaflash data prepare NAME` makes with no other argument
@@ -69,7 +70,7 @@ def drafts_of(text: str, methods: tuple[str, ...], errors: list[str]) -> list[st
     if not text:
         return []
     if "=" not in text:
-        return [f"{m}={text}" for m in methods if m != "vanilla"]
+        return [f"{m}={text}" for m in methods if m != VANILLA]
     out = []
     for part in text.split(","):
         method, _, folder = part.partition("=")

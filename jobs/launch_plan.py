@@ -17,7 +17,7 @@ from typing import Any
 
 import tomli_w
 
-from adaflash.methods import ONLINE_TRAINABLE, TABLE, method_of
+from adaflash.methods import ONLINE_TRAINABLE, TABLE, VANILLA, method_of
 from adaflash.models.builtin_drafters import OFFLINE_INIT, builtin_drafter_of
 from jobs.launch_checks import Missing, drafts_of, integer, minutes, warn_dataset, warn_missing, warn_target
 
@@ -115,7 +115,7 @@ def _pipeline(choice: LaunchChoice, workspace: Path | None, errors: list[str], w
 def _server(choice: LaunchChoice, errors: list[str], warnings: list[str], missing: list[Missing]) -> _Job:
     target, draft = choice.target.strip(), choice.draft.strip()
     port = integer(choice.port, "port", errors, low=1, high=65535) or 0
-    if choice.method != "vanilla" and not draft and not builtin_drafter_of(target, choice.method):
+    if choice.method != VANILLA and not draft and not builtin_drafter_of(target, choice.method):
         errors.append(f"drafter: required for {choice.method} (a drafter folder)")
     warn_missing(draft, "drafter", warnings, missing)
     command = ["adaflash", "serve", "--method", choice.method, "--target", target,
@@ -140,7 +140,7 @@ def _bench(choice: LaunchChoice, workspace: Path | None, errors: list[str], warn
     methods = tuple(choice.bench_methods)
     if not methods:
         errors.append("methods: pick at least one")
-    elif "vanilla" not in methods:
+    elif VANILLA not in methods:
         warnings.append("no Vanilla in the matrix: speed-ups need a Vanilla row of the same run")
     if not dataset:
         errors.append("dataset: required (prepared names or FILE.jsonl, comma separated)")

@@ -107,10 +107,6 @@ class JobState:
         return self.spec.name
 
     @property
-    def proc(self) -> subprocess.Popen | None:
-        return self.group.proc if self.group is not None else None
-
-    @property
     def pid(self) -> int | None:
         return self.group.pid if self.group is not None else None
 
@@ -202,9 +198,7 @@ class Supervisor:
         if self.workspace:
             env["ADAFLASH_WORKSPACE"] = self.workspace
         visible = spec.cuda_visible_devices
-        if visible is None:
-            env.pop("CUDA_VISIBLE_DEVICES", None)  # a launcher gets physical indices and places its workers
-        else:
+        if visible is not None:  # a launcher keeps ours: its GPU indices count the GPUs we see, as roles' do
             env["CUDA_VISIBLE_DEVICES"] = visible
         return env
 

@@ -169,6 +169,25 @@ def test_cli_md_documents_every_command_and_only_real_options() -> None:
         assert unknown == [], f"docs/cli.md shows options `adaflash {' '.join(path)}` does not have: {unknown}"
 
 
+def test_cli_md_is_generated_from_the_commands() -> None:
+    """docs/cli.md's generated parts are what `python -m adaflash.cli.docgen` writes now."""
+    from adaflash.cli import docgen
+
+    current = docgen.DOC.read_text(encoding="utf-8")
+    assert docgen.render(current) == current, "docs/cli.md is stale: run `make docs`"
+
+
+def test_cli_md_keeps_notes_and_drops_gone_commands() -> None:
+    from adaflash.cli import docgen
+
+    current = docgen.DOC.read_text(encoding="utf-8")
+    marked = current.replace(docgen.END + "\n", docgen.END + "\nA NOTE\n", 1)
+    assert "A NOTE" in docgen.render(marked)
+    orphan = current + "### `adaflash no-such-command`\n" + docgen.END + "\nwords\n"
+    with pytest.raises(SystemExit, match="no longer exist"):
+        docgen.render(orphan)
+
+
 def test_readme_says_what_configs_holds() -> None:
     text = README.read_text(encoding="utf-8")
     assert not re.search(r"configs/[^\n]*JSON", text), "configs/ holds recipes (TOML), no drafter JSON"

@@ -183,6 +183,6 @@ def test_wait_drives_one_job_at_a_time(sup: Supervisor) -> None:
 def test_a_job_that_ended_just_before_a_stop_keeps_its_outcome(sup: Supervisor) -> None:
     done = sup.add(spec("done", "pass"))
     sup.start("done")
-    wait_for(lambda: done.proc.poll() is not None)  # exited, not yet seen by a poll
+    wait_for(lambda: done.group.poll() is not None)  # exited, not yet seen by a poll
     sup.stop_all()
     assert done.status == "finished" and done.exit_code == 0

@@ -468,9 +468,9 @@ def test_a_worker_that_fails_after_a_stop_request_fails_the_run_and_is_named(tmp
     assert {j["name"]: j["status"] for j in log.jobs(run_id)} == {"inference": "failed", "training": "finished"}
 
 
-def test_a_stop_the_workers_honour_between_two_polls_still_ends_the_run_stopped_on_request(tmp_path):
+def test_a_stop_the_workers_honour_between_two_polls_still_ends_the_run_stopped(tmp_path):
     """Both workers can see the STOP file and exit before the launcher's loop looks at it: the run then ended
-    finished without its note (a flaky `pipeline stop` test under load)."""
+    finished without its note (a flaky `pipeline stop` test under load). A user's stop reads `stopped`."""
     import sys
     import time
 
@@ -483,8 +483,9 @@ def test_a_stop_the_workers_honour_between_two_polls_still_ends_the_run_stopped_
     for proc in pipe.procs.values():
         proc.wait()
     time.sleep(0.1)
-    assert pipe.wait(poll=0.05) == "finished"
+    assert pipe.wait(poll=0.05) == "stopped"
     assert pipe.note == "stopped on request: both workers finished their step, a final version published"
+    assert {j["name"]: j["status"] for j in log.jobs(run_id)} == {"inference": "stopped", "training": "stopped"}
 
 
 def test_a_worker_that_ignores_the_stop_is_killed_after_the_grace_and_reads_stopped(tmp_path):
@@ -502,7 +503,7 @@ def test_a_worker_that_ignores_the_stop_is_killed_after_the_grace_and_reads_stop
     assert pipe.wait(poll=0.05) == "stopped"
     assert pipe.note == "a worker did not stop within 0.3s of the stop request: killed"
     jobs = {j["name"]: j for j in log.jobs(run_id)}
-    assert {n: j["status"] for n, j in jobs.items()} == {"inference": "finished", "training": "stopped"}
+    assert {n: j["status"] for n, j in jobs.items()} == {"inference": "stopped", "training": "stopped"}
     assert jobs["training"]["exit_code"] == -9
 
 
@@ -547,3 +548,25 @@ def test_without_loop_each_prompt_is_answered_once_whatever_max_samples_says():
     assert answers_in_all(10, False, 4) == 4  # it produced 10 answers from 4 prompts, ids #0..#9
     assert answers_in_all(2, False, 4) == 2 and answers_in_all(None, False, 4) == 4
     assert answers_in_all(10, True, 4) == 10 and answers_in_all(None, True, 4) is None
+
+
+def test_inference_worker_flushes_its_first_answer_at_once(tmp_path, tiny_llama, tiny_target):
+    """τ is in the run log (and `tau_per_version`) from the first answer, not `flush_every` answers later."""
+    from adaflash.pipeline.inference import InferenceConfig, run_inference
+
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Count to {i}."}) + "\n" for i in range(4)))
+    log = RunLog.open(tmp_path / "ws")
+    run = log.create_run("pipeline")
+    produced = run_inference(InferenceConfig(target=str(tiny_llama), draft=str(draft), data=str(prompts),
+                                             swap_dir=str(tmp_path / "swap"), run_id=run, workspace=str(tmp_path / "ws"),
+                                             method="dflash", engine=EngineConfig(max_batch=1), max_new_tokens=6,
+                                             flush_every=8))
+    assert produced == 4
+    rows = log.metrics_since(0, run_id=run)
+    taus = [(m["step"], m["value"]) for m in rows if m["name"] == "tau"]
+    assert [step for step, _ in taus] == [1, 4] and all(value >= 1 for _, value in taus)  # the first, then the rest
+    served = sum(m["value"] for m in rows if m["name"] == "served_requests")
+    view = log.db.execute("SELECT SUM(requests) FROM tau_per_version WHERE run_id = ?", [run]).fetchone()[0]
+    assert served == view == 4  # every answer counted once, whatever the windows

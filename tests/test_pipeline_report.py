@@ -323,7 +323,7 @@ def test_the_launcher_stops_workers_that_outlive_the_budget(tmp_path):
     assert any("time budget passed" in m for m in events), events
 
 
-def test_pipeline_stop_ends_a_looping_run_cleanly_and_marks_it_finished(tmp_path, tiny_llama, tiny_target):
+def test_pipeline_stop_ends_a_looping_run_cleanly_and_marks_it_stopped(tmp_path, tiny_llama, tiny_target):
     import subprocess
 
     draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
@@ -350,8 +350,8 @@ def test_pipeline_stop_ends_a_looping_run_cleanly_and_marks_it_finished(tmp_path
     assert proc.returncode == 0, output
     log = RunLog.open(ws)
     run = log.get_run(run["id"])
-    assert run["status"] == "finished" and "stopped on request" in run["note"], run
-    assert {j["role"]: j["status"] for j in log.jobs(run["id"])} == {"inference": "finished", "training": "finished"}
+    assert run["status"] == "stopped" and "stopped on request" in run["note"], run
+    assert {j["role"]: j["status"] for j in log.jobs(run["id"])} == {"inference": "stopped", "training": "stopped"}
     buffer, store = SwapBuffer(swap), WeightStore(swap)
     assert buffer.producer_done() == buffer.count()  # the inference worker finished the requests it had
     integrity = pipeline_report(log, run)["integrity"]
@@ -359,8 +359,11 @@ def test_pipeline_stop_ends_a_looping_run_cleanly_and_marks_it_finished(tmp_path
     assert store.pointer()["consumed"] == integrity["final_consumed_offset"] <= buffer.count()
     status = CliRunner().invoke(cli, ["--workspace", str(ws), "pipeline", "status", run["id"]])
     assert status.exit_code == 0 and "run note: stopped on request" in status.output
+    assert "(stopped, " in status.output, status.output
+    listed = CliRunner().invoke(cli, ["--workspace", str(ws), "runs", "list", "--json"])
+    assert listed.exit_code == 0 and {r["id"]: r["status"] for r in json.loads(listed.output)}[run["id"]] == "stopped"
     again = CliRunner().invoke(cli, ["--workspace", str(ws), "pipeline", "stop", run["id"]])
-    assert again.exit_code == 0 and "already ended (finished)" in again.output
+    assert again.exit_code == 0 and "already ended (stopped)" in again.output
 
 
 def test_a_trainer_killed_with_sigkill_then_a_torn_newest_version_lose_nothing_and_learn_nothing_twice(

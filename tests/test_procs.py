@@ -135,3 +135,20 @@ def test_a_child_meant_to_outlive_us_does(tmp_path: Path) -> None:
         assert procs.is_ours(int(pid), float(start))
     finally:
         assert procs.stop_tree(int(pid), int(pid), float(start), grace=5) in ("terminated", "killed")
+
+
+def test_spawn_keeps_stdout_apart_from_the_log_when_asked(tmp_path: Path) -> None:
+    """A --json summary on stdout must not mix with what the child says on stderr (data regenerate --procs)."""
+    log, summary = tmp_path / "child.log", tmp_path / "summary.json"
+    with log.open("wb") as err, summary.open("wb") as out:
+        group = procs.spawn([PY, "-c", "import sys; print('{}'); print('noise', file=sys.stderr)"], log=err, stdout=out)
+    assert group.wait(timeout=30) == 0
+    assert summary.read_text().strip() == "{}" and log.read_text().strip() == "noise"
+
+
+def test_signal_pid_says_whether_the_process_was_there() -> None:
+    group = procs.spawn([PY, "-c", "import time; time.sleep(60)"])
+    assert procs.is_ours(group.pid, group.pid_start_time)
+    assert procs.signal_pid(group.pid, signal.SIGTERM)
+    group.wait(timeout=30)
+    assert not procs.signal_pid(group.pid, signal.SIGTERM)

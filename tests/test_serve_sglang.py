@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from adaflash.serve.sglang import ADAFLASH_FLAGS, build_sglang_command, parse_gpus
+from adaflash.devices import parse_gpus
+from adaflash.serve.sglang import ADAFLASH_FLAGS, build_sglang_command
 
 
 def _flag(argv: list[str], name: str) -> str | None:

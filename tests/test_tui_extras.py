@@ -9,6 +9,7 @@ from textual.widgets import Input, Log
 
 from tests.test_tui_fixtures import RECIPE_RUN, FakeInventory, fill_runlog, screen_text, settle
 from tests.test_tui_flows import SIZE, make_app
+from tui.logview import LogView
 
 
 async def test_the_log_follows_or_holds_is_searched_and_jumps_to_its_first_error(tmp_path: Path) -> None:
@@ -39,12 +40,49 @@ async def test_the_log_follows_or_holds_is_searched_and_jumps_to_its_first_error
         await pilot.press(*"step 17", "enter")
         await pilot.pause()
         assert jobs.log_line == 17 and "step 17: ok" in screen_text(app)
-        await pilot.press("enter")  # the next match
+        assert app.focused is table and app.query_one("#log-search").has_class("hidden")  # n/N go on from here
+        assert "/step 17: 1/11 n/N" in screen_text(app)
+        await pilot.press("n")  # the next match
         await pilot.pause()
-        assert jobs.log_line == 170
-        await pilot.press("escape")
+        assert jobs.log_line == 170 and log.current == 170
+        await pilot.press("N", "N")  # back, then round to the last
+        await pilot.pause()
+        assert jobs.log_line == 179
+        await pilot.press("slash")
+        assert app.query_one("#log-search", Input).value == "step 17"
+        await pilot.press("escape")  # leaves the search and clears it
         await pilot.pause()
         assert app.focused is table and app.query_one("#log-search").has_class("hidden")
+        assert jobs.needle == "" and not log.highlight
+
+
+async def test_search_highlights_every_match_and_wrap_folds_long_lines(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    fill_runlog(ws)
+    bench_log = ws / "runs" / RECIPE_RUN / "bench.log"
+    bench_log.write_text("short\n" + "x" * 150 + " needle at the end\n" + "".join(f"line {i}\n" for i in range(5)))
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=RECIPE_RUN, tab="jobs")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        table = app.query_one("#jobs-table")
+        table.focus()
+        table.move_cursor(row=2)
+        await settle(pilot)
+        log = app.query_one("#job-log", LogView)
+        assert "needle at the end" not in screen_text(app)  # cut at the width
+        await pilot.press("w")
+        await pilot.pause()
+        text = screen_text(app)
+        assert log.wrap and "e at the end" in text and "[wrap]" in text and "line 4" in text
+        assert log.virtual_size.height > log.line_count  # the long line takes several rows
+        await pilot.press("slash", *"needle", "enter")
+        await pilot.pause()
+        assert app.pane("jobs").log_line == 1 and log.current == 1
+        strip = log.render_line(log.row_of(1) + 1 - int(log.scroll_y))  # the row holding "needle"
+        assert any(seg.text.lower().startswith("needle") and seg.style and seg.style.bgcolor for seg in strip)
+        await pilot.press("w")
+        await pilot.pause()
+        assert not log.wrap and log.virtual_size.height == log.line_count
 
 
 async def test_a_past_recipe_run_loads_into_the_launch_form(tmp_path: Path, monkeypatch) -> None:

@@ -216,8 +216,8 @@ def fake_pipeline_recipe(path: Path, *, step_seconds: float = 4.0, stop_grace: f
         "    time.sleep(0.2)\n"
         f"time.sleep({step_seconds})  # the training step in flight\n"
         "log.log_metrics(rid, {'published_version': step}, step=step, job='training')\n"
-        "log.update_job(job, status='finished', exit_code=0, ended_at=time.time())\n"
-        "log.finish_run(rid, 'finished', note='stopped on request: both workers finished their step, "
+        "log.update_job(job, status='stopped', exit_code=0, ended_at=time.time())\n"
+        "log.finish_run(rid, 'stopped', note='stopped on request: both workers finished their step, "
         "a final version published')\n"
         "print('pipeline stopped cleanly', flush=True)\n"
     )

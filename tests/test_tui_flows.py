@@ -104,7 +104,8 @@ async def test_empty_workspace_renders_every_screen(ws: Path) -> None:
         text = screen_text(app)
         assert "No usable NVIDIA GPU" in text and "Use CPU workers" in text and "Host" in text
         expected = {"gpus": "CPU workers", "launch": "GPUs → roles", "jobs": "No run yet",
-                    "monitor": "No run yet", "compare": "No benchmark results yet", "history": "No runs"}
+                    "monitor": "No run yet", "compare": "No benchmark results yet", "history": "No runs", "procs": "No run yet",
+                    "query": "views, tables"}
         for tab, _, key in TABS:
             await pilot.press(key)
             await settle(pilot)

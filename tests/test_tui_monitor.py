@@ -84,3 +84,23 @@ async def test_the_monitor_shows_requests_per_version_and_speed_at_once(tmp_path
         await settle(pilot)
         text = screen_text(app)
         assert "requests" in text and "mean per request" in text
+
+
+async def test_the_monitor_plots_tau_from_the_first_answer(tmp_path: Path) -> None:
+    """The inference worker flushes its first answer at once; the τ chart draws that single point."""
+    ws = tmp_path / "ws"
+    log = RunLog.open(ws)
+    run_id = log.create_run("pipeline")
+    log.log_metrics(run_id, {"prompts_in_flight": 8, "tokens_so_far": 40, "answers_so_far": 0}, step=0, job="inference")
+    log.log_metrics(run_id, {"tau": 2.5, "drafter_version": 0, "samples": 1}, step=1, version=0, job="inference")
+    log.log_metrics(run_id, {"served_requests": 1, "served_tau_sum": 2.5, "served_tokens": 10, "served_verify": 4},
+                    version=0, job="inference")
+    app = make_app(ws, inventory=FakeInventory(available=False), live=False, run_id=run_id, tab="monitor")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        monitor = app.pane("monitor")
+        (_, names, _) = CHARTS[0]
+        assert [ys for _, _, ys in monitor.model.chart(names)] == [[2.5]]
+        text = screen_text(app)
+        assert "acceptance length τ: no data yet" not in text and "with the first answer" not in text
+        assert [(v.version, v.requests, v.tau) for v in monitor.model.version_table()] == [(0, 1, 2.5)]

@@ -108,3 +108,35 @@ def test_snapshot_compare(snap_compare, snap_app, size) -> None:
 @pytest.mark.parametrize("size", SIZES)
 def test_snapshot_history(snap_compare, snap_app, size) -> None:
     assert snap_compare(snap_app("history"), terminal_size=SIZES[size], run_before=show())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_procs(snap_compare, snap_app, size) -> None:
+    """The fixture's jobs ended long ago: every live figure reads N/A (the layout, not the numbers)."""
+    assert snap_compare(snap_app("procs"), terminal_size=SIZES[size], run_before=show())
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_query(snap_compare, snap_app, size) -> None:
+    async def run_a_view(pilot) -> None:
+        pane = pilot.app.pane("query")
+        box = pilot.app.query_one("#query-sources")
+        box.highlighted = [s.name for s in pane.sources].index("tau_per_version")
+        await pilot.press("enter")
+        await settle(pilot)
+
+    assert snap_compare(snap_app("query"), terminal_size=SIZES[size], run_before=show(run_a_view))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_jobs_log_searched_and_wrapped(snap_compare, snap_app, size) -> None:
+    async def search(pilot) -> None:
+        log = WORKSPACE / "runs" / RECIPE_RUN / "bench.log"
+        log.write_text("".join(f"[bench] step {i}: ok\n" for i in range(30)) + "[bench] " + "long line " * 30 + "\n")
+        table = pilot.app.query_one("#jobs-table")
+        table.focus()
+        table.move_cursor(row=2)
+        await settle(pilot)
+        await pilot.press("w", "slash", *"step 1", "enter", "n")
+
+    assert snap_compare(snap_app("jobs"), terminal_size=SIZES[size], run_before=show(search))

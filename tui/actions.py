@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from textual.binding import Binding
 
 # Scopes, in the order the help screen lists them: "app" is global, the others are tab panes.
-SCOPES = ("app", "gpus", "launch", "jobs", "monitor", "compare", "history")
+SCOPES = ("app", "gpus", "launch", "jobs", "monitor", "compare", "history", "procs", "query")
 SCOPE_TITLES = {
     "app": "Everywhere", "gpus": "GPUs", "launch": "Launch", "jobs": "Jobs", "monitor": "Monitor",
-    "compare": "Compare", "history": "History",
+    "compare": "Compare", "history": "History", "procs": "Processes", "query": "Query",
 }
 # The tab panes in display order: (id, title, key that shows it).
 TABS = (("gpus", "GPUs", "1"), ("launch", "Launch", "2"), ("jobs", "Jobs", "3"), ("monitor", "Monitor", "4"),
-        ("compare", "Compare", "5"), ("history", "History", "6"))
+        ("compare", "Compare", "5"), ("history", "History", "6"), ("procs", "Procs", "7"), ("query", "SQL", "8"))
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,12 @@ REGISTRY: tuple[Command, ...] = (
     Command("jobs.monitor", "m", "Monitor", "Monitor this run", "app.show_tab('monitor')", scope="jobs"),
     Command("jobs.follow", "f", "Follow", "Follow the log's end, or hold it where it is (toggle)", "toggle_follow",
             scope="jobs"),
-    Command("jobs.search", "slash", "Search", "Search the log (enter: next match, esc: back)", "search_log",
-            scope="jobs"),
+    Command("jobs.search", "slash", "Search", "Search the log, matches highlighted (enter: go, esc: clear)",
+            "search_log", scope="jobs"),
+    Command("jobs.next", "n", "Next match", "The log search's next match", "next_match", scope="jobs", show=False),
+    Command("jobs.previous", "N", "Prev match", "The log search's previous match", "previous_match", scope="jobs",
+            show=False),
+    Command("jobs.wrap", "w", "Wrap", "Wrap the log's long lines, or cut them (toggle)", "toggle_wrap", scope="jobs"),
     Command("jobs.error", "e", "First error", "Jump to the log's first error (error, Traceback, failed)",
             "first_error", scope="jobs"),
     # -- Monitor -------------------------------------------------------------------------------
@@ -96,11 +100,26 @@ REGISTRY: tuple[Command, ...] = (
     Command("history.select", "space", "Select", "Select or unselect the run for comparison", "toggle_select",
             scope="history"),
     Command("history.compare", "c", "Compare", "Compare the selected runs", "compare_selected", scope="history"),
-    Command("history.load", "l", "Load", "Load the run's recipe into the Launch form (check it, then launch it again)",
-            "load_run", scope="history"),
+    Command("history.rerun", "r", "Rerun", "Launch the run again as it was, a new run (asks first)", "rerun",
+            scope="history"),
+    Command("history.load", "l", "Load", "Load the run into the Launch form to edit it (recipe, pipeline, server "
+            "or benchmark), then launch", "load_run", scope="history"),
     Command("history.filter", "slash", "Filter", "Filter runs by text", "focus_filter", scope="history"),
     Command("history.clear", "escape", "Clear", "Clear filters and selection, back to the table", "clear_filters",
             scope="history"),
+    # -- Processes -----------------------------------------------------------------------------------
+    Command("procs.sort", "o", "Sort", "Sort by the next column (pid, role, CPU, RSS, GPU mem, GPU %, uptime, status)",
+            "cycle_sort", scope="procs"),
+    Command("procs.reverse", "O", "Reverse", "Reverse the sort", "reverse_sort", scope="procs"),
+    Command("procs.stop", "s", "Stop", "Stop the selected process's job (asks first)", "stop_process", scope="procs"),
+    # -- Query -----------------------------------------------------------------------------------------
+    Command("query.run", "f5", "Run", "Run the SQL (read-only, over the run log)", "run_query", scope="query"),
+    Command("query.csv", "f6", "Export .csv", "Export the rows shown to CSV in the workspace", "export('csv')",
+            scope="query"),
+    Command("query.markdown", "f7", "Export .md", "Export the rows shown to Markdown in the workspace",
+            "export('markdown')", scope="query"),
+    Command("query.editor", "f4", "Edit SQL", "Focus the SQL editor (esc leaves it: then 1-8 switch tabs)",
+            "focus_editor", scope="query"),
 )
 
 BY_ID = {c.id: c for c in REGISTRY}

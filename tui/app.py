@@ -1,6 +1,6 @@
 """adaflash-tui: the Textual dashboard over `jobs` and the run log.
 
-Six tabs (GPUs, Launch, Jobs, Monitor, Compare, History), one registry of actions behind the
+Eight tabs (GPUs, Launch, Jobs, Monitor, Compare, History, Procs, SQL), one registry of actions behind the
 keys, the footer, the help screen and the command palette, and a quit that asks what to do
 with runs still going (they are detached: leaving them is safe, the next start shows them).
 """
@@ -30,6 +30,7 @@ from tui.modals import HelpScreen, QuitScreen
 from tui.panes.base import Pane
 
 if TYPE_CHECKING:
+    from jobs.rerun import Relaunch
     from tui.panes.gpus import GpusPane
     from tui.panes.monitor import MonitorPane
 
@@ -38,6 +39,7 @@ PANES: dict[str, tuple[str, str]] = {
     "gpus": ("tui.panes.gpus", "GpusPane"), "launch": ("tui.panes.launch", "LaunchPane"),
     "jobs": ("tui.panes.jobs", "JobsPane"), "monitor": ("tui.panes.monitor", "MonitorPane"),
     "compare": ("tui.panes.compare", "ComparePane"), "history": ("tui.panes.history", "HistoryPane"),
+    "procs": ("tui.panes.procs", "ProcsPane"), "query": ("tui.panes.query", "QueryPane"),
 }
 
 
@@ -249,6 +251,13 @@ class AdaflashApp(App[None]):
             pane.load_recipe(path)
         self.show_tab("launch")
 
+    def load_relaunch(self, relaunch: Relaunch) -> None:
+        """Launch shows a past run (its recipe, or the form filled from its record) to edit and launch again."""
+        pane = self.pane("launch")
+        if pane is not None:
+            pane.load_relaunch(relaunch)
+        self.show_tab("launch")
+
     def use_cpu_workers(self) -> None:
         pane = self.pane("launch")
         if pane is not None:
@@ -308,7 +317,7 @@ class AdaflashApp(App[None]):
                 pane.refresh_data()
 
     def action_toggle_theme(self) -> None:
-        self.theme = "adaflash-light" if self.theme == "adaflash" else "adaflash"
+        self.theme = "adaflash-light" if self.theme == "adaflash" else "adaflash"  # not a method
 
     async def run_command(self, command_id: str) -> None:
         """Run a registry command from the palette: a tab's command shows that tab first."""

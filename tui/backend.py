@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from adaflash.runlog import RunLog
     from jobs.assign import GpuLeases
     from jobs.gpus import Snapshot
+    from jobs.rerun import Relaunch
+    from tui.sqlquery import QueryResult, Source
 
 # The run log, `jobs` and the comparison are imported where first used, in a worker: importing them (SQLite
 # helpers, numpy) took longer than drawing the first screen, which needs none of them.
@@ -423,6 +425,24 @@ class Backend:
 
         return port_problem(host, port)
 
+    def relaunch(self, run_id: str) -> Relaunch:
+        """How to launch a past run again, from what the run log recorded (NotRelaunchable says why not)."""
+        from jobs.rerun import relaunch_of
+
+        with self.fresh_log() as log:
+            return relaunch_of(log.get_run(run_id))
+
+    def rerun(self, relaunch: Relaunch, snapshot: Snapshot | None) -> str:
+        """Launch a past run again, detached, the way the Launch form would; returns the new run id."""
+        from jobs.rerun import relaunch_built
+
+        gpus = [g.index for g in snapshot.gpus] if snapshot is not None and snapshot.available else []
+        built = relaunch_built(relaunch, self.workspace / RECIPES_DIR, self.workspace, gpus,
+                               f"rerun-{time.strftime('%Y%m%d-%H%M%S')}")
+        if built.errors or built.recipe_path is None:
+            raise ValueError("; ".join(built.errors) or "nothing to launch")
+        return self.launch(built.recipe_path, built.overrides, snapshot, recipe_text=built.recipe_text)
+
     def launch(self, recipe_path: str | os.PathLike, overrides: list[str], snapshot: Snapshot | None,
                *, recipe_text: str | None = None, run_id: str | None = None) -> str:
         """Start the run detached (its supervisor outlives the TUI); returns the run id.
@@ -478,6 +498,32 @@ class Backend:
             writer.writerows([["metric", *runs], *table])
             return self._export_file("metrics", "csv", buffer.getvalue())
         raise ValueError(f"unknown export format {fmt!r}")
+
+    # -- query (read-only SQL over the run log) --------------------------------------------------------
+    @property
+    def runlog_path(self) -> Path:
+        from adaflash.workspace import RUNLOG_FILE
+
+        return self.workspace / RUNLOG_FILE
+
+    def query_sources(self) -> list[Source]:
+        from tui.sqlquery import sources
+
+        return sources(self.runlog_path)
+
+    def query(self, sql: str) -> QueryResult:
+        from tui.sqlquery import run_query
+
+        return run_query(self.runlog_path, sql)
+
+    def export_query(self, result: QueryResult, fmt: str) -> Path:
+        """The query's rows as shown into <workspace>/exports/query-*.csv or .md."""
+        from tui.sqlquery import to_csv, to_markdown
+
+        if fmt not in ("csv", "markdown"):
+            raise ValueError(f"unknown export format {fmt!r}")
+        text = to_csv(result) if fmt == "csv" else to_markdown(result)
+        return self._export_file("query", "csv" if fmt == "csv" else "md", text)
 
     def _export_file(self, stem: str, suffix: str, text: str) -> Path:
         path = unique_path(self.workspace / EXPORTS_DIR / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.{suffix}")

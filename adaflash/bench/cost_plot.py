@@ -11,10 +11,10 @@ from adaflash.bench.cost import CostResult
 
 
 def plot_cost(result: CostResult, path: str | Path) -> Path:
-    import matplotlib
+    from adaflash.extras import require
 
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
+    require("matplotlib", "plots").use("Agg")  # files only, never a window
+    plt = require("matplotlib.pyplot", "plots")
 
     path = Path(path)
     if path.suffix.lower() not in (".svg", ".png"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adaflash.methods import METHOD_NAMES, VANILLA
+from adaflash.methods import DFLASH, METHOD_NAMES, VANILLA
 
 HF_GENERATE = "hf-generate"
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
@@ -110,11 +110,11 @@ def against_dflash(records: list[dict[str, Any]]) -> list[str]:
     Why: the pipeline comparison's measure (AdaFlash or OSD drafters against the offline DFlash drafter
     they started from, goal 1.15×) weighs τ, which saves verify work, and tokens per second together.
     """
-    dflash = {_cell(r): r for r in records if r["method"] == "dflash" and r.get("accept_length")}
+    dflash = {_cell(r): r for r in records if r["method"] == DFLASH and r.get("accept_length")}
     lines = []
     for r in records:
         base = dflash.get(_cell(r))
-        if base is None or r["method"] in (VANILLA, "dflash") or not r.get("accept_length") \
+        if base is None or r["method"] in (VANILLA, DFLASH) or not r.get("accept_length") \
                 or r.get("backend") != "embedded" or not base.get("output_throughput"):
             continue
         tau, speed = r["accept_length"] / base["accept_length"], r["output_throughput"] / base["output_throughput"]

@@ -30,6 +30,7 @@ from adaflash import procs
 from adaflash.bench.client import BenchSettings, run_benchmark
 from adaflash.bench.metrics import RequestResult
 from adaflash.bench.prompts import BenchPrompt
+from adaflash.devices import parse_gpus
 
 
 @dataclass
@@ -128,8 +129,9 @@ def serve_argv(spec: MatrixSpec, method: str, port: int, workspace: str | Path) 
             "--max-batch", str(max(spec.concurrency))]
     if method in spec.drafts:
         argv += ["--draft", spec.drafts[method]]
-    if spec.gpus:
-        argv += ["--gpus", spec.gpus]
+    if spec.gpus:  # the server's CUDA_VISIBLE_DEVICES holds exactly these GPUs: to it they are 0..n-1
+        count = len(parse_gpus(spec.gpus, owner="--gpus") or ())
+        argv += ["--gpus", ",".join(str(i) for i in range(count)) if count else "cpu"]
     if spec.context_length and spec.engine == "embedded":
         argv += ["--context-length", str(spec.context_length)]
     return argv + list(spec.serve_args)

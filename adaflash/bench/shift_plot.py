@@ -23,10 +23,10 @@ def rolling_tau(result: ShiftResult, window: int = 16) -> list[tuple[float, floa
 
 
 def plot_shift(result: ShiftResult, path: str | Path, *, title: str = "") -> Path:
-    import matplotlib
+    from adaflash.extras import require
 
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
+    require("matplotlib", "plots").use("Agg")  # files only, never a window
+    plt = require("matplotlib.pyplot", "plots")
 
     path = Path(path)
     if path.suffix.lower() not in (".svg", ".png"):

@@ -12,7 +12,7 @@ import click
 
 from adaflash.cli.bench_cost import cost
 from adaflash.cli.bench_shift import shift
-from adaflash.cli.common import DTYPE_HELP, fail, note_builtin_drafter, runlog_of, workspace_of
+from adaflash.cli.common import DTYPE_HELP, fail, note_builtin_drafter, recorded_run, runlog_of, workspace_of
 from adaflash.cli.engine_options import engine_options
 from adaflash.engine.config import EngineConfig
 from adaflash.methods import METHOD_NAMES, SPECULATIVE_NAMES, VANILLA, method_of
@@ -157,25 +157,21 @@ def bench(ctx: click.Context, base_url: str | None, dataset: str | None, num_pro
     settings = BenchSettings(base_url, concurrency=concurrency, max_new_tokens=max_new_tokens, temperature=temperature,
                              top_p=top_p, warmup=warmup, stream=stream, ignore_eos=ignore_eos, api_key=api_key)
     log = runlog_of(ctx)
-    run_id = log.create_run("bench", name=label or f"bench-{method}-{name}-c{concurrency}", method=method,
-                            target=target, draft=draft, dataset=name,
-                            config={"base_url": base_url, "concurrency": concurrency, "num_prompts": len(prompts),
-                                    "max_new_tokens": max_new_tokens, "temperature": temperature, "chat": chat,
-                                    "warmup": warmup, "seed": seed})
-    try:
+    config = {"base_url": base_url, "concurrency": concurrency, "num_prompts": len(prompts),
+              "max_new_tokens": max_new_tokens, "temperature": temperature, "chat": chat, "warmup": warmup, "seed": seed}
+    with recorded_run(log, "bench", name=label or f"bench-{method}-{name}-c{concurrency}", method=method,
+                      target=target, draft=draft, dataset=name, config=config) as run:
         with _Progress(not as_json) as progress:
             progress.new(f"{method} · {name} · c={concurrency}", len(prompts))
             record = run_benchmark(settings, prompts, dataset=name, on_done=progress.done, method=method, target=target,
                                    draft=draft, label=label, eval_accuracy=eval_accuracy,
                                    extra={"chat": chat, "seed": seed})
-    except KeyboardInterrupt:
-        log.finish_run(run_id, "stopped", note="interrupted")
-        raise
-    log.add_bench_result(run_id, record)
-    log.log_metrics(run_id, {k: record[k] for k in ("output_throughput", "accept_length", "median_ttft_ms", "accuracy")
-                             if record.get(k) is not None})
-    log.finish_run(run_id, "finished" if record["completed"] else "failed",
-                   note=None if record["completed"] else "; ".join(record["errors"][:2]))
+        log.add_bench_result(run.id, record)
+        run.metrics({k: record[k] for k in ("output_throughput", "accept_length", "median_ttft_ms", "accuracy")
+                     if record.get(k) is not None})
+        if not record["completed"]:
+            run.finish("failed", note="; ".join(record["errors"][:2]))
+    run_id = run.id
     if as_json:
         click.echo(json.dumps({"run_id": run_id, **record}, indent=2, default=str))
     else:
@@ -314,12 +310,12 @@ def _supervised_launcher(log, workspace: str, spec):
     """Servers started through jobs.supervisor: a jobs row per server, readiness and group stops verified."""
     import time
 
-    from adaflash.serve.sglang import parse_gpus
+    from adaflash.devices import parse_gpus
     from jobs.recipe_spec import JobSpec, ReadyCheck
     from jobs.supervisor import TERMINAL, Supervisor
 
     supervisors: dict[str, Supervisor] = {}
-    gpu_ids = parse_gpus(spec.gpus) if spec.gpus else None
+    gpu_ids = parse_gpus(spec.gpus, owner="--gpus") if spec.gpus else None
 
     class Supervised:
         def __init__(self, name: str, argv: list[str], run_id: str, run_dir: Path, url: str) -> None:

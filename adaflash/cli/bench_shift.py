@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from adaflash.cli.common import fail, runlog_of, workspace_of
+from adaflash.cli.common import fail, recorded_run, runlog_of, workspace_of
 
 
 def _phase(text: str) -> tuple[str, str, str | None]:
@@ -83,24 +83,21 @@ def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds_te
     config = {"base_url": base_url, "phases": list(phases), "seconds": seconds, "concurrency": concurrency,
               "max_new_tokens": max_new_tokens, "holdout": holdout, "probe_every": probe_every,
               "server": {k: info.get(k) for k in ("method", "target", "draft", "hardware")}}
-    run_id = log.create_run("bench", name="shift", method=info.get("method"), target=info.get("target"), config=config)
-    run_dir = runs_dir(workspace_of(ctx)) / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    live = _LiveLog(log, run_id)
-    try:
+    with recorded_run(log, "bench", name="shift", method=info.get("method"), target=info.get("target"),
+                      config=config) as run:
+        run_dir = runs_dir(workspace_of(ctx)) / run.id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        live = _LiveLog(log, run.id)
         result = asyncio.run(replay(settings, plan, on_sample=live.sample, on_switch=live.switch))
-    except KeyboardInterrupt:
-        log.finish_run(run_id, "stopped")
-        raise
-    data = result.as_json()
-    (run_dir / "shift.json").write_text(json.dumps(data))
-    picture = plot_shift(result, plot_path or run_dir / "shift.svg",
-                         title=f"{info.get('method')} on {info.get('target')}: " + " → ".join(n for n, _, _ in parsed))
-    summary = data["summary"]
-    changed = summary["holdout_answers_changed"]
-    log.update_run(run_id, run_dir=str(run_dir), config={**config, "summary": summary, "plot": str(picture)})
-    log.finish_run(run_id, "failed" if changed else "finished",
-                   note=f"held-out answers changed: {', '.join(changed)}" if changed else None)
+        data = result.as_json()
+        (run_dir / "shift.json").write_text(json.dumps(data))
+        picture = plot_shift(result, plot_path or run_dir / "shift.svg",
+                             title=f"{info.get('method')} on {info.get('target')}: " + " → ".join(n for n, _, _ in parsed))
+        summary = data["summary"]
+        changed = summary["holdout_answers_changed"]
+        log.update_run(run.id, run_dir=str(run_dir), config={**config, "summary": summary, "plot": str(picture)})
+        if changed:
+            run.finish("failed", note=f"held-out answers changed: {', '.join(changed)}")
     _print(summary, picture, as_json)
     if changed:
         fail(f"greedy answers changed across drafter versions for {', '.join(changed)}: the engine is not lossless",

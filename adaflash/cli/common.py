@@ -201,22 +201,56 @@ def run_or_fail(log: RunLog, run_id: str) -> dict[str, Any]:
         fail(err.args[0])
 
 
-@contextmanager
-def run_guard(log: RunLog, run_id: str, expected: tuple[type[BaseException], ...]) -> Iterator[None]:
-    """Close a run log entry on the way out of a failing command.
+class RecordedRun:
+    """A run-log entry that `recorded_run` owns: its id, and how it is to end (set by `finish`)."""
 
-    An expected error marks the run failed and becomes a clean CLI error; anything else (Ctrl-C
-    included) marks it stopped or failed and propagates.
+    def __init__(self, log: RunLog, run_id: str) -> None:
+        self.log, self.id = log, run_id
+        self.status, self.note = "finished", None
+        self.closed = False
+
+    def finish(self, status: str = "finished", note: str | None = None) -> None:
+        """How the run ends if the body returns normally (recorded on the way out)."""
+        self.status, self.note = status, note
+
+    def set_status(self, status: str, **fields: Any) -> None:
+        """A status while it runs (pending -> running), with any other field of the run."""
+        self.log.update_run(self.id, status=status, **fields)
+
+    def metrics(self, values: dict[str, Any], **kwargs: Any) -> None:
+        self.log.log_metrics(self.id, values, **kwargs)
+
+    def close(self, status: str, note: str | None) -> None:
+        if not self.closed:
+            self.closed = True
+            self.log.finish_run(self.id, status, **({"note": note} if note else {}))
+
+
+@contextmanager
+def recorded_run(log: RunLog, kind: str, *, expected: tuple[type[BaseException], ...] = (),
+                 **fields: Any) -> Iterator[RecordedRun]:
+    """Create a run in the run log and end it however the body ends, so no command leaves one "running":
+    finished (or as `run.finish` said); failed with the error as its note (an `expected` error also becomes
+    a one-line CLI error, exit 2); stopped on Ctrl-C (which propagates, exit 130).
     """
+    run = RecordedRun(log, log.create_run(kind, **fields))
     try:
-        yield
+        yield run
     except expected as err:
-        log.finish_run(run_id, "failed", note=str(err))
+        run.close("failed", str(err))
         fail(str(err))
-    except BaseException as err:
-        log.finish_run(run_id, "stopped" if isinstance(err, KeyboardInterrupt) else "failed",
-                       note=f"{type(err).__name__}: {err}")
+    except KeyboardInterrupt:
+        run.close("stopped", "interrupted")
         raise
+    except SystemExit as err:  # fail() inside the body (it printed the reason), or exit 130 after a stop
+        ok = err.code in (None, 0)
+        status = run.status if ok else "stopped" if err.code == 130 else "failed"
+        run.close(status, run.note if ok else (run.note or f"exit code {err.code}"))
+        raise
+    except BaseException as err:
+        run.close("failed", f"{type(err).__name__}: {err}")
+        raise
+    run.close(run.status, run.note)
 
 
 def argv_of(ctx: click.Context, leave_out: set[str]) -> list[str]:

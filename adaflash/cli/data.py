@@ -10,12 +10,13 @@ import click
 
 from adaflash.cli.common import (
     DTYPE_HELP,
+    RecordedRun,
     argv_of,
     chosen_drafter,
     emit_rows,
     fail,
     prompt_file,
-    run_guard,
+    recorded_run,
     runlog_of,
     workspace_of,
     writable_file,
@@ -103,17 +104,16 @@ def prepare(ctx: click.Context, dataset: str, source: str | None, out_dir: str |
         fail(str(err))
     out = Path(out_dir).expanduser() if out_dir else Path(workspace_of(ctx)) / "data"
     log = runlog_of(ctx)
-    run_id = log.create_run("data", name=f"prepare {src.name}", dataset=src.name, run_dir=str(out), config={
-        "command": "prepare", "source": src.location, "kind": src.kind, "split_seed": split_seed,
-        "test_fraction": test_fraction, "limit": limit, "column_map": mapping, "hub_config": hub_config,
-    })
-    with run_guard(log, run_id, (DatasetError, OSError)):
+    config = {"command": "prepare", "source": src.location, "kind": src.kind, "split_seed": split_seed,
+              "test_fraction": test_fraction, "limit": limit, "column_map": mapping, "hub_config": hub_config}
+    with recorded_run(log, "data", expected=(DatasetError, OSError), name=f"prepare {src.name}", dataset=src.name,
+                      run_dir=str(out), config=config) as run:
         summary = prepare_dataset(src, out, split_seed=split_seed, test_fraction=test_fraction, limit=limit)
-    summary["run_id"] = run_id
-    log.log_metrics(run_id, {"rows_train": summary["rows"]["train"], "rows_test": summary["rows"]["test"],
-                             "skipped": summary["skipped"]})
-    log.finish_run(run_id, note=f"{summary['rows']['train']} train, {summary['rows']['test']} test, "
-                                f"{summary['skipped']} skipped")
+        summary["run_id"] = run.id
+        run.metrics({"rows_train": summary["rows"]["train"], "rows_test": summary["rows"]["test"],
+                     "skipped": summary["skipped"]})
+        run.finish(note=f"{summary['rows']['train']} train, {summary['rows']['test']} test, "
+                        f"{summary['skipped']} skipped")
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
         return
@@ -129,15 +129,14 @@ def _prepare_suite(ctx: click.Context, out: Path, code_packages: str | None, as_
     except ValueError as err:
         fail(f"--code-packages: {err}")
     log = runlog_of(ctx)
-    run_id = log.create_run("data", name="prepare suite", dataset="suite", run_dir=str(out),
-                            config={"command": "prepare", "dataset": "suite"})
-    with run_guard(log, run_id, (DatasetError, OSError)):
+    with recorded_run(log, "data", expected=(DatasetError, OSError), name="prepare suite", dataset="suite",
+                      run_dir=str(out), config={"command": "prepare", "dataset": "suite"}) as run:
         summary = build_suite(out, packages=packages)
-    summary["run_id"] = run_id
-    log.log_metrics(run_id, {f"test_{d}": n for d, n in summary["test"].items()}
+        summary["run_id"] = run.id
+        run.metrics({f"test_{d}": n for d, n in summary["test"].items()}
                     | {f"train_{d}": n for d, n in summary["train"].items()})
-    log.finish_run(run_id, note=f"{sum(summary['test'].values())} test prompts in {len(summary['test'])} domains, "
-                                f"{sum(summary['train'].values())} training prompts")
+        run.finish(note=f"{sum(summary['test'].values())} test prompts in {len(summary['test'])} domains, "
+                        f"{sum(summary['train'].values())} training prompts")
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -206,15 +205,15 @@ def vary(ctx: click.Context, dataset_file: str, variants: int, num_samples: int 
         fail(str(err))
     result = vary_rows(prompts, variants, seed=seed)
     log = runlog_of(ctx)
-    run_id = log.create_run("data", name="vary", dataset=str(dataset_file),
-                            run_dir=str(Path(out_file).expanduser().resolve().parent),
-                            config={"command": "vary", "out": str(out_file), "variants": variants, "seed": seed,
-                                    "num_samples": len(prompts), "skip": skip})
-    with run_guard(log, run_id, (OSError,)):
+    with recorded_run(log, "data", expected=(OSError,), name="vary", dataset=str(dataset_file),
+                      run_dir=str(Path(out_file).expanduser().resolve().parent),
+                      config={"command": "vary", "out": str(out_file), "variants": variants, "seed": seed,
+                              "num_samples": len(prompts), "skip": skip}) as run:
         path = write_jsonl_atomic(out_file, result.rows)
-    log.log_metrics(run_id, {"rows": len(result.rows), "prompts": len(prompts),
-                             "without_numbers": result.without_numbers, "repeats": result.repeats})
-    log.finish_run(run_id, note=f"{len(prompts)} prompts -> {len(result.rows)} rows -> {path}")
+        run.metrics({"rows": len(result.rows), "prompts": len(prompts),
+                     "without_numbers": result.without_numbers, "repeats": result.repeats})
+        run.finish(note=f"{len(prompts)} prompts -> {len(result.rows)} rows -> {path}")
+    run_id = run.id
     click.echo(f"{len(prompts)} prompts -> {len(result.rows)} rows -> {path}")
     if result.without_numbers:
         click.echo(f"  {result.without_numbers} prompts hold no integer: kept once, without variants")
@@ -240,11 +239,10 @@ def regenerate_in_procs(ctx: click.Context, out_file: str, procs: int, as_json: 
     base = child_command() + argv_of(ctx, {"procs", "out_file", "shard", "as_json"})
     shards = shards_of(out_file, procs)
     log = runlog_of(ctx)
-    run_id = log.create_run("data", name="regenerate", target=ctx.params["target"], method=ctx.params["method"],
-                            dataset=str(ctx.params["dataset_file"]),
-                            run_dir=str(Path(out_file).expanduser().resolve().parent),
-                            config={"command": "regenerate", "out": str(out_file), "procs": procs})
-    with run_guard(log, run_id, (OSError, ValueError, ShardError)):
+    with recorded_run(log, "data", expected=(OSError, ValueError, ShardError), name="regenerate",
+                      target=ctx.params["target"], method=ctx.params["method"], dataset=str(ctx.params["dataset_file"]),
+                      run_dir=str(Path(out_file).expanduser().resolve().parent),
+                      config={"command": "regenerate", "out": str(out_file), "procs": procs}) as run:
         with Progress(TextColumn(f"[bold]regenerate × {procs}"), MofNCompleteColumn(), TextColumn("answers"),
                       TimeElapsedColumn(), console=Console(stderr=True), disable=as_json) as progress:
             task = progress.add_task("regenerate", total=None)
@@ -253,20 +251,25 @@ def regenerate_in_procs(ctx: click.Context, out_file: str, procs: int, as_json: 
                                    on_poll=lambda done: progress.update(task, completed=done))
             progress.update(task, completed=sum(s["rows"] for s in summaries))
         rows = merge(shards, out_file)
-    summary = {"run_id": run_id, "out": str(out_file), "procs": procs, **combined(summaries), "rows": rows}
-    report_regenerate(log, summary, as_json, how=f"{procs} processes", kept_in="the shards' partial files")
+        summary = {"run_id": run.id, "out": str(out_file), "procs": procs, **combined(summaries), "rows": rows}
+        run.finish(note=record_regenerate(run, summary))
+    report_regenerate(summary, as_json, how=f"{procs} processes", kept_in="the shards' partial files")
 
 
 REGENERATE_METRICS = ("rows", "new_rows", "unfinished", "skipped", "completion_tokens", "output_throughput",
                       "answers_per_hour", "accept_length", "duration")
 
 
-def report_regenerate(log: Any, summary: dict[str, Any], as_json: bool, *, how: str, kept_in: str) -> None:
-    """The run log's metrics and note, and what the user reads: alike for one process and for several."""
+def record_regenerate(run: RecordedRun, summary: dict[str, Any]) -> str:
+    """The run log's metrics, and its note (returned): alike for one process and for several."""
+    run.metrics({key: summary[key] for key in REGENERATE_METRICS})
+    left = f"; {summary['unfinished']} unfinished: --resume answers them" if summary["unfinished"] else ""
+    return f"{summary['rows']} rows -> {summary['out']}{left}"
+
+
+def report_regenerate(summary: dict[str, Any], as_json: bool, *, how: str, kept_in: str) -> None:
+    """What the user reads: alike for one process and for several."""
     run_id, rows, unfinished = summary["run_id"], summary["rows"], summary["unfinished"]
-    log.log_metrics(run_id, {key: summary[key] for key in REGENERATE_METRICS})
-    left = f"; {unfinished} unfinished: --resume answers them" if unfinished else ""
-    log.finish_run(run_id, note=f"{rows} rows -> {summary['out']}{left}")
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -374,16 +377,15 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
         fail(str(err))
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     log = runlog_of(ctx)
-    run_id = log.create_run("data", name="regenerate", method=method, target=target, draft=draft,
-                            dataset=str(dataset_file), run_dir=str(Path(out_file).expanduser().resolve().parent),
-                            config={"command": "regenerate", "out": str(out_file), "num_samples": len(prompts), "skip": skip,
-                                    "shard": shard, "resume": resume, "resumed_rows": len(answered),
-                                    "max_minutes": max_minutes, "compact": compact,
-                                    "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
-                                    "chat": chat, "seed": seed, "batch_size": batch_size, "max_len": engine.max_len,
-                                    "device": str(engine.device)})
+    config = {"command": "regenerate", "out": str(out_file), "num_samples": len(prompts), "skip": skip,
+              "shard": shard, "resume": resume, "resumed_rows": len(answered), "max_minutes": max_minutes,
+              "compact": compact, "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+              "chat": chat, "seed": seed, "batch_size": batch_size, "max_len": engine.max_len,
+              "device": str(engine.device)}
     console = Console(stderr=True)
-    with run_guard(log, run_id, (ValueError, RuntimeError, OSError)):
+    with recorded_run(log, "data", expected=(ValueError, RuntimeError, OSError), name="regenerate", method=method,
+                      target=target, draft=draft, dataset=str(dataset_file),
+                      run_dir=str(Path(out_file).expanduser().resolve().parent), config=config) as run:
         with Progress(TextColumn("[bold]regenerate"), BarColumn(), MofNCompleteColumn(),
                       TextColumn("{task.fields[tokens]} tok"), TimeElapsedColumn(), console=console,
                       disable=as_json) as progress:
@@ -405,12 +407,13 @@ def regenerate(ctx: click.Context, target: str, method: str, draft: str | None, 
         path = write_jsonl_atomic(out_file, rows)
         if not result.unfinished:
             progress_file.close(done=True)
-    summary = {
-        "run_id": run_id, "out": str(path), "rows": len(rows), "new_rows": len(result.rows),
-        "resumed_rows": len(answered), "unfinished": result.unfinished, "skipped": len(result.skipped),
-        "skipped_reasons": result.skipped, "completion_tokens": result.completion_tokens,
-        "accept_length": result.accept_length, "output_throughput": result.output_throughput,
-        "duration": result.duration,
-    }
-    summary["answers_per_hour"] = 3600 * len(result.rows) / result.duration if result.duration > 0 else 0.0
-    report_regenerate(log, summary, as_json, how="1 process", kept_in=str(progress_file.path))
+        summary = {
+            "run_id": run.id, "out": str(path), "rows": len(rows), "new_rows": len(result.rows),
+            "resumed_rows": len(answered), "unfinished": result.unfinished, "skipped": len(result.skipped),
+            "skipped_reasons": result.skipped, "completion_tokens": result.completion_tokens,
+            "accept_length": result.accept_length, "output_throughput": result.output_throughput,
+            "duration": result.duration,
+        }
+        summary["answers_per_hour"] = 3600 * len(result.rows) / result.duration if result.duration > 0 else 0.0
+        run.finish(note=record_regenerate(run, summary))
+    report_regenerate(summary, as_json, how="1 process", kept_in=str(progress_file.path))

@@ -7,7 +7,7 @@ import json
 import click
 
 from adaflash.cli.common import emit_rows, fail, output_format_option
-from adaflash.methods import DRAFTER_ARCHITECTURES
+from adaflash.methods import DRAFTER_ARCHITECTURES, LENGTH_HEAD_DRAFTERS
 
 
 @click.group()
@@ -44,7 +44,7 @@ def new(method: str, target: str, out: str, layers: int, block_size: int, steps:
             import shutil
 
             shutil.rmtree(out)  # --force: the folder goes, whatever it held
-    if length_head and method != "dflash":
+    if length_head and method not in LENGTH_HEAD_DRAFTERS:
         fail("--length-head applies to DFlash drafters only")
     try:
         ids = [int(x) for x in target_layer_ids.split(",")] if target_layer_ids else None

@@ -9,7 +9,7 @@ from adaflash.cli.common import (
     emit_rows,
     fail,
     note_builtin_drafter,
-    run_guard,
+    recorded_run,
     runlog_of,
     workspace_of,
 )
@@ -78,27 +78,23 @@ def evaluate(ctx: click.Context, target, methods, dataset, num_prompts, batch_si
         fail(str(err))
     prompts = [tgt.render(r.prompt, chat=chat) for r in rows]
     log = runlog_of(ctx)
-    run_id = log.create_run("bench", name=label or "eval", target=target, dataset=path.stem,
-                            config={"methods": list(methods), "num_prompts": len(prompts), "batch_size": batch_size,
-                                    "max_new_tokens": max_new_tokens, "temperature": temperature, "engine": "embedded-offline",
-                                    "engine_config": engine_cfg.to_json()})
+    config = {"methods": list(methods), "num_prompts": len(prompts), "batch_size": batch_size,
+              "max_new_tokens": max_new_tokens, "temperature": temperature, "engine": "embedded-offline",
+              "engine_config": engine_cfg.to_json()}
     results = []
-    for method, draft in chosen:
-        try:
+    with recorded_run(log, "bench", expected=(DrafterError, ValueError, RuntimeError), name=label or "eval",
+                      target=target, dataset=path.stem, config=config) as run:
+        for method, draft in chosen:
             engine = build_engine(tgt, method, draft, config=engine_cfg)
-        except (DrafterError, ValueError) as err:
-            log.finish_run(run_id, "failed", note=str(err))
-            fail(str(err))
-        with run_guard(log, run_id, (ValueError, RuntimeError)):
             metrics, _ = measure(engine, prompts, max_new_tokens=max_new_tokens, temperature=temperature)
-        record = {**metrics, "method": method, "draft": draft, "target": target, "dataset": path.stem,
-                  "label": label, "hardware": str(engine.device), "backend": "embedded-offline"}
-        log.add_bench_result(run_id, record)
-        results.append(record)
-        click.echo(f"{method}: τ={metrics['accept_length']:.2f} {metrics['output_throughput']:.1f} tok/s", err=True)
+            record = {**metrics, "method": method, "draft": draft, "target": target, "dataset": path.stem,
+                      "label": label, "hardware": str(engine.device), "backend": "embedded-offline"}
+            log.add_bench_result(run.id, record)
+            results.append(record)
+            click.echo(f"{method}: τ={metrics['accept_length']:.2f} {metrics['output_throughput']:.1f} tok/s", err=True)
+    run_id = run.id
     base = next((r["output_throughput"] for r in results if r["method"] == VANILLA), None)
     for r in results:
         r["speedup"] = r["output_throughput"] / base if base else None
-    log.finish_run(run_id)
     emit_rows(results, ["method", "accept_length", "accept_rate", "output_throughput", "speedup", "median_tpot_ms",
                         "mean_e2e_latency_ms", "completed"], fmt, title=f"{path.stem}: {len(prompts)} prompts, batch {batch_size} ({run_id})")

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from adaflash.cli.common import DTYPE_HELP, chosen_drafter, fail, run_guard, runlog_of
+from adaflash.cli.common import DTYPE_HELP, chosen_drafter, fail, recorded_run, runlog_of
 from adaflash.cli.engine_options import engine_options
 from adaflash.engine.config import EngineConfig
 from adaflash.methods import METHOD_NAMES, VANILLA
@@ -68,10 +68,8 @@ def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_
         text = tgt.render(row.prompt, chat=chat)
         requests.append(Request(tgt.encode(text), params, prompt_text=text, rid=row.id))
     log = runlog_of(ctx)
-    run_id = log.create_run("generate", method=method, target=target, draft=draft,
-                            config={"max_new_tokens": max_new_tokens, "temperature": temperature, "prompts": len(rows),
-                                    "chat": chat, "device": str(engine.device),
-                                    "engine_config": engine.config.to_json()})
+    config = {"max_new_tokens": max_new_tokens, "temperature": temperature, "prompts": len(rows), "chat": chat,
+              "device": str(engine.device), "engine_config": engine.config.to_json()}
     from adaflash.serve.stream_text import shown_text
 
     stream = not as_json and len(requests) == 1
@@ -87,16 +85,17 @@ def generate(ctx: click.Context, target: str, prompts: tuple[str, ...], prompts_
             sys.stdout.flush()
             printed[0] = len(text)
 
-    started = time.perf_counter()
-    with run_guard(log, run_id, (ValueError, RuntimeError)):
+    with recorded_run(log, "generate", expected=(ValueError, RuntimeError), method=method, target=target, draft=draft,
+                      config=config) as run:
+        started = time.perf_counter()
         outputs = engine.generate(requests, on_event=on_event)
-    elapsed = time.perf_counter() - started
-    tokens = sum(o.meta_info["completion_tokens"] for o in outputs)
-    verify = sum(o.meta_info["spec_verify_ct"] for o in outputs)
-    summary = {"completion_tokens": tokens, "output_throughput": tokens / elapsed, "accept_length": tokens / max(verify, 1),
-               "duration": elapsed, "requests": len(outputs)}
-    log.log_metrics(run_id, summary)
-    log.finish_run(run_id)
+        elapsed = time.perf_counter() - started
+        tokens = sum(o.meta_info["completion_tokens"] for o in outputs)
+        verify = sum(o.meta_info["spec_verify_ct"] for o in outputs)
+        summary = {"completion_tokens": tokens, "output_throughput": tokens / elapsed,
+                   "accept_length": tokens / max(verify, 1), "duration": elapsed, "requests": len(outputs)}
+        run.metrics(summary)
+    run_id = run.id
     if as_json:
         for out in outputs:
             click.echo(json.dumps(out.to_json()))

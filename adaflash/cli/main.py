@@ -57,6 +57,7 @@ def cli(ctx: click.Context, workspace: str | None) -> None:
 def main() -> None:
     """Click's own handling, but Ctrl-C exits 130 (as `adaflash run` documents; click says "Aborted!" and
     exits 1), and a path that cannot be read or written is one line naming it, not a traceback."""
+    from adaflash.extras import MissingExtraError
     from adaflash.runlog import RunLogError
 
     try:
@@ -67,6 +68,9 @@ def main() -> None:
     except click.ClickException as err:
         err.show()
         sys.exit(err.exit_code)
+    except MissingExtraError as err:
+        click.secho(f"error: {err}", fg="red", err=True)
+        sys.exit(1)
     except (OSError, RunLogError) as err:
         if isinstance(err, OSError) and err.errno == errno.EPIPE:  # `adaflash runs list | head`
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -11,6 +12,7 @@ from typing import Any
 import click
 
 from adaflash.cli.common import (
+    RecordedRun,
     drafter_folder,
     emit_rows,
     existing_runlog_of,
@@ -19,12 +21,14 @@ from adaflash.cli.common import (
     note_builtin_drafter,
     output_format_option,
     prompt_file,
+    recorded_run,
     run_or_fail,
     runlog_of,
     workspace_of,
     workspace_path_of,
 )
 from adaflash.cli.engine_options import engine_options
+from adaflash.methods import ADAFLASH, DFLASH, OSD
 from adaflash.pipeline.presets import PRESETS
 
 
@@ -96,7 +100,7 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
         chosen["loss"] = loss
     if length_head is not None:
         chosen["length_head"] = length_head
-    served = "adaflash" if chosen["length_head"] else "dflash"  # what the inference worker runs
+    served = ADAFLASH if chosen["length_head"] else DFLASH  # what the inference worker runs
     _check_drafter(draft, target, served)
     _check_prompts(data, skip)
     try:
@@ -109,47 +113,50 @@ def pipeline(ctx: click.Context, target, draft, data, infer_gpus, train_gpus, tr
     _check_budget(lr_decay_minutes, max_minutes)
     if loop is None:
         loop = max_minutes is not None
-    method = preset or ("adaflash" if chosen["length_head"] else "osd")
-    if dry_run:  # the command lines only: nothing recorded, nothing created
-        workspace = str(workspace_path_of(ctx))
-        log, run_id = None, "RUN_ID"
-        run_dir = Path(workspace) / "runs" / run_id
-    else:
-        workspace = workspace_of(ctx)
-        log = runlog_of(ctx)
-        run_id = log.create_run("pipeline", method=method, target=target, draft=draft, dataset=data, status="pending")
-        run_dir = runs_dir(workspace) / run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
-    swap = str(Path(swap_dir).resolve() if swap_dir else run_dir / "swap")
-    deadline = time.time() + max_minutes * 60 if max_minutes else None
-    device = lambda gpus: "cuda" if gpus else "cpu"  # noqa: E731  (CUDA_VISIBLE_DEVICES narrows it)
-    infer = InferenceConfig(target=target, draft=str(Path(draft).resolve()), data=str(Path(data).resolve()), swap_dir=swap,
-                            run_id=run_id, workspace=workspace, method=served,
-                            engine=engine_cfg.replace(max_batch=batch_size), max_new_tokens=max_new_tokens,
-                            temperature=temperature, max_samples=max_samples, skip=skip, loop=loop, duration=duration, device=device(infer_list),
-                            deadline=deadline)
-    train = TrainingConfig(target=target, draft=str(Path(draft).resolve()), swap_dir=swap, run_id=run_id, workspace=workspace,
-                           loss=LossConfig(chosen["loss"], alpha, kl_temperature, clip),
-                           length_head=chosen["length_head"], lr=lr, warmup_steps=warmup_steps, min_buffer=min_buffer, train_batch=train_batch,
-                           publish_every=publish_every, keep=keep, device=device(train_list), deadline=deadline,
-                           lr_decay_seconds=lr_decay_minutes * 60)
-    if dry_run:
-        _print_commands(infer, train, infer_list, train_list, train_procs)
-        return
-    assert log is not None
-    runner = Pipeline(log, run_id, run_dir, infer, train, infer_list, train_list, deadline=deadline,
-                      train_procs=train_procs)
-    log.update_run(run_id, run_dir=str(run_dir), config={"preset": method, **chosen, "swap_dir": swap,
-                                                         "infer_gpus": infer_gpus, "train_gpus": train_gpus,
-                                                         "train_procs": train_procs or len(train_list) or 1,
-                                                         "max_samples": max_samples, "skip": skip, "loop": loop, "duration": duration,
-                                                         "max_minutes": max_minutes, "deadline": deadline,
-                                                         "lr": lr, "lr_decay_minutes": lr_decay_minutes,
-                                                         "engine_config": infer.engine.to_json()})
-    log.update_run(run_id, status="running")
-    click.echo(f"pipeline {run_id}: {method} (loss {chosen['loss']}, length head {chosen['length_head']}), "
-               f"inference on {infer_gpus}, training on {train_gpus}; swap dir {swap}")
-    _run_and_report(log, run_id, runner)
+    method = preset or (ADAFLASH if chosen["length_head"] else OSD)
+    with contextlib.ExitStack() as stack:  # the run, once one is recorded, ends with this command
+        if dry_run:  # the command lines only: nothing recorded, nothing created
+            workspace = str(workspace_path_of(ctx))
+            log, run_id = None, "RUN_ID"
+            run_dir = Path(workspace) / "runs" / run_id
+        else:
+            workspace = workspace_of(ctx)
+            log = runlog_of(ctx)
+            run = stack.enter_context(recorded_run(log, "pipeline", method=method, target=target, draft=draft, dataset=data,
+                                                   status="pending"))
+            run_id = run.id
+            run_dir = runs_dir(workspace) / run_id
+            run_dir.mkdir(parents=True, exist_ok=True)
+        swap = str(Path(swap_dir).resolve() if swap_dir else run_dir / "swap")
+        deadline = time.time() + max_minutes * 60 if max_minutes else None
+        device = lambda gpus: "cuda" if gpus else "cpu"  # noqa: E731  (CUDA_VISIBLE_DEVICES narrows it)
+        infer = InferenceConfig(target=target, draft=str(Path(draft).resolve()), data=str(Path(data).resolve()), swap_dir=swap,
+                                run_id=run_id, workspace=workspace, method=served,
+                                engine=engine_cfg.replace(max_batch=batch_size), max_new_tokens=max_new_tokens,
+                                temperature=temperature, max_samples=max_samples, skip=skip, loop=loop, duration=duration, device=device(infer_list),
+                                deadline=deadline)
+        train = TrainingConfig(target=target, draft=str(Path(draft).resolve()), swap_dir=swap, run_id=run_id, workspace=workspace,
+                               loss=LossConfig(chosen["loss"], alpha, kl_temperature, clip),
+                               length_head=chosen["length_head"], lr=lr, warmup_steps=warmup_steps, min_buffer=min_buffer, train_batch=train_batch,
+                               publish_every=publish_every, keep=keep, device=device(train_list), deadline=deadline,
+                               lr_decay_seconds=lr_decay_minutes * 60)
+        if dry_run:
+            _print_commands(infer, train, infer_list, train_list, train_procs)
+            return
+        assert log is not None
+        runner = Pipeline(log, run_id, run_dir, infer, train, infer_list, train_list, deadline=deadline,
+                          train_procs=train_procs)
+        log.update_run(run_id, run_dir=str(run_dir), config={"preset": method, **chosen, "swap_dir": swap,
+                                                             "infer_gpus": infer_gpus, "train_gpus": train_gpus,
+                                                             "train_procs": train_procs or len(train_list) or 1,
+                                                             "max_samples": max_samples, "skip": skip, "loop": loop, "duration": duration,
+                                                             "max_minutes": max_minutes, "deadline": deadline,
+                                                             "lr": lr, "lr_decay_minutes": lr_decay_minutes,
+                                                             "engine_config": infer.engine.to_json()})
+        run.set_status("running")
+        click.echo(f"pipeline {run_id}: {method} (loss {chosen['loss']}, length head {chosen['length_head']}), "
+                   f"inference on {infer_gpus}, training on {train_gpus}; swap dir {swap}")
+        _run_and_report(run, runner)
 
 
 def _initial_drafter(target: str, draft: str | None) -> str:
@@ -188,7 +195,7 @@ def _check_drafter(draft: str, target: str, served: str) -> None:
     tracebacks.
     """
     from adaflash.engine.engine import fitting_drafter
-    from adaflash.methods import method_of
+    from adaflash.methods import ONLINE_DRAFTERS, method_of
     from adaflash.models.drafter_io import DrafterError, drafter_method, load_drafter, read_drafter_config
     from adaflash.models.layers import DecoderConfig
     from adaflash.models.loading import local_folder
@@ -198,7 +205,7 @@ def _check_drafter(draft: str, target: str, served: str) -> None:
         method = drafter_method(read_drafter_config(draft), draft)
     except DrafterError as err:
         fail(f"--draft {err}")
-    if method != "dflash":
+    if method not in ONLINE_DRAFTERS:
         fail(f"--draft {draft} is a {method} drafter; the pipeline trains DFlash drafters (both presets)")
     try:
         target_cfg = DecoderConfig.from_hf(read_hf_config(local_folder(target)))
@@ -236,9 +243,11 @@ def _print_commands(infer: Any, train: Any, infer_gpus: list[str], train_gpus: l
         click.echo(f"{role}: {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} {shlex.join(command)}")
 
 
-def _run_and_report(log: Any, run_id: str, runner: Any) -> None:
+def _run_and_report(run: RecordedRun, runner: Any) -> None:
     """Start both workers, stop them cleanly on SIGINT/SIGTERM, record the end and print τ per version."""
     from adaflash.pipeline.report import pipeline_report
+
+    log, run_id = run.log, run.id
 
     previous = {sig: signal.signal(sig, lambda *_: runner.request_stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
     runner.start()
@@ -247,7 +256,7 @@ def _run_and_report(log: Any, run_id: str, runner: Any) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    log.finish_run(run_id, status, **({"note": runner.note} if runner.note else {}))
+    run.close(status, runner.note)  # now: the report below reads the ended run
     report = pipeline_report(log, log.get_run(run_id))
     if report["versions"]:
         emit_rows(report["versions"], VERSION_COLUMNS, "table", title=f"τ per drafter version ({run_id})")

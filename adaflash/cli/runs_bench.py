@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from adaflash.cli.common import emit_rows, existing_runlog_of, fail, runlog_of
+from adaflash.cli.common import emit_rows, existing_runlog_of, fail, recorded_run, runlog_of
 from adaflash.methods import METHOD_NAMES
 
 
@@ -136,15 +136,15 @@ def import_runs(ctx: click.Context, path: str, method: str | None, dataset: str 
                    f"(run {runs})")
         return
     methods = sorted({str(r["method"]) for r in fresh})
-    run_id = log.create_run("bench", name=label or f"import-{Path(path).name}",
-                            method=methods[0] if len(methods) == 1 else None,
-                            target=fresh[0].get("target"), dataset=fresh[0].get("dataset"),
-                            config={"imported_from": str(Path(path).resolve()), "results": len(fresh)})
-    for record in fresh:
-        if label:
-            record["label"] = label
-        log.add_bench_result(run_id, record)
-    log.finish_run(run_id)
+    with recorded_run(log, "bench", name=label or f"import-{Path(path).name}",
+                      method=methods[0] if len(methods) == 1 else None, target=fresh[0].get("target"),
+                      dataset=fresh[0].get("dataset"),
+                      config={"imported_from": str(Path(path).resolve()), "results": len(fresh)}) as run:
+        for record in fresh:
+            if label:
+                record["label"] = label
+            log.add_bench_result(run.id, record)
+    run_id = run.id
     skipped = f"; {len(records) - len(fresh)} already held were skipped" if len(fresh) < len(records) else ""
     click.echo(f"imported {len(fresh)} result(s) from {path} as run {run_id}{skipped}")
     unset = sum(1 for r in fresh if r.get("concurrency") is None)

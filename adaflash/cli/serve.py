@@ -6,19 +6,21 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from adaflash.cli.common import DTYPE_HELP, chosen_drafter, fail, runlog_of, workspace_path_of
+from adaflash.cli.common import DTYPE_HELP, chosen_drafter, fail, recorded_run, runlog_of, workspace_path_of
 from adaflash.cli.engine_options import engine_options
 from adaflash.cli.serve_adapt import adapt_config, adapt_options, build_adapter, rollback
 from adaflash.engine.config import EngineConfig
 from adaflash.methods import METHOD_NAMES, VANILLA
+
+if TYPE_CHECKING:
+    from adaflash.procs import ProcessGroup
 
 DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longer than this many tokens
 
@@ -35,7 +37,7 @@ DEFAULT_MAX_NEW_TOKENS_LIMIT = 2048  # one request may not hold a slot for longe
 @click.option("--port", type=click.IntRange(0, 65535), default=30000, show_default=True, help="Port (0: a free one).")
 @click.option("--api-key", envvar="ADAFLASH_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' [env ADAFLASH_API_KEY].")
-@click.option("--gpus", default=None, help="GPU indices (0,1) or 'cpu'; sets CUDA_VISIBLE_DEVICES (and --tp-size for SGLang).")
+@click.option("--gpus", default=None, help="GPU indices (0,1) or 'cpu': indices of the GPUs we see (under CUDA_VISIBLE_DEVICES=2,3, 0 is GPU 2); sets the server's CUDA_VISIBLE_DEVICES (and --tp-size for SGLang).")
 @click.option("--max-batch", type=click.IntRange(1, 4096), default=None,
               help="Requests decoded together (embedded default 16; SGLang --max-running-requests).")
 @click.option("--max-new-tokens-limit", type=click.IntRange(0), default=DEFAULT_MAX_NEW_TOKENS_LIMIT, show_default=True,
@@ -80,10 +82,10 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
     """
     if ctx.invoked_subcommand is not None:
         return
-    from adaflash.serve.sglang import parse_gpus
+    from adaflash.devices import child_devices
 
-    try:
-        gpu_ids = parse_gpus(gpus)
+    try:  # the physical ids, read before anything below narrows CUDA_VISIBLE_DEVICES
+        gpu_ids = child_devices(gpus, "--gpus") if gpus is not None else None
     except ValueError as err:
         fail(str(err))
     adapting = adapt_config(adapt, method, engine_kind, str(workspace_path_of(ctx)))
@@ -105,7 +107,7 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
         if gpu_ids is None:
             device = "cpu"
         else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
             device = "cuda" if device == "auto" else device
             if len(gpu_ids) > 1:
                 click.secho(f"note: the embedded engine uses one GPU; serving on GPU {gpu_ids[0]}", fg="yellow", err=True)
@@ -114,6 +116,7 @@ def serve(ctx: click.Context, method: str, target: str, draft: str | None, engin
               "engine_config": engine_cfg.to_json(), "max_new_tokens_limit": max_new_tokens_limit or None,
               "header_timeout": header_timeout, "keepalive_timeout": keepalive_timeout, "max_connections": max_connections,
               "served_model_name": served_model_name, "device": device, "dtype": dtype, "gpus": gpus,
+              "cuda_visible_devices": None if gpu_ids is None else ",".join(gpu_ids),
               "api_key": bool(api_key), "adapt": adapting}
     if dry_run:
         click.echo(json.dumps(config, indent=2))
@@ -144,65 +147,61 @@ def _serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engin
     log = runlog_of(ctx)
     hardware = hardware_name(engine.device)
     config.update(device=str(engine.device), hardware=hardware, context_length=engine.max_len)
-    run_id = log.create_run("serve", name=f"serve-{config['method']}{'-adapt' if config['adapt'] else ''}",
-                            method=config["method"], target=config["target"], draft=config["draft"], config=config)
-    adapter = None
-    if config["adapt"]:
-        from adaflash.workspace import runs_dir
+    with recorded_run(log, "serve", name=f"serve-{config['method']}{'-adapt' if config['adapt'] else ''}",
+                      method=config["method"], target=config["target"], draft=config["draft"], config=config) as run:
+        run_id = run.id
+        adapter = None
+        if config["adapt"]:
+            from adaflash.workspace import runs_dir
 
-        run_dir = runs_dir(log.root) / run_id
+            run_dir = runs_dir(log.root) / run_id
+            try:
+                adapter = build_adapter(config["adapt"], engine, target=config["target"], draft=config["draft"], log=log,
+                                        run_id=run_id, run_dir=run_dir, seed=engine_cfg.seed)
+            except (ValueError, OSError) as err:
+                run.finish("failed", note=str(err))
+                fail(str(err))
+            log.update_run(run_id, run_dir=str(run_dir))
+
+        def on_event(kind: str, data: dict) -> None:
+            log.log_event(run_id, f"{kind}: {json.dumps(data)}")
+
+        server = EmbeddedServer(engine, target=config["target"], draft=config["draft"], api_key=api_key,
+                                max_new_tokens_limit=config["max_new_tokens_limit"], hardware=hardware, on_event=on_event,
+                                served_model_name=config["served_model_name"], adapter=adapter,
+                                limits=ConnectionLimits(header_timeout=config["header_timeout"],
+                                                        keepalive_timeout=config["keepalive_timeout"],
+                                                        max_connections=config["max_connections"]))
+
+        async def main() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+
+            def ready(url: str) -> None:
+                log.update_run(run_id, config={**config, "url": url})
+                log.log_event(run_id, f"ready on {url}")
+                click.echo(READY_LINE.format(url=url))
+                sys.stdout.flush()
+
+            metrics = asyncio.create_task(_log_metrics(server, log, run_id, stop))
+            try:
+                await serve(server, config["host"], config["port"], stop, ready)
+            finally:
+                stop.set()
+                await metrics
+
         try:
-            adapter = build_adapter(config["adapt"], engine, target=config["target"], draft=config["draft"], log=log,
-                                    run_id=run_id, run_dir=run_dir, seed=engine_cfg.seed)
-        except (ValueError, OSError) as err:
-            log.finish_run(run_id, "failed", note=str(err))
-            fail(str(err))
-        log.update_run(run_id, run_dir=str(run_dir))
-
-    def on_event(kind: str, data: dict) -> None:
-        log.log_event(run_id, f"{kind}: {json.dumps(data)}")
-
-    server = EmbeddedServer(engine, target=config["target"], draft=config["draft"], api_key=api_key,
-                            max_new_tokens_limit=config["max_new_tokens_limit"], hardware=hardware, on_event=on_event,
-                            served_model_name=config["served_model_name"], adapter=adapter,
-                            limits=ConnectionLimits(header_timeout=config["header_timeout"],
-                                                    keepalive_timeout=config["keepalive_timeout"],
-                                                    max_connections=config["max_connections"]))
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-
-        def ready(url: str) -> None:
-            log.update_run(run_id, config={**config, "url": url})
-            log.log_event(run_id, f"ready on {url}")
-            click.echo(READY_LINE.format(url=url))
-            sys.stdout.flush()
-
-        metrics = asyncio.create_task(_log_metrics(server, log, run_id, stop))
-        try:
-            await serve(server, config["host"], config["port"], stop, ready)
+            asyncio.run(main())
+        except OSError as err:  # the port is taken, the host is wrong
+            run.finish("failed", note=str(err))
         finally:
-            stop.set()
-            await metrics
-
-    status, note = "finished", None
-    try:
-        asyncio.run(main())
-    except OSError as err:  # the port is taken, the host is wrong
-        status, note = "failed", str(err)
-    except Exception as err:
-        status, note = "failed", f"{type(err).__name__}: {err}"
-        raise
-    finally:
-        info = server.info()
-        log.log_metrics(run_id, {k: info[k] for k in ("requests_served", "completion_tokens", "verify_ct")
-                                 if info.get(k) is not None})
-        log.finish_run(run_id, status, note=note)
-    if status == "failed":
-        fail(f"the server stopped: {note}")
+            info = server.info()
+            run.metrics({k: info[k] for k in ("requests_served", "completion_tokens", "verify_ct")
+                         if info.get(k) is not None})
+    if run.status == "failed":
+        fail(f"the server stopped: {run.note}")
     click.echo("adaflash server stopped", err=True)
 
 
@@ -255,29 +254,30 @@ def _serve_sglang(ctx: click.Context, method: str, target: str, draft: str | Non
         fail("SGLang is not installed in this environment: `pip install 'adaflash[sglang]'` on a GPU machine "
              "(or use --dry-run to see the command)")
     log = runlog_of(ctx)
-    run_id = log.create_run("serve", name=f"serve-{method}-sglang", method=method, target=target, draft=draft,
-                            config={"engine": "sglang", "argv": [a if a != api_key else "***" for a in command.argv],
-                                    "env": command.env, "host": host, "port": port})
     from adaflash import procs
 
-    try:  # its own group (SGLang starts scheduler and detokenizer processes), SIGTERM if we die
-        group = procs.spawn(command.argv, log=None, env={**os.environ, **command.env}, stdin=None)
-    except OSError as err:
-        log.finish_run(run_id, "failed", note=str(err))
-        fail(f"cannot start SGLang ({err}); install it with `pip install 'adaflash[sglang]'`")
-    for sig in (signal.SIGTERM, signal.SIGINT):  # to SGLang's whole group; killed if still up after the grace
-        signal.signal(sig, lambda signum, _frame: group.ask_stop(signum))
-    url = f"http://{host}:{port}"
-    threading.Thread(target=_announce_when_ready, args=(group.proc, url, api_key), daemon=True).start()
-    while group.alive():
-        group.kill_if_overdue(SGLANG_STOP_GRACE)
-        time.sleep(0.2)
-    group.stop(grace=5.0)  # whatever SGLang left in its group goes with it
-    code = group.returncode
-    assert code is not None
-    # Ended by the stop signal it was sent: stopped as asked, as the embedded server's run reads.
-    status = group.ended_as(clean=(0, -signal.SIGTERM, -signal.SIGINT))
-    log.finish_run(run_id, status, note=f"exit code {code}" + (" (killed after the stop grace)" if group.killed else ""))
+    config = {"engine": "sglang", "argv": [a if a != api_key else "***" for a in command.argv], "env": command.env,
+              "host": host, "port": port}
+    with recorded_run(log, "serve", name=f"serve-{method}-sglang", method=method, target=target, draft=draft,
+                      config=config) as run:
+        try:  # its own group (SGLang starts scheduler and detokenizer processes), SIGTERM if we die
+            group = procs.spawn(command.argv, log=None, env={**os.environ, **command.env}, stdin=None)
+        except OSError as err:
+            run.finish("failed", note=str(err))
+            fail(f"cannot start SGLang ({err}); install it with `pip install 'adaflash[sglang]'`")
+        for sig in (signal.SIGTERM, signal.SIGINT):  # to SGLang's whole group; killed if still up after the grace
+            signal.signal(sig, lambda signum, _frame: group.ask_stop(signum))
+        url = f"http://{host}:{port}"
+        threading.Thread(target=_announce_when_ready, args=(group, url, api_key), daemon=True).start()
+        while group.alive():
+            group.kill_if_overdue(SGLANG_STOP_GRACE)
+            time.sleep(0.2)
+        group.stop(grace=5.0)  # whatever SGLang left in its group goes with it
+        code = group.returncode
+        assert code is not None
+        # Ended by the stop signal it was sent: stopped as asked, as the embedded server's run reads.
+        run.finish(group.ended_as(clean=(0, -signal.SIGTERM, -signal.SIGINT)),
+                   note=f"exit code {code}" + (" (killed after the stop grace)" if group.killed else ""))
     sys.exit(0 if code < 0 else code)
 
 
@@ -286,7 +286,7 @@ serve.add_command(rollback)
 SGLANG_STOP_GRACE = 60.0  # seconds SGLang gets to shut down after a stop signal before its group is killed
 
 
-def _announce_when_ready(proc: subprocess.Popen, url: str, api_key: str | None) -> None:
+def _announce_when_ready(group: ProcessGroup, url: str, api_key: str | None) -> None:
     """Print our ready line once SGLang answers /health, so supervisors match one line for both engines."""
     import urllib.error
     import urllib.request
@@ -294,7 +294,7 @@ def _announce_when_ready(proc: subprocess.Popen, url: str, api_key: str | None) 
     from adaflash.serve.server import READY_LINE
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    while proc.poll() is None:
+    while group.alive():
         try:
             with urllib.request.urlopen(urllib.request.Request(url + "/health", headers=headers), timeout=5) as resp:
                 if resp.status == 200:

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from adaflash.cli.common import fail
-from adaflash.methods import ONLINE_TRAINABLE, method_of
+from adaflash.methods import ADAFLASH, ONLINE_TRAINABLE, OSD, method_of
 from adaflash.pipeline.presets import PRESETS
 
 
@@ -66,8 +66,8 @@ def adapt_config(options: dict[str, Any], method: str, engine_kind: str, workspa
         fail("--adapt runs with the embedded engine (--engine embedded)")
     if method not in ONLINE_TRAINABLE:
         fail(f"--adapt trains DFlash drafters: --method must be one of {', '.join(ONLINE_TRAINABLE)}, got {method}")
-    preset = options["adapt_preset"] or ("osd" if method == "osd" else "adaflash")
-    if method_of(method).length_head and preset == "osd":
+    preset = options["adapt_preset"] or (OSD if method == OSD else ADAFLASH)
+    if method_of(method).length_head and preset == OSD:
         fail("--adapt-preset osd trains without the length head that --method adaflash needs; "
              "use --method osd or dflash")
     try:

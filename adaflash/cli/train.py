@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
-from adaflash.cli.common import drafter_folder, emit_rows, fail, prompt_file, runlog_of
-from adaflash.methods import DRAFTER_ARCHITECTURES
+from adaflash.cli.common import (
+    RecordedRun,
+    drafter_folder,
+    emit_rows,
+    fail,
+    prompt_file,
+    recorded_run,
+    runlog_of,
+)
+from adaflash.methods import ADAFLASH, DRAFTER_ARCHITECTURES, plain_method_for
 
 
 def _progress(description: str, enabled: bool = True):
@@ -159,14 +169,13 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
         setup_distributed,
     )
     from adaflash.train.losses import LossConfig
-    from adaflash.train.profiling import StepProfiler
 
     rank, world = rank_world()
     try:
         deepen = layers if init and ctx.get_parameter_source("layers") is click.core.ParameterSource.COMMANDLINE else None
         refuse_foreign_folder(Path(out))  # before the training, not at its first checkpoint
         loss_cfg = LossConfig(loss, alpha, kl_temperature, clip, gamma, greedy_chain)
-        if greedy_chain and method != "dflash":
+        if greedy_chain and plain_method_for(method).kind != "block":
             raise ValueError(f"--greedy-chain trains DFlash blocks; {method} drafters learn a chain of their own drafts")
         tgt = load_target(target, device=_device(device, rank, world), dtype="float32")
         setup_distributed(tgt.device)
@@ -190,46 +199,21 @@ def train_draft(ctx: click.Context, method, target, data, out, max_len, batch_to
     if trainer.drafter.method != method:
         fail(f"--init {init} is a {trainer.drafter.method} drafter, not {method}")
     log = runlog_of(ctx) if rank == 0 else None
-    run_id = log.create_run("train", method=method, target=target, draft=out, dataset=",".join(data),
-                            config={"world_size": world, "sequences": len(sequences), **{k: str(v) for k, v in vars(cfg).items()}}) if log else None
+    config = {"world_size": world, "sequences": len(sequences), **{k: str(v) for k, v in vars(cfg).items()}}
+    recording = (recorded_run(log, "train", method=method, target=target, draft=out, dataset=",".join(data),
+                              config=config) if log else contextlib.nullcontext(None))
     _sigterm_interrupts()
-    before = trainer.evaluate(prompts) if prompts and rank == 0 and not resume else {}
-    if log and before:
-        log.log_metrics(run_id, {"eval_tau_init": before["eval_tau"]}, step=0)
-    try:
-        with _progress("train", enabled=rank == 0) as progress:
-            task = progress.add_task(f"train {method}", total=None, info="")
-            started, first_step = time.perf_counter(), trainer.state.step
-
-            def on_step(step: int, total: int, stats: dict[str, float]) -> None:
-                if max_minutes:  # the budget, not --steps, ends such a run: the bar shows where it will stop
-                    total = steps_in_budget(step, total, first_step, time.perf_counter() - started, max_minutes)
-                progress.update(task, completed=step, total=total,
-                                info=f"loss {stats.get('loss', 0):.3f} acc_len {stats.get('block_accept_len', 0):.2f}")
-                if log:
-                    log.log_metrics(run_id, stats, step=step, job="train")
-
-            profiler = StepProfiler(Path(profile_dir), steps=profile_steps, start=profile_after,
-                                    on_cuda=tgt.device.type == "cuda") if profile_dir and rank == 0 else None
-            final = trainer.run(sequences, eval_prompts=prompts, on_step=on_step, profiler=profiler)
-            if profiler and profiler.table:
-                click.echo(f"profile of {profiler.recorded} steps: {profiler.table}", err=True)
-    except KeyboardInterrupt:
-        if rank == 0 and trainer.state.step:
-            trainer.save()  # stopping keeps the work: `--resume` continues from here
-        if log:
-            log.finish_run(run_id, "stopped", note=f"stopped at step {trainer.state.step}")
-        raise SystemExit(130) from None
-    except (RuntimeError, ValueError, FileNotFoundError) as err:
-        if log:
-            log.finish_run(run_id, "failed", note=str(err))
-        fail(str(err))
-    if log:
-        evals = {k: v for k, v in final.items() if k.startswith("eval_")}
-        if evals:
-            log.log_metrics(run_id, evals, step=trainer.state.step, job="train")
-        log.add_checkpoint(run_id, out, kind=method, step=trainer.state.step, metrics={"eval_tau": final.get("eval_tau")})
-        log.finish_run(run_id)
+    with recording as run:
+        before, final = _train_steps(run, trainer, tgt, sequences, prompts, method, resume, rank, max_minutes,
+                                     (profile_dir, profile_steps, profile_after))
+        if run:
+            evals = {k: v for k, v in final.items() if k.startswith("eval_")}
+            if evals:
+                run.metrics(evals, step=trainer.state.step, job="train")
+            log.add_checkpoint(run.id, out, kind=method, step=trainer.state.step,
+                               metrics={"eval_tau": final.get("eval_tau")})
+    if run:
+        run_id = run.id
         summary = {"run": run_id, "steps": trainer.state.step, "loss": final.get("loss"),
                    "eval_tau_before": before.get("eval_tau"), "eval_tau_after": final.get("eval_tau")}
         if trainer.state.best_step:
@@ -289,24 +273,65 @@ def train_length_head(ctx: click.Context, target, data, out, max_len, batch_toke
     except (DrafterError, TrainDataError, ValueError, FileNotFoundError) as err:
         fail(str(err))
     log = runlog_of(ctx)
-    run_id = log.create_run("train", name="length-head", method="adaflash", target=target, draft=out, dataset=",".join(data))
-    with _progress("length head") as progress:
+    with recorded_run(log, "train", name="length-head", method=ADAFLASH, target=target, draft=out,
+                      dataset=",".join(data)) as run, _progress("length head") as progress:
         task = progress.add_task("length head", total=steps, info="")
 
         def on_step(step: int, total: int, stats: dict[str, float]) -> None:
             progress.update(task, completed=step, info=f"mse {stats['loss_length_head']:.4f}")
-            log.log_metrics(run_id, {k: v for k, v in stats.items() if "length_head" in k}, step=step, job="length-head")
+            run.metrics({k: v for k, v in stats.items() if "length_head" in k}, step=step, job="length-head")
 
         stats = fit_length_head(drafter, tgt, sequences, steps=steps, batch_tokens=batch_tokens,
                                 blocks_per_seq=blocks_per_seq, lr=lr, seed=seed, on_step=on_step)
-    save_drafter(drafter, out, {"target": target, "num_target_layers": tgt.model.cfg.num_hidden_layers,
-                                "init": draft, "length_head_mae_tokens": stats.get("length_head_mae_tokens")})
-    log.add_checkpoint(run_id, out, kind="adaflash", step=steps, metrics=stats)
-    rows = compare_lengths(tgt, drafter, prompts, max_new_tokens=eval_max_new_tokens) if prompts else []
-    for row in rows:
-        log.log_metrics(run_id, {f"{row['policy']}:{k}": v for k, v in row.items() if k != "policy"})
-    log.finish_run(run_id)
+        save_drafter(drafter, out, {"target": target, "num_target_layers": tgt.model.cfg.num_hidden_layers,
+                                    "init": draft, "length_head_mae_tokens": stats.get("length_head_mae_tokens")})
+        log.add_checkpoint(run.id, out, kind=ADAFLASH, step=steps, metrics=stats)
+        rows = compare_lengths(tgt, drafter, prompts, max_new_tokens=eval_max_new_tokens) if prompts else []
+        for row in rows:
+            run.metrics({f"{row['policy']}:{k}": v for k, v in row.items() if k != "policy"})
     click.echo(f"length head MAE {stats.get('length_head_mae_tokens', float('nan')):.2f} tokens "
                f"(MSE {stats.get('loss_length_head', float('nan')):.4f}); saved to {out}")
     if rows:
         emit_rows(rows, ["policy", "eval_tau", "eval_tok_s", "eval_seconds"], "table", title="Verified length policy")
+
+
+def _train_steps(run: RecordedRun | None, trainer: Any, tgt: Any, sequences: Any, prompts: Any, method: str,
+                 resume: bool, rank: int, max_minutes: float | None,
+                 profile: tuple[str | None, int, int]) -> tuple[dict, dict]:
+    """(eval before, final stats) of the training loop; a stop saves the work (`--resume` continues) and is
+    recorded with its step, a failure with its error (`run` is None on ranks other than 0)."""
+    from adaflash.train.profiling import StepProfiler
+
+    before = trainer.evaluate(prompts) if prompts and rank == 0 and not resume else {}
+    if run and before:
+        run.metrics({"eval_tau_init": before["eval_tau"]}, step=0)
+    profile_dir, profile_steps, profile_after = profile
+    try:
+        with _progress("train", enabled=rank == 0) as progress:
+            task = progress.add_task(f"train {method}", total=None, info="")
+            started, first_step = time.perf_counter(), trainer.state.step
+
+            def on_step(step: int, total: int, stats: dict[str, float]) -> None:
+                if max_minutes:  # the budget, not --steps, ends such a run: the bar shows where it will stop
+                    total = steps_in_budget(step, total, first_step, time.perf_counter() - started, max_minutes)
+                progress.update(task, completed=step, total=total,
+                                info=f"loss {stats.get('loss', 0):.3f} acc_len {stats.get('block_accept_len', 0):.2f}")
+                if run:
+                    run.metrics(stats, step=step, job="train")
+
+            profiler = StepProfiler(Path(profile_dir), steps=profile_steps, start=profile_after,
+                                    on_cuda=tgt.device.type == "cuda") if profile_dir and rank == 0 else None
+            final = trainer.run(sequences, eval_prompts=prompts, on_step=on_step, profiler=profiler)
+            if profiler and profiler.table:
+                click.echo(f"profile of {profiler.recorded} steps: {profiler.table}", err=True)
+    except KeyboardInterrupt:
+        if rank == 0 and trainer.state.step:
+            trainer.save()  # stopping keeps the work: `--resume` continues from here
+        if run:
+            run.finish("stopped", note=f"stopped at step {trainer.state.step}")
+        raise SystemExit(130) from None
+    except (RuntimeError, ValueError, FileNotFoundError) as err:
+        if run:
+            run.finish("failed", note=str(err))
+        fail(str(err))
+    return before, final

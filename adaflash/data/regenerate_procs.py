@@ -8,7 +8,6 @@ hour together, each about 78,000. No torch here: the parent only starts, watches
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adaflash import procs
 from adaflash.data.io import open_text, write_jsonl_atomic
 
 
@@ -90,35 +90,38 @@ def run_shards(argv: Callable[[Shard], list[str]], shards: list[Shard], *, resum
 
 def run_processes(argv: Callable[[Shard], list[str]], shards: list[Shard],
                   on_poll: Callable[[int], None]) -> list[dict[str, Any]]:
-    procs = []
-    for shard in shards:
-        shard.out.parent.mkdir(parents=True, exist_ok=True)
-        with shard.log.open("w", encoding="utf-8") as log, shard.summary.open("w", encoding="utf-8") as summary:
-            procs.append(subprocess.Popen(argv(shard), stdout=summary, stderr=log))
+    """One process group per shard (through `procs.spawn`: it dies with us and is stopped as a whole)."""
+    groups = []
     try:
-        while any(p.poll() is None for p in procs):
-            failed = next(((s, p) for s, p in zip(shards, procs) if p.returncode not in (None, 0)), None)
+        for shard in shards:
+            shard.out.parent.mkdir(parents=True, exist_ok=True)
+            with shard.log.open("wb") as log, shard.summary.open("wb") as summary:
+                groups.append(procs.spawn(argv(shard), log=log, stdout=summary))
+        while any(g.alive() for g in groups):
+            failed = next(((s, g) for s, g in zip(shards, groups) if g.returncode not in (None, 0)), None)
             if failed is not None:
                 raise ShardError(shard_failure(*failed))
             on_poll(sum(rows_done(s) for s in shards))
             time.sleep(1.0)
-        failed = next(((s, p) for s, p in zip(shards, procs) if p.returncode != 0), None)
+        failed = next(((s, g) for s, g in zip(shards, groups) if g.returncode != 0), None)
         if failed is not None:
             raise ShardError(shard_failure(*failed))
         return [json.loads(s.summary.read_text(encoding="utf-8")) for s in shards]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop_all(groups)
 
 
-def shard_failure(shard: Shard, proc: subprocess.Popen) -> str:
-    code = proc.returncode
+def _stop_all(groups: list[procs.ProcessGroup], grace: float = 30.0) -> None:
+    """SIGTERM every shard still running at once, then wait for each (SIGKILL after `grace`)."""
+    for group in groups:
+        if group.alive():
+            group.ask_stop()
+    for group in groups:
+        group.stop(grace=grace)
+
+
+def shard_failure(shard: Shard, group: procs.ProcessGroup) -> str:
+    code = group.returncode
     tail = shard.log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-8:]
     said = "\n  ".join(tail) or "(nothing on stderr)"
     return (f"shard {shard.spec} failed (exit {code}); its log {shard.log}:\n  {said}\n"

@@ -88,9 +88,10 @@ def hub_source(name: str, hub_id: str, config: str | None, column_map: dict[str,
     """A hub dataset through `datasets`, loaded only when read (it needs the network)."""
 
     def read(stats: PrepareStats) -> dict[str, RawRows] | RawRows:
-        try:
-            from datasets import load_dataset
+        from adaflash.extras import require
 
+        load_dataset = require("datasets", "data").load_dataset
+        try:
             loaded = load_dataset(hub_id, config) if config else load_dataset(hub_id)
         except Exception as err:  # offline, unknown id, bad config: all the same to the user
             prefix = f"{hint}; " if hint else ""

@@ -4,7 +4,9 @@ It keeps the engine full (continuous batching), appends finished trajectories to
 buffer, checks the weights pointer between engine steps and hot-swaps the drafter without
 dropping in-flight requests. A torn or invalid version is refused, logged, and not retried.
 
-What it records per flush (every `flush_every` finished requests, never per token): τ and
+What it records per flush (every `flush_every` finished requests, never per token; the first answer
+is flushed at once, so τ is in the run log, `tau_per_version` and the Monitor from the first answer,
+not `flush_every` answers later): τ and
 tokens/s of the window (with its raw tokens and seconds, so reports can re-aggregate over any
 time span), buffer depth and drafter version; and per drafter version served in the window, the
 requests, their τ sum, tokens and verify steps (`served_*`, step = the version). Each hot swap
@@ -96,6 +98,7 @@ class InferenceWorker:
         self.started = time.time()
         self.window_tokens, self.window_verify, self.window_start = 0, 0, time.perf_counter()
         self.tokens_so_far, self.progress_at = 0, -math.inf
+        self.flushed = False  # an answer of this process is in the run log: the first waits for no window
 
     def _engine(self) -> Engine:
         """The engine with the newest published version that passes its checksums and loads, else the
@@ -118,7 +121,7 @@ class InferenceWorker:
                 break
             self._progress()
             self._collect(self.engine.step())
-            if len(self.pending) >= self.cfg.flush_every:
+            if len(self.pending) >= self.cfg.flush_every or (self.pending and not self.flushed):
                 self._flush()
             self._maybe_swap()
         self._flush()
@@ -179,6 +182,7 @@ class InferenceWorker:
         if self.pending:
             self.produced = self.buffer.append(self.pending)
             self.pending.clear()
+            self.flushed = True
         elapsed = max(time.perf_counter() - self.window_start, 1e-9)
         consumed = int((self.store.pointer() or {}).get("consumed", 0))
         self.log.log_metrics(self.cfg.run_id, {

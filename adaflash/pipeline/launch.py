@@ -3,8 +3,9 @@
 Each worker is started with `adaflash.procs.spawn` (its own process group, SIGTERM if the launcher
 dies, which it takes as a stop request), its log file in the run folder and CUDA_VISIBLE_DEVICES
 from its role's GPUs (`cpu` hides every GPU); several training GPUs mean a torchrun job. A stop
-request (signal or `adaflash pipeline stop`) is a STOP file both workers watch; a worker that
-does not exit within the grace period is killed with its group and reads `stopped`. With a time budget the workers
+request (signal or `adaflash pipeline stop`) is a STOP file both workers watch, and the run then reads
+`stopped` (as a stopped server does); a worker that does not exit within the grace period is killed
+with its group. With a time budget the workers
 stop on their own at the deadline (the trainers publish a final version); the launcher only
 steps in, as for a stop request, when one of them is still running a grace period later.
 """
@@ -20,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from adaflash import procs
+from adaflash.devices import child_devices
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.inference import InferenceConfig
 from adaflash.pipeline.training import TrainingConfig
@@ -27,26 +29,9 @@ from adaflash.runlog import RunLog
 
 
 def parse_gpus(value: str, flag: str, environ: Mapping[str, str] | None = None) -> list[str]:
-    """`cpu`, or comma-separated GPU indices, as the CUDA_VISIBLE_DEVICES its worker gets.
-
-    Indices count the GPUs this process may see, as in CUDA and torch: under CUDA_VISIBLE_DEVICES=2,3,
-    `--infer-gpus 0` is GPU 2. (Launched by `adaflash run`, the variable is unset and indices are physical.)
-    """
-    value = value.strip()
-    if value == "cpu":
-        return []
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    if not items or not all(v.isdigit() for v in items):
-        raise ValueError(f"{flag} must be 'cpu' or comma-separated GPU indices, got {value!r}")
-    visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return items
-    shown = [v.strip() for v in visible.split(",") if v.strip()]
-    beyond = [i for i in items if int(i) >= len(shown)]
-    if beyond:
-        raise ValueError(f"{flag} {value}: CUDA_VISIBLE_DEVICES={visible!r} leaves {len(shown)} GPU(s) visible "
-                         f"(indices count those), so {', '.join(beyond)} does not exist; use 'cpu' or unset it")
-    return [shown[int(i)] for i in items]
+    """`cpu` ([]), or comma-separated GPU indices, as the CUDA_VISIBLE_DEVICES its worker gets: indices count
+    the GPUs this process may see (`adaflash.devices`)."""
+    return child_devices(value, flag, environ) or []
 
 
 def worker_env(gpus: list[str]) -> dict[str, str]:
@@ -114,8 +99,10 @@ class Pipeline:
     def wait(self, poll: float = 1.0) -> str:
         """Until both workers exit; a failed worker stops the other. Returns the run status.
 
-        A stop request both workers honour ends the run `finished` (the buffer and the last version are
-        consistent; `note` says it was stopped); workers killed after the grace period leave it `stopped`.
+        A user's stop request (`adaflash pipeline stop`, Ctrl-C, SIGTERM) ends the run `stopped`, as a stopped
+        server reads: honoured by both workers, the buffer and the last version are consistent and `note` says
+        so (the workers' jobs read `stopped` too); workers killed after the grace period leave it `stopped` with
+        a note saying they were killed. A time budget reached is not a user's stop: that run reads `finished`.
         """
         status = "finished"
         budget_stop = False
@@ -141,19 +128,24 @@ class Pipeline:
                 status = "stopped"
                 self.note = f"a worker did not stop within {self.grace:g}s of the stop request: killed"
             time.sleep(poll)
-        failed = []
+        # Read after the workers exited: they may honour a request between two polls of this loop. With no
+        # failure and no budget stop, the STOP file is the user's (or a signal's) request.
+        asked = status == "finished" and not budget_stop and SwapBuffer(self.infer.swap_dir).stop_requested()
+        failed, ended = [], {}
         for role, proc in self.procs.items():
             proc.stop(grace=5.0)  # what a worker left in its group (a torchrun rank) goes with it
             code = proc.returncode
-            self.log.update_job(self.job_ids[role], status=proc.ended_as(), exit_code=code, ended_at=time.time())
+            ended[role] = (proc.ended_as(), code, time.time())
             if code != 0 and status != "stopped":
                 failed.append(f"{role} worker exited with code {code} (its log: {self.run_dir / f'{role}.log'})")
         if failed:
             status, self.note = "failed", "; ".join(failed)
-        elif status == "finished" and not budget_stop and SwapBuffer(self.infer.swap_dir).stop_requested():
-            # Read after the workers exited: they may honour a request between two polls of this loop. With
-            # no failure and no budget stop, the STOP file is the user's (or a signal's) request.
+        elif asked:
+            status = "stopped"
             self.note = "stopped on request: both workers finished their step, a final version published"
+        for role, (how, code, at) in ended.items():
+            how = "stopped" if status == "stopped" and how == "finished" else how  # the user's stop, honoured
+            self.log.update_job(self.job_ids[role], status=how, exit_code=code, ended_at=at)
         return status
 
 

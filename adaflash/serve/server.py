@@ -513,8 +513,8 @@ class EmbeddedServer:
             drafter = await loop.run_in_executor(None, load_drafter, path, self.engine.model.cfg)
         except (ValueError, OSError) as err:  # DrafterError is a ValueError
             return _swap_refused(str(err))
-        if self.engine.method == "adaflash" and (not isinstance(drafter, DFlashDrafter) or drafter.length_head is None):
-            return _swap_refused(f"{path}: method adaflash needs a DFlash drafter with a length head")
+        if method_of(self.engine.method).length_head and (not isinstance(drafter, DFlashDrafter) or drafter.length_head is None):
+            return _swap_refused(f"{path}: method {self.engine.method} needs a DFlash drafter with a length head")
         try:
             await self.loop_thread.call(lambda engine: engine.swap_drafter(drafter, version))
         except ValueError as err:

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adaflash.devices import child_devices
 from adaflash.methods import method_of
 
 # The length-head flags (methods whose table row says `length_head`). Source: the AdaFlash seed's serving script
@@ -87,19 +88,6 @@ def profile_for(target: str) -> ModelProfile:
     return MODEL_PROFILES[-1]
 
 
-def parse_gpus(gpus: str | None) -> list[int] | None:
-    """`0,1` → [0, 1]; `cpu` or empty → None."""
-    if gpus is None or gpus.strip().lower() in ("", "cpu", "none"):
-        return None
-    try:
-        ids = [int(part) for part in gpus.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"--gpus must be a comma-separated list of GPU indices or 'cpu', got {gpus!r}") from None
-    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
-        raise ValueError(f"--gpus must list distinct non-negative GPU indices, got {gpus!r}")
-    return ids
-
-
 def sglang_model_path(target: str) -> str:
     """A built-in name becomes its hub id (SGLang loads the real checkpoint); anything else passes."""
     from adaflash.models.registry import BUILTINS
@@ -146,7 +134,7 @@ def build_sglang_command(
     spec = method_of(method)
     if spec.needs_draft_on("sglang") and not draft:
         raise ValueError(f"--method {method} with --engine sglang needs --draft (a drafter folder or hub id)")
-    gpu_ids = parse_gpus(gpus)
+    gpu_ids = child_devices(gpus, "--gpus") if gpus is not None else None
     if gpus is not None and gpu_ids is None:
         raise ValueError("SGLang runs on GPUs only: give --gpus 0[,1,...] (or use --engine embedded on CPU)")
     profile = profile_for(target)
@@ -159,7 +147,7 @@ def build_sglang_command(
     env = dict(profile.env)
     env.update(profile.method_env.get(method, {}))
     if gpu_ids is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpu_ids)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
     algorithm = spec.sglang_algorithm
     if algorithm == "DFLASH":
         argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(draft)]

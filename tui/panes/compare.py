@@ -15,6 +15,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Input, Static
 
 from adaflash.bench import compare
+from adaflash.methods import VANILLA
 from tui.actions import bindings_for
 from tui.backend import Comparison
 from tui.monitor_model import fmt
@@ -193,7 +194,7 @@ class ComparePane(Pane):
         source.update(f"{count} · {data.source}" if total else
                       "No benchmark results yet: run a benchmark matrix from Launch (2).")
         chart.data = [(f"{r['method']} · {r['dataset']} · c{r['concurrency']}", r.get("speedup")) for r in rows
-                      if r.get("method") != "vanilla"]
+                      if r.get("method") != VANILLA]
         notes.update(Text(compare.footer(data.warnings, rows), style="dim"))
 
     def _side_by_side(self, table: DataTable, data: Comparison) -> None:

@@ -1,23 +1,28 @@
 """History: past runs from the run log, filtered by method/target/dataset/status (and text); open
-one (Jobs and Monitor follow it) or select several and compare them."""
+one (Jobs and Monitor follow it), select several and compare them, or launch one again (rerun as it
+was, or loaded into the Launch form to edit first)."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
+from textual.message import Message
 from textual.widgets import DataTable, Input, Select, Static
 
 from tui.actions import bindings_for
 from tui.backend import RUN_FILTERS as FILTERS
 from tui.backend import RunIndex
+from tui.modals import ConfirmScreen
 from tui.panes.base import Pane
 from tui.panes.jobs import status_text
 from tui.widgets import Col, FitTable
+
+if TYPE_CHECKING:
+    from jobs.rerun import Relaunch
 
 # Status right after the id; a narrow terminal leaves out whole columns, the least telling first (the id
 # already holds the kind and the date), and the line under the table tells all of the highlighted run.
@@ -172,21 +177,77 @@ class HistoryPane(Pane):
         self.app.notify(f"Following run {run['id']}", timeout=2)
 
     def action_load_run(self) -> None:
-        """A recipe run (a form launch is one too) back into the Launch form, to check and launch again."""
+        """A past run back into the Launch form (a recipe run as its recipe; a pipeline, server or benchmark as
+        the form's fields), to edit, check and launch again."""
+        self._relaunch("load")
+
+    def action_rerun(self) -> None:
+        """The highlighted run launched again as it was (a new run), after a confirmation."""
+        self._relaunch("rerun")
+
+    def _relaunch(self, what: str) -> None:
         run = self._current()
         if run is None:
+            self.app.notify("No run selected.", severity="warning")
             return
-        config = run.get("config")
-        if isinstance(config, str):
-            import json
+        self.run_worker(lambda: self._relaunch_work(run["id"], what), thread=True, group="history-relaunch",
+                        name=f"{what} {run['id']}", exit_on_error=False)
 
-            config = json.loads(config or "{}")
-        path = (config or {}).get("path") if run.get("kind") == "recipe" else None
-        if not path or not Path(path).is_file():
-            self.app.notify(f"Run {run['id']} was not started from a recipe file Launch can load"
-                            + (f" ({path} is gone)" if path else "") + ".", severity="warning")
+    def _relaunch_work(self, run_id: str, what: str) -> None:
+        try:
+            relaunch = self.adaflash.backend.relaunch(run_id)
+        except Exception as err:  # noqa: BLE001 - NotRelaunchable, KeyError, OSError: said, never a crash
+            self.post_message(self.Relaunched(what, None, str(err)))
+        else:
+            self.post_message(self.Relaunched(what, relaunch))
+
+    class Relaunched(Message):
+        """What a past run's record says about launching it again (or why it cannot be)."""
+
+        def __init__(self, what: str, relaunch: Relaunch | None, error: str | None = None) -> None:
+            super().__init__()
+            self.what, self.relaunch, self.error = what, relaunch, error
+
+    def on_history_pane_relaunched(self, message: HistoryPane.Relaunched) -> None:
+        message.stop()
+        relaunch = message.relaunch
+        if relaunch is None:
+            self.app.notify(f"Cannot {'load' if message.what == 'load' else 'rerun'}: {message.error}",
+                            severity="warning", timeout=8)
             return
-        self.adaflash.load_recipe(str(path))
+        if message.what == "load":
+            self.adaflash.load_relaunch(relaunch)
+            return
+        self.app.push_screen(ConfirmScreen("Run it again", f"Launch run {relaunch.run_id} again, as a new run?\n"
+                                           f"{relaunch.describe()}", "Rerun"),
+                             lambda ok: ok and self._rerun(relaunch))
+
+    def _rerun(self, relaunch: Relaunch) -> None:
+        self.app.notify(f"Launching run {relaunch.run_id} again…", timeout=3)
+        snapshot = self.adaflash.snapshot
+        self.run_worker(lambda: self._rerun_work(relaunch, snapshot), thread=True, group="history-rerun",
+                        name=f"rerun {relaunch.run_id}", exit_on_error=False)
+
+    def _rerun_work(self, relaunch: Relaunch, snapshot: Any) -> None:
+        try:
+            run_id = self.adaflash.backend.rerun(relaunch, snapshot)
+        except Exception as err:  # noqa: BLE001 - RecipeError, LeaseError, ValueError: said, never a crash
+            self.post_message(self.Rerun(relaunch.run_id, None, str(err)))
+        else:
+            self.post_message(self.Rerun(relaunch.run_id, run_id))
+
+    class Rerun(Message):
+        def __init__(self, old: str, new: str | None, error: str | None = None) -> None:
+            super().__init__()
+            self.old, self.new, self.error = old, new, error
+
+    def on_history_pane_rerun(self, message: HistoryPane.Rerun) -> None:
+        message.stop()
+        if message.new is None:
+            self.app.notify(f"Rerun of {message.old} failed: {message.error}", severity="error", timeout=10)
+            return
+        self.adaflash.run_launched(message.new)
+        self.refresh_data()
 
     def action_toggle_select(self) -> None:
         run = self._current()

@@ -13,10 +13,12 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import DataTable, Input, Label, Log, Static
+from textual.widget import Widget
+from textual.widgets import DataTable, Input, Label, Static
 
 from tui.actions import bindings_for
 from tui.backend import LIVE_RUN_STATUSES, LogChunk, RunState, is_active
+from tui.logview import LogView, first
 from tui.modals import ConfirmScreen
 from tui.panes.base import Pane
 from tui.widgets import Col, FitTable
@@ -69,6 +71,8 @@ class JobsPane(Pane):
         self.log_offset = 0
         self.stopping: set[str] = set()  # runs whose stop is under way (a pipeline finishing its step)
         self.log_line = -1  # the line a search or "first error" went to
+        self.needle = ""  # the log search n/N step through
+        self.before_search: Widget | None = None  # focused before "/": focus goes back there
 
     def compose(self) -> ComposeResult:
         yield Static("No run yet: launch one (2) or open one from History (6).", id="run-header",
@@ -77,9 +81,9 @@ class JobsPane(Pane):
         yield FitTable(COLUMNS, id="jobs-table", cursor_type="row", zebra_stripes=True)
         with Vertical(id="log-box"):
             yield Label("log", id="log-title")
-            yield Input(placeholder="search the log: enter finds the next line, esc goes back", id="log-search",
-                        classes="hidden", compact=True)
-            yield Log(id="job-log", max_lines=2000, highlight=False)
+            yield Input(placeholder="search the log: enter finds it (then n/N: next/previous), esc clears",
+                        id="log-search", classes="hidden", compact=True)
+            yield LogView(id="job-log", max_lines=2000)
 
     def on_mount(self) -> None:
         self.run_id = self.adaflash.current_run_id
@@ -113,17 +117,23 @@ class JobsPane(Pane):
         self.selected = key
         if path != self.log_path:
             self.log_path, self.log_offset, self.log_line = path, 0, -1
-            self.query_one("#job-log", Log).clear()
+            self.query_one("#job-log", LogView).clear()
             self._log_title(row)
 
     def _log_title(self, row: JobRow | None = None) -> None:
         row = row or (self.rows.get(self.selected) if self.selected else None)
-        log = self.query_one("#job-log", Log)
+        log = self.query_one("#job-log", LogView)
         path = row.job.get("log_path") if row else None
-        title = f"log · {row.label} · {self._short_path(path)}" if row and path else "log"
+        title = f"log · {row.label}" if row and path else "log"
         title += "" if log.auto_scroll else "  [held: f follows]"
+        title += "  [wrap]" if log.wrap else ""
+        if self.needle:  # the marks before the path: a narrow terminal cuts the path, not them
+            found = log.matches(self.needle)
+            where = f"{found.index(self.log_line) + 1}/{len(found)}" if self.log_line in found else f"{len(found)}"
+            title += f"  [/{self.needle}: {where} n/N]"
+        title += f" · {self._short_path(path)}" if row and path else ""
         self.query_one("#log-title", Label).update(Text(title))
-        log.border_title = title  # shown when full screen
+        log.border_title = Text(title)  # shown when full screen (Text: a search for "[x]" is no markup)
 
     def _short_path(self, path: str) -> str:
         """A log path as short as it stays clear: inside the workspace, relative to it."""
@@ -151,7 +161,7 @@ class JobsPane(Pane):
         self._header(state)
         self._table(state)
         if chunk is not None and path == self.log_path and offset == self.log_offset:
-            log = self.query_one("#job-log", Log)
+            log = self.query_one("#job-log", LogView)
             if chunk.reset:
                 log.clear()
             if chunk.text:
@@ -307,7 +317,7 @@ class JobsPane(Pane):
 
     def action_toggle_log(self) -> None:
         """The log pane is a few lines: show it full screen, or back."""
-        log = self.query_one("#job-log", Log)
+        log = self.query_one("#job-log", LogView)
         if self.screen.maximized is log:
             self.screen.minimize()
             self.query_one("#jobs-table").focus()
@@ -316,51 +326,87 @@ class JobsPane(Pane):
             log.focus()
             log.scroll_end(animate=False)
 
-    # -- the log: follow, search, first error ---------------------------------------------------------
+    # -- the log: follow, wrap, search, first error ---------------------------------------------------
     def action_toggle_follow(self) -> None:
-        log = self.query_one("#job-log", Log)
+        log = self.query_one("#job-log", LogView)
         log.auto_scroll = not log.auto_scroll
+        if log.auto_scroll:
+            log.scroll_end(animate=False)
+        self._log_title()
+
+    def action_toggle_wrap(self) -> None:
+        log = self.query_one("#job-log", LogView)
+        log.set_wrap(not log.wrap)
         if log.auto_scroll:
             log.scroll_end(animate=False)
         self._log_title()
 
     def _show_line(self, index: int) -> None:
         """Hold the log at this line (following would pull it away at the next write)."""
-        log = self.query_one("#job-log", Log)
+        log = self.query_one("#job-log", LogView)
         log.auto_scroll = False
-        log.scroll_to(y=max(0, index - 2), animate=False)
         self.log_line = index
+        log.set_search(self.needle, index)
+        log.show_line(index)
         self._log_title()
 
     def action_search_log(self) -> None:
         box = self.query_one("#log-search", Input)
+        if not box.has_focus:
+            self.before_search = self.app.focused
+        box.value = self.needle
         box.remove_class("hidden")
         box.focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input.id != "log-search" or not event.value.strip():
+        if event.input.id != "log-search":
             return
         event.stop()
-        lines = self.query_one("#job-log", Log).lines
-        needle = event.value.strip().lower()
-        start = self.log_line + 1
-        order = [*range(start, len(lines)), *range(0, min(start, len(lines)))]
-        found = next((i for i in order if needle in lines[i].lower()), None)
-        if found is None:
-            self.app.notify(f"{event.value.strip()!r} is not in the log shown.", severity="warning", timeout=3)
+        self.needle = event.value.strip()
+        self._close_search()
+        if self.needle:
+            self._step(forward=True, start=self.log_line)
+        else:
+            self.query_one("#job-log", LogView).set_search("")
+            self._log_title()
+
+    def _close_search(self) -> None:
+        box = self.query_one("#log-search", Input)
+        box.add_class("hidden")
+        back = self.before_search
+        (back if back is not None and back.is_attached and back is not box else self.query_one("#jobs-table")).focus()
+
+    def _step(self, forward: bool, start: int | None = None) -> None:
+        if not self.needle:
+            self.app.notify("No search yet: / searches the log.", severity="warning", timeout=3)
             return
-        self._show_line(found)
+        found = self.query_one("#job-log", LogView).matches(self.needle)
+        line = first(found, self.log_line if start is None else start, forward)
+        if line is None:
+            self.query_one("#job-log", LogView).set_search(self.needle)
+            self._log_title()
+            self.app.notify(f"{self.needle!r} is not in the log shown.", severity="warning", timeout=3)
+            return
+        self._show_line(line)
+
+    def action_next_match(self) -> None:
+        self._step(forward=True)
+
+    def action_previous_match(self) -> None:
+        self._step(forward=False)
 
     def on_key(self, event: Any) -> None:
         box = self.query_one("#log-search", Input)
-        if event.key == "escape" and box.has_focus:
+        if event.key == "escape" and box.has_focus:  # esc leaves the search and clears its highlights
             event.stop()
             box.value = ""
-            box.add_class("hidden")
-            self.query_one("#jobs-table").focus()
+            self.needle = ""
+            self.query_one("#job-log", LogView).set_search("")
+            self._close_search()
+            self._log_title()
 
     def action_first_error(self) -> None:
-        lines = self.query_one("#job-log", Log).lines
+        lines = self.query_one("#job-log", LogView).lines
         found = next((i for i, line in enumerate(lines) if ERROR_LINE.search(line)), None)
         if found is None:
             self.app.notify("No error in the log shown.", timeout=3)

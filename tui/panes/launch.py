@@ -7,6 +7,7 @@ while there is one, and nothing here can raise into the app.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Button, Checkbox, Input, Label, RadioSet, Select, SelectionList, Static
+from textual.widgets.select import InvalidSelectValueError
 
+from adaflash.methods import ADAFLASH, DFLASH, VANILLA
 from jobs.launch_plan import (
     DEFAULT_ROLES,
     PRESETS,
@@ -35,6 +38,7 @@ from tui.widgets import CPU, AssignGrid, Check, Checklist, Radio
 
 if TYPE_CHECKING:
     from jobs.gpus import Snapshot
+    from jobs.rerun import Relaunch
 
 MODES = (("recipe", "Recipe"), ("pipeline", "Pipeline"), ("server", "Baseline server"),
          ("bench", "Benchmark matrix"))
@@ -51,6 +55,11 @@ PLACEHOLDERS = {
     "server": {"draft": "folder (empty: built-in)"},
     "bench": {"draft": "DIR or method=DIR,…", "dataset": "names or .jsonl: a,b"},
 }
+
+# Form fields (LaunchChoice names) -> their Input ids: a past run loaded from History fills them.
+INPUT_OF_FIELD = {"target": "target", "draft": "draft", "dataset": "dataset", "max_samples": "max-samples",
+                  "max_new_tokens": "max-new-tokens", "batch_size": "batch-size", "max_minutes": "max-minutes",
+                  "port": "port", "concurrency": "concurrency", "num_prompts": "num-prompts"}
 
 
 def field(label: str, widget: Any) -> ComposeResult:
@@ -116,7 +125,7 @@ class LaunchPane(Pane):
                 with Vertical(id="pipeline-fields", classes="fields hidden"):
                     with RadioSet(id="preset", compact=True):
                         for value, title in PRESETS:
-                            yield Radio(title, value=value == "adaflash", id=f"preset-{value}")
+                            yield Radio(title, value=value == PRESETS[0][0], id=f"preset-{value}")
                     yield from field("samples", Input(placeholder="max samples (empty: all)", id="max-samples",
                                                       compact=True))
                     yield from field("new tokens", Input(placeholder="per answer (256)",
@@ -132,7 +141,7 @@ class LaunchPane(Pane):
                     yield Check("learn its traffic (--adapt)", False, id="adapt", compact=True)
                     yield Static("its trainer: the training role", classes="hint")
                 with Vertical(id="bench-fields", classes="fields hidden"):
-                    yield Checklist(*((t, v, v in ("vanilla", "dflash", "adaflash"))
+                    yield Checklist(*((t, v, v in (VANILLA, DFLASH, ADAFLASH))
                                            for v, t in SERVER_METHODS), id="bench-methods", compact=True)
                     yield from field("concurrency", Input("1", placeholder="e.g. 1,4", id="concurrency", compact=True))
                     yield from field("prompts", Input("16", placeholder="prompts per cell", id="num-prompts",
@@ -433,6 +442,43 @@ class LaunchPane(Pane):
         self.recipe_roles, self.recipe_share, self.recipe_edits, self.recipe_share_edit = {}, None, {}, None
         self.query_one("#recipe-path", Input).value = path
         self.replan()
+
+    def load_relaunch(self, relaunch: Relaunch) -> None:
+        """A past run in the form (History's load): its recipe, or its mode's fields and GPU roles."""
+        if relaunch.mode == "recipe":
+            self.load_recipe(relaunch.recipe)
+            self.query_one("#recipe-sets", Input).value = relaunch.choice().sets
+            return
+        self.query_one(f"#mode-{relaunch.mode}", Radio).value = True
+        self.mode = relaunch.mode
+        self._show_fields()
+        fields = relaunch.fields
+        for name, value in fields.items():
+            if name in INPUT_OF_FIELD:
+                self.query_one(f"#{INPUT_OF_FIELD[name]}", Input).value = str(value)
+        if fields.get("preset"):
+            self.query_one(f"#preset-{fields['preset']}", Radio).value = True
+        if fields.get("method"):
+            method = self.query_one("#server-method", Select)
+            with contextlib.suppress(InvalidSelectValueError):
+                method.value = fields["method"]
+        if "adapt" in fields:
+            self.query_one("#adapt", Checkbox).value = bool(fields["adapt"])
+        if fields.get("bench_methods"):
+            methods = self.query_one("#bench-methods", SelectionList)
+            methods.deselect_all()
+            for value in fields["bench_methods"]:
+                with contextlib.suppress(Exception):
+                    methods.select(value)
+        if relaunch.roles:
+            self.method_roles.update(relaunch.roles)
+            self.method_edited = True
+            used = [g for gpus in relaunch.roles.values() for g in (gpus or ())]
+            self.method_share = self.method_share or len(used) != len(set(used))
+        self._draw_grid()
+        self._show_share()
+        self.replan()
+        self.app.notify(f"Run {relaunch.run_id} loaded: edit it, then launch (^l).", timeout=4)
 
     def set_all_cpu(self) -> None:
         """The GPUs tab's offer on a machine without GPUs: every role on CPU workers."""

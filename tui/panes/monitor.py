@@ -158,9 +158,9 @@ class MonitorPane(Pane):
             lines = lines[:MAX_LINES]
             for (label, xs, ys, side), color in zip(lines, LINE_COLORS):
                 plt.plot(xs, ys, label=label, marker="braille", color=color, yside=side)
-            if not lines:  # τ comes with the first flush of finished answers; say so while they are under way
+            if not lines:  # τ comes with the first finished answer (flushed at once); say so while it is under way
                 waiting = i == 0 and model.progress() and model.ended() is None
-                plt.title(f"{title}: {'with the first flush of answers' if waiting else 'no data yet'}")
+                plt.title(f"{title}: {'with the first answer' if waiting else 'no data yet'}")
             plot.refresh()
         table = model.version_table()
         versions = self.query_one("#versions", FitTable)
