@@ -1,8 +1,8 @@
 """sqlite-utils for the run log, imported without pandas.
 
 sqlite-utils imports pandas whenever it is installed (datasets brings it) only to map
-`pandas.Timestamp` to TEXT, a type the run log never stores. That import costs every process that
-opens the run log about 0.4 s: the CLI, each worker, each job's watchdog. A later `import pandas`
+`pandas.Timestamp` to TEXT, a type the run log never stores. That import slows the start of every
+process that opens the run log: the CLI, each worker, each job's watchdog. A later `import pandas`
 elsewhere works as usual.
 """
 

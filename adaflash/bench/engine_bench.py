@@ -14,9 +14,8 @@ batching, as a server sees them). "interleaved" builds every method's engine fir
 prompt on each, and lets them take turns of a few steps, each engine timed on its own clock (its
 latencies too), so a machine whose speed drifts (a laptop's clock, a shared CPU: ±20% within minutes
 here) slows every row alike and the speed-up column stays a like-for-like ratio, with the same
-continuous batching as sequential order. (Turns over static groups of `batch` prompts, as before,
-made a speculative batch wait for its slowest row: at batch 32 on an H200 the same code gave DFlash
-1.07× that way against 1.31× queued.) "auto" picks interleaved on a CPU and sequential on a GPU, whose speed
+continuous batching as sequential order. (Turns over static groups of `batch` prompts would make a
+speculative batch wait for its slowest row, and understate its speed-up.) "auto" picks interleaved on a CPU and sequential on a GPU, whose speed
 holds still and whose engines are big.
 
 Greedy only, so every row can be checked token for token against our Vanilla row of the same batch
@@ -159,7 +158,7 @@ class EngineBench:
         self.domains = domains_of(prompts)
         self.dataset = spec.dataset  # per domain while a suite's domain is measured: "suite/code"
         # A suite's engines, one per (method, batch), built and warmed once for every domain: CUDA-graph
-        # capture takes about a minute per speculative engine on an H200, five times over otherwise.
+        # capture takes a while per speculative engine, and would be paid once per domain otherwise.
         self._engines: dict[tuple[str, int], Any] | None = None
 
     def say(self, message: str) -> None:
@@ -411,7 +410,7 @@ class EngineBench:
         if self.warmup != "none" and engine.graphs.enabled:
             # Every graph the run can meet, as `serve` and `eval` capture them: a warm-up replays the
             # timed run's shapes, but not the rare widths AdaFlash's cost rule re-times, whose captures
-            # then landed on the clock (0.15 s of AdaFlash's 2.60 s at batch 32 on an H200).
+            # would then land on the clock, a visible share of a short timed run.
             started = time.perf_counter()
             count = engine.capture_graphs(self.max_len)
             self.say(f"{method} @ batch {batch}: captured {count} CUDA graphs in {time.perf_counter() - started:.1f} s")

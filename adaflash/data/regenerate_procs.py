@@ -1,8 +1,8 @@
 """`data regenerate --procs N`: N copies of the command side by side, one shard each, then one output.
 
 Why processes: one regenerating process keeps a CPU core busy launching small kernels and leaves a
-GPU mostly idle. On one H200 with SmolLM2-135M, eight processes answered about 628,000 prompts an
-hour together, each about 78,000. No torch here: the parent only starts, watches and merges.
+GPU mostly idle, so several processes answer several times as many prompts an hour on one GPU
+(docs/benchmarks.md, "Answers an hour"). No torch here: the parent only starts, watches and merges.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """When waiting prompts enter the batch, and their prefill.
 
 Why grouped: on a GPU a prefill costs about the same for one prompt as for a dozen, so a busy engine
-waits for `admit_batch` free slots. Prefilling beside decoding on a side CUDA stream was tried and
-measured slower on an H200 (GSM8K, batch 32), so admissions run in the step loop, in line.
+waits for `admit_batch` free slots. Prefilling beside decoding on a side CUDA stream was tried
+and ran slower than prefilling in line, so admissions run in the step loop.
 """
 
 from __future__ import annotations

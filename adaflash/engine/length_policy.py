@@ -4,9 +4,8 @@ Two rules. "rate" is the design card's: verify `round(pred · B · rate)` block 
 weighs what verifying costs on this machine: it times the engine's own speculative steps by verify
 width and picks the width that maximizes the expected tokens per second of the whole batch. One width
 for every row: a pass is as wide as its widest row, so a row that verifies fewer drafts than the
-others saves nothing and only loses the tokens it would have accepted (at batch 32 on an H200,
-per-row choices had AdaFlash verify as wide as DFlash almost every step at a lower τ: 1.24x against
-1.28x). Why both: whether a
+others saves nothing and only loses the tokens it would have accepted (with per-row choices
+AdaFlash verified as wide as DFlash almost every step, at a lower τ). Why both: whether a
 shorter verify saves anything depends on the hardware. On a 2-core CPU, SmolLM2 verifies 4 tokens
 in about the time of 1 (the weights stream from memory either way), so any cut only loses τ; on a
 CPU at block 8 the cost does grow with the width and the cuts pay.
@@ -23,8 +22,8 @@ step is bound by kernel launches, not by the width), the whole block wins for ev
 the head says, so the rule answers "verify everything" without reading the prediction. That spares
 the host the sync a chosen width needs before it can size the verify pass, and on a GPU lets the
 drafting run inside the step's one graph. Then the rule costs the host a few dict reads a step: it
-reads its table every `recheck` steps, and re-times widths ever less often (a re-timing on an H200
-took 9.6 ms against 2.2 ms for a step, its graphs captured on the clock). A batch smaller than one
+reads its table every `recheck` steps, and re-times widths ever less often (a re-timing costs
+several steps' time, its graphs captured on the clock). A batch smaller than one
 whose whole blocks won takes them without timing tries of its own (`_inherits_whole`).
 
 Those savings are not in the per-width step times (every width is timed with the head read), so
@@ -34,9 +33,9 @@ same steps, the head-read ones: their tokens per second against the tokens whole
 given them (what they gave, plus the geometric expectation past the width for each row that accepted
 every draft it verified) over the median time of a whole-block step. Comparing what each mode's own
 steps yielded instead confounds the mode with the prompts it happened to run on: a row's acceptance
-swings far more from prompt to prompt than a verify width moves it, and at batch 1 on an H200 that
-kept the head choosing on 42% of the steps of code prompts (each step about a quarter dearer than a
-whole-block one, 0.93x DFlash's throughput at the same τ).
+swings far more from prompt to prompt than a verify width moves it, so that comparison kept the
+head choosing on many steps where it bought nothing (each head-read step is dearer than a
+whole-block one), costing throughput at the same τ.
 """
 
 from __future__ import annotations
@@ -230,9 +229,8 @@ class CostRule:
         of its own. A smaller batch verifies fewer tokens per width, so a longer verify costs it relatively
         less and the head's cut saves less: what won at the larger batch wins here too. Why: a run's
         tail shrinks through every smaller bucket, each of which would spend its first steps on timing
-        tries and head-read steps, none of them overlapped (at batch 32 on an H200, 50 of AdaFlash's 690 steps
-        were such steps; by the rule's schedule, after a warm-up that settled batch 32,
-        nearly all of them fell in the tail's buckets)."""
+        tries and head-read steps, none of them overlapped (after a warm-up that settled the largest
+        batch, nearly all such steps fell in the tail's buckets)."""
         if bucket_ in self._best or bucket_ in self._whole_since or self.cost(bucket_) is not None:
             return False
         return any(larger > bucket_ for larger in self._whole_since)
@@ -271,8 +269,8 @@ class CostRule:
 
     def _retry_due(self, elapsed: int) -> bool:
         """The other mode's retry, ever less often while the better one holds: after ½, 1½, 3½, 7½, ...
-        periods of `refresh` steps (on an H200 at batch 1, one retry every period made 214 of 10,700
-        steps read the head, each 26% dearer than a whole-block step). Half periods keep clear of the
+        periods of `refresh` steps (one retry every period kept reading the head, each such step dearer
+        than a whole-block one, long after the better mode was clear). Half periods keep clear of the
         width re-timings, which fall on whole periods."""
         if not self.refresh:
             return False

@@ -35,7 +35,7 @@ class KVCache:
         self.max_len = max_len
         # Set while a pass runs over rows 0..b-1 in order (`DevicePasses.rows_for`): reads are then
         # views. Otherwise each layer's read gathers its rows' keys and values, two kernels a layer
-        # (on an H200, 4 us each: an eighth of a SmolLM2 decode step at batch 1).
+        # (for a small target at batch 1, a sizeable share of a decode step).
         self.in_order = False
 
     @property

@@ -223,8 +223,8 @@ class DFlashDrafter(Drafter):
         The block's keys and values go into the cache right after each row's context (positions
         lens..lens+B-1, which hold no context yet: the next `extend` overwrites the accepted ones), so
         each layer attends over one cache view with keys below lens + B visible, where concatenating
-        the context's keys with the block's copied the whole context twice a layer (at batch 32 on an
-        H200, two kernels of several µs each in every draft).
+        the context's keys with the block's copied the whole context twice a layer (two copy kernels
+        a layer in every draft, growing with the context).
         """
         b, size = pending.shape[0], self.block_size
         h = torch.cat([target.embed(pending)[:, None], self.mask_embeds(target, (b, size - 1))], dim=1)

