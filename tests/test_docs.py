@@ -35,6 +35,8 @@ DIARY = {
     "a past run label": re.compile(r"\bs\d+[a-z]?-[a-z0-9-]+"),
     "a figure from an earlier run": re.compile(r"\b[Ee]arlier (?:this|it|run|runs|session|sessions) gave\b"),
     "a script outside the repository": re.compile(r"`\.dev`|\.dev/"),
+    "a date in prose": re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b"),
+    "a run id": re.compile(r"\b20\d{6}-\d{6}-[a-z]"),
 }
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
@@ -61,7 +63,8 @@ def test_no_development_diary(path: Path) -> None:
 
 def test_diary_patterns_catch_a_diary(tmp_path: Path) -> None:
     page = tmp_path / "diary.md"
-    page.write_text("In session 22 (`s22-p-b32`), round 3 of work, earlier this gave 1.9x; see `.dev`.\n")
+    page.write_text("In session 22 (`s22-p-b32`), round 3 of work, earlier this gave 1.9x; see `.dev`.\n"
+                    "Measured 2026-12-04 (run 20261204-050943-bench-matrix-878e).\n")
     assert len(_diary_hits(page)) == len(DIARY)
 
 
