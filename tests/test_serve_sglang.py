@@ -231,7 +231,7 @@ def test_a_stopped_serve_command_kills_sglang_after_the_grace_and_reads_stopped(
     from .test_jobs_supervisor import wait_for
 
     env, pids, mark = _fake_sglang(tmp_path, DEAF_SGLANG)
-    main = "import sys, adaflash.cli.serve as s; s.SGLANG_STOP_GRACE = 0.5; from adaflash.cli.main import main; main()"
+    main = "import sys, adaflash.cli.serve_sglang as s; s.SGLANG_STOP_GRACE = 0.5; from adaflash.cli.main import main; main()"
     serve = subprocess.Popen([sys.executable, "-c", main, "--workspace", str(tmp_path / "ws"), "serve", "--engine",
                               "sglang", "--method", "vanilla", "--gpus", "0", "--port", "9"],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

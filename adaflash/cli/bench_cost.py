@@ -9,81 +9,76 @@ from typing import Any
 import click
 
 from adaflash.bench.cost import gigabytes
-from adaflash.cli.common import DTYPE_HELP, emit_rows, fail, output_format_option, runlog_of, writable_file
+from adaflash.cli.common import emit_rows, fail, runlog_of
+from adaflash.cli.groups import Output, use, uses
+from adaflash.cli.resolve import out_file
+from adaflash.options import BenchConfig, JobConfig, ModelConfig, SamplingConfig
 
 
 @click.command("cost")
-@click.option("--target", default="smollm2-135m", show_default=True,
-              help="Built-in name, HF model folder (e.g. one `adaflash models synth` wrote) or hub id.")
-@click.option("--batch-sizes", default="1,8,32,64", show_default=True, help="Comma-separated batch sizes b.")
+@uses(use(ModelConfig, only=("target", "device", "dtype")), use(BenchConfig, only=("batch_sizes", "warmup", "label")),
+      use(SamplingConfig, only=("seed",), notes={"seed": "Here: of the random token ids."}),
+      use(JobConfig, only=("out",)), Output(("table", "markdown", "csv", "json")), command="bench cost")
 @click.option("--widths", default="1,2,4,8,16", show_default=True,
               help="Comma-separated tokens k verified per row in one pass (1 is a Vanilla decode step).")
 @click.option("--context", type=click.IntRange(1), default=512, show_default=True,
               help="Tokens already in every row's cache.")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
-@click.option("--dtype", default="bf16-if-native", show_default=True, help=DTYPE_HELP)
 @click.option("--repeats", type=click.IntRange(1), default=20, show_default=True,
               help="Timed passes per cell; the table shows their median.")
-@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True,
-              help="Unmeasured passes per cell first (on a GPU the first captures its CUDA graph).")
 @click.option("--bandwidth-gbs", type=click.FloatRange(0, min_open=True), default=None,
               help="Memory bandwidth in GB/s for the Vanilla roofline [default: H200 4800, H100 3350 "
                    "(PCIe 2000, NVL 3900) by the GPU's name; none elsewhere].")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random token ids.")
-@click.option("--label", default=None, help="A name for this run.")
-@click.option("--out", "plot", default=None, metavar="FILE.png|FILE.svg", callback=writable_file,
-              help="Also plot the curve into this file.")
-@output_format_option(("table", "markdown", "csv", "json"))
 @click.pass_context
-def cost(ctx: click.Context, target: str, batch_sizes: str, widths: str, context: int, device: str,
-         dtype: str, repeats: int, warmup: int, bandwidth_gbs: float | None, seed: int, label: str | None,
-         plot: str | None, fmt: str) -> None:
+def cost(ctx: click.Context, model: ModelConfig, bench: BenchConfig, sampling: SamplingConfig, job: JobConfig,
+         output: str, widths: str, context: int, repeats: int, bandwidth_gbs: float | None) -> None:
     """Time one target pass of k tokens at batch b, and its ratio to the k=1 pass at the same batch.
 
     Each pass is the engine's own verify pass over rows holding --context tokens (on a GPU replayed from its
     CUDA graph, on a CPU eager), timed from launch to its last kernel: the median of --repeats. This is the
     verify-cost curve that decides where verifying fewer drafted tokens pays. With a known bandwidth, the
     k=1 pass is also set against the floor of a Vanilla decode step: the bytes of the weights and of every
-    row's cache, read once. The table goes to the run log (`adaflash runs show RUN`).
+    row's cache, read once. The table goes to the run log (`adaflash runs show RUN`). --out also plots it.
     """
     from adaflash.bench.cost import CostBench, CostBenchError, CostSpec, parse_sizes, record
 
+    plot = out_file(ctx, job.out) if job.out else None
     if plot and Path(plot).suffix.lower() not in (".png", ".svg"):
         fail(f"--out {plot}: the plot is written as .png or .svg")
     try:
-        spec = CostSpec(target=target, batch_sizes=parse_sizes(batch_sizes, "--batch-sizes", "1,8,32,64"),
-                        widths=parse_sizes(widths, "--widths", "1,2,4,8,16"), context=context, device=device,
-                        dtype=dtype, repeats=repeats, warmup=warmup, bandwidth_gbs=bandwidth_gbs, seed=seed,
-                        label=label)
+        spec = CostSpec(target=model.target or "", batch_sizes=parse_sizes(bench.batch_sizes, "--batch-sizes", "1,8,32,64"),
+                        widths=parse_sizes(widths, "--widths", "1,2,4,8,16"), context=context, device=model.device,
+                        dtype=model.dtype, repeats=repeats, warmup=bench.warmup_count, bandwidth_gbs=bandwidth_gbs,
+                        seed=sampling.seed or 0, label=bench.label)
+        run_id, result = record(runlog_of(ctx), CostBench(spec, _say), _on_cell)
     except CostBenchError as err:
         fail(str(err))
-    log = runlog_of(ctx)
+    _report(run_id, result, output, plot)
 
-    def say(message: str) -> None:
-        click.echo(message, err=True)
 
-    def on_cell(cell: dict[str, Any]) -> None:
-        say(f"b {cell['batch']:>3} k {cell['width']:>2}: {cell['ms']:.3f} ms (min {cell['ms_min']:.3f})")
+def _say(message: str) -> None:
+    click.echo(message, err=True)
 
-    try:
-        run_id, result = record(log, CostBench(spec, say), on_cell)
-    except CostBenchError as err:
-        fail(str(err))
+
+def _on_cell(cell: dict[str, Any]) -> None:
+    _say(f"b {cell['batch']:>3} k {cell['width']:>2}: {cell['ms']:.3f} ms (min {cell['ms_min']:.3f})")
+
+
+def _report(run_id: str, result: Any, output: str, plot: str | None) -> None:
     picture = None
     if plot:
         from adaflash.bench.cost_plot import plot_cost
 
         picture = plot_cost(result, plot)
     data = {"run_id": run_id, **result.as_json(), "plot": str(picture) if picture else None}
-    if fmt == "json":
+    if output == "json":
         click.echo(json.dumps(data, indent=2, default=str))
-    elif fmt == "csv":
+    elif output == "csv":
         emit_rows(result.cells, ["batch", "width", "ms", "ms_min", "ms_max", "ratio"], "csv")
     else:
-        _print_tables(result, fmt, run_id)
+        _print_tables(result, output, run_id)
     if picture:
-        say(f"plot: {picture}")
-    say(f"recorded in the run log: adaflash runs show {run_id}")
+        _say(f"plot: {picture}")
+    _say(f"recorded in the run log: adaflash runs show {run_id}")
 
 
 def _print_tables(result: Any, fmt: str, run_id: str) -> None:

@@ -9,6 +9,8 @@ from typing import Any
 import click
 
 from adaflash.cli.common import fail, recorded_run, runlog_of, workspace_of
+from adaflash.cli.groups import Output, use, uses
+from adaflash.options import BenchConfig, InputConfig, ModelConfig, SamplingConfig, ServeConfig
 
 
 def _phase(text: str) -> tuple[str, str, str | None]:
@@ -22,31 +24,26 @@ def _phase(text: str) -> tuple[str, str, str | None]:
 
 
 @click.command("shift")
-@click.option("--base-url", default="http://127.0.0.1:30000", show_default=True,
-              help="The server (started with `adaflash serve --adapt` to see it learn).")
+@uses(use(ServeConfig, only=("base_url", "api_key"), notes={"base_url": "Started with `adaflash serve --adapt` to "
+                                                                        "see it learn."}),
+      use(BenchConfig, only=("concurrency",)), use(InputConfig, only=("num_prompts",)),
+      use(SamplingConfig, only=("max_new_tokens", "chat")), use(ModelConfig, only=("target",)),
+      Output(("text", "json"), help="text, or json: the summary."), command="bench shift")
 @click.option("--phase", "phases", multiple=True, required=True, metavar="NAME=DATASET[:DOMAIN]",
               help="A phase of traffic, in order (repeatable): prompts of a dataset, or of one domain of it "
                    "(`chat=suite:chat`). Requests carry the phase's name as their tag.")
 @click.option("--seconds", "seconds_text", default="300", show_default=True, metavar="S|S1,S2,...",
               help="Length of each phase in seconds: one for every phase, or one per phase in order (60,600).")
-@click.option("--concurrency", type=click.IntRange(1), default=4, show_default=True, help="Requests in flight.")
-@click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--num-prompts", type=click.IntRange(1), default=1000, show_default=True,
-              help="Prompts per phase at most (held-out ones included); the traffic cycles through them.")
 @click.option("--holdout", type=click.IntRange(0), default=8, show_default=True,
               help="Prompts per phase sent only in rounds with \"adapt\": false: τ on prompts never trained on.")
 @click.option("--probe-every", type=click.FloatRange(min=1), default=30.0, show_default=True,
               help="Seconds between two rounds of held-out prompts.")
-@click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the target's chat template client-side.")
-@click.option("--target", default=None, help="Tokenizer for --chat [default: the server's target].")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.svg|FILE.png",
               help="The picture [default: RUN_DIR/shift.svg].")
-@click.option("--api-key", envvar="ADAFLASH_API_KEY", default=None, help="[env ADAFLASH_API_KEY]")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
-def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds_text: str, concurrency: int,
-          max_new_tokens: int, num_prompts: int, holdout: int, probe_every: float, chat: bool, target: str | None,
-          plot_path: str | None, api_key: str | None, as_json: bool) -> None:
+def shift(ctx: click.Context, serve: ServeConfig, bench: BenchConfig, inputs: InputConfig, sampling: SamplingConfig,
+          model: ModelConfig, output: str, phases: tuple[str, ...], seconds_text: str, holdout: int,
+          probe_every: float, plot_path: str | None) -> None:
     """Replay traffic that shifts from one domain to another against one server and plot τ over time.
 
     Each phase runs its --seconds; its held-out prompts measure what the drafter learned of the domain,
@@ -54,12 +51,8 @@ def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds_te
     gets τ as it goes (the dashboard's Monitor charts it), the run folder the samples (shift.json)
     and the picture.
     """
-    import asyncio
-
-    from adaflash.bench.shift import Phase, ShiftSettings, replay
-    from adaflash.bench.shift_plot import plot_shift
-    from adaflash.cli.bench import _server_info, render_prompts
-    from adaflash.workspace import runs_dir
+    from adaflash.bench.shift import ShiftSettings
+    from adaflash.cli.bench import _server_info, one_level
 
     parsed = [_phase(p) for p in phases]
     seconds = _seconds(seconds_text, len(parsed))
@@ -67,22 +60,48 @@ def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds_te
         fail("--phase names must differ")
     if plot_path and Path(plot_path).suffix.lower() not in (".svg", ".png"):
         fail(f"--plot {plot_path}: the picture is written as .svg or .png")
-    base_url = base_url.rstrip("/")
-    info = _server_info(base_url, api_key)
+    info = _server_info(serve.url or "", serve.api_key)
     if not info.get("adapt"):
         click.secho("note: the server does not adapt (no `--adapt`): this measures a fixed drafter", fg="yellow", err=True)
+    plan = _plan(ctx, parsed, seconds, inputs.num_prompts, holdout, sampling.chat, model.target or info.get("target"))
+    settings = ShiftSettings(serve.url, concurrency=one_level(bench), max_new_tokens=sampling.max_new_tokens,
+                             probe_every=probe_every, api_key=serve.api_key)
+    config = {"base_url": serve.url, "phases": list(phases), "seconds": seconds, "concurrency": settings.concurrency,
+              "max_new_tokens": sampling.max_new_tokens, "holdout": holdout, "probe_every": probe_every,
+              "server": {k: info.get(k) for k in ("method", "target", "draft", "hardware")}}
+    summary, picture = _replay(ctx, settings, plan, info, config, plot_path, [n for n, _, _ in parsed])
+    _print(summary, picture, output == "json")
+    changed = summary["holdout_answers_changed"]
+    if changed:
+        fail(f"greedy answers changed across drafter versions for {', '.join(changed)}: the engine is not lossless",
+             code=1)
+
+
+def _plan(ctx: click.Context, parsed: list[tuple[str, str, str | None]], seconds: list[float], num_prompts: int,
+          holdout: int, chat: bool, target: str | None) -> list[Any]:
+    """The phases, their prompts rendered in one pass (held-out ones first)."""
+    from adaflash.bench.shift import Phase
+    from adaflash.cli.bench import render_prompts
+
     rows = [_phase_rows(ctx, name, dataset, domain, num_prompts, holdout) for name, dataset, domain in parsed]
-    prompts = iter(render_prompts([r for phase in rows for r in phase], chat, target or info.get("target")))
+    prompts = iter(render_prompts([r for phase in rows for r in phase], chat, target))
     plan = []
-    for (name, _, _), phase, length in zip(parsed, rows, seconds):  # the prompts rendered in one pass
+    for (name, _, _), phase, length in zip(parsed, rows, seconds):
         mine = [next(prompts) for _ in phase]
         plan.append(Phase(name, mine[holdout:], mine[:holdout], length))
-    settings = ShiftSettings(base_url, concurrency=concurrency, max_new_tokens=max_new_tokens,
-                             probe_every=probe_every, api_key=api_key)
+    return plan
+
+
+def _replay(ctx: click.Context, settings: Any, plan: list[Any], info: dict[str, Any], config: dict[str, Any],
+            plot_path: str | None, names: list[str]) -> tuple[dict[str, Any], Path]:
+    """Replay inside a recorded run: (the summary, the picture)."""
+    import asyncio
+
+    from adaflash.bench.shift import replay
+    from adaflash.bench.shift_plot import plot_shift
+    from adaflash.workspace import runs_dir
+
     log = runlog_of(ctx)
-    config = {"base_url": base_url, "phases": list(phases), "seconds": seconds, "concurrency": concurrency,
-              "max_new_tokens": max_new_tokens, "holdout": holdout, "probe_every": probe_every,
-              "server": {k: info.get(k) for k in ("method", "target", "draft", "hardware")}}
     with recorded_run(log, "bench", name="shift", method=info.get("method"), target=info.get("target"),
                       config=config) as run:
         run_dir = runs_dir(workspace_of(ctx)) / run.id
@@ -92,16 +111,12 @@ def shift(ctx: click.Context, base_url: str, phases: tuple[str, ...], seconds_te
         data = result.as_json()
         (run_dir / "shift.json").write_text(json.dumps(data))
         picture = plot_shift(result, plot_path or run_dir / "shift.svg",
-                             title=f"{info.get('method')} on {info.get('target')}: " + " → ".join(n for n, _, _ in parsed))
+                             title=f"{info.get('method')} on {info.get('target')}: " + " → ".join(names))
         summary = data["summary"]
-        changed = summary["holdout_answers_changed"]
         log.update_run(run.id, run_dir=str(run_dir), config={**config, "summary": summary, "plot": str(picture)})
-        if changed:
-            run.finish("failed", note=f"held-out answers changed: {', '.join(changed)}")
-    _print(summary, picture, as_json)
-    if changed:
-        fail(f"greedy answers changed across drafter versions for {', '.join(changed)}: the engine is not lossless",
-             code=1)
+        if summary["holdout_answers_changed"]:
+            run.finish("failed", note=f"held-out answers changed: {', '.join(summary['holdout_answers_changed'])}")
+    return summary, picture
 
 
 def _seconds(text: str, phases: int) -> list[float]:

@@ -60,24 +60,7 @@ def existing_runlog_of(ctx: click.Context) -> RunLog:
     return log
 
 
-def output_format_option(formats: Sequence[str] = ("table", "json", "csv")):
-    """`--json/--csv/--table` as one choice, the sqlite-utils way."""
-
-    def decorator(func):
-        func = click.option("--format", "fmt", type=click.Choice(list(formats)), default=formats[0],
-                            show_default=True, help="Output format.")(func)
-        for name in formats:
-            func = click.option(f"--{name}", "fmt", flag_value=name, help=f"Same as --format {name}.")(func)
-        return func
-
-    return decorator
-
-
 WHOLE_COLUMNS = ("id", "run_id", "run")
-DTYPE_HELP = ("bf16-if-native: bf16 on a GPU and on a CPU with a bf16 unit (there speculative decoding pays), float32 "
-              "on other CPUs; auto: bf16 on a GPU, float32 on any CPU; float32, bfloat16 or float16. In float32 and "
-              "bf16 a request's greedy tokens are the target's own for that request alone, whatever the method and "
-              "the batch (fp16 on a CPU is not checked; docs/engine.md, 'Batch invariance').")
 
 
 def emit_rows(rows: list[dict[str, Any]], columns: Sequence[str], fmt: str, *, title: str | None = None) -> None:
@@ -133,27 +116,6 @@ def drafter_folder(option: str, value: str | None) -> str | None:
     if not folder.is_dir():
         raise click.BadParameter(f"{value}: no such drafter folder (nor a built-in drafter)", param_hint=option)
     return str(folder)
-
-
-def prompt_file(split: str):
-    """A click callback: a JSONL file, or a prepared dataset's name read as its `split` split."""
-
-    def resolve(ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...] | None):
-        from adaflash.data.prompts import PromptFileError, prompt_source
-
-        if value is None:
-            return None
-        if isinstance(value, tuple):  # a repeatable option: each value resolved alike
-            return tuple(resolve(ctx, param, one) for one in value)
-        try:
-            path = prompt_source(value, workspace_of(ctx), split)
-        except PromptFileError as err:
-            raise click.BadParameter(str(err), ctx=ctx, param=param) from None
-        if not path.is_file():
-            raise click.BadParameter(f"{value}: no such file", ctx=ctx, param=param)
-        return str(path)
-
-    return resolve
 
 
 def chosen_drafter(method: str, draft: str | None, target: str) -> str | None:
@@ -233,6 +195,9 @@ def recorded_run(log: RunLog, kind: str, *, expected: tuple[type[BaseException],
     finished (or as `run.finish` said); failed with the error as its note (an `expected` error also becomes
     a one-line CLI error, exit 2); stopped on Ctrl-C (which propagates, exit 130).
     """
+    options = _group_records()
+    if options:
+        fields["config"] = {**(fields.get("config") or {}), "options": options}
     run = RecordedRun(log, log.create_run(kind, **fields))
     try:
         yield run
@@ -251,6 +216,12 @@ def recorded_run(log: RunLog, kind: str, *, expected: tuple[type[BaseException],
         run.close("failed", f"{type(err).__name__}: {err}")
         raise
     run.close(run.status, run.note)
+
+
+def _group_records() -> dict[str, Any]:
+    """The option groups of the running command, as `cli.groups.uses` built them (none outside a command)."""
+    ctx = click.get_current_context(silent=True)
+    return dict(ctx.meta.get("adaflash.groups", {})) if ctx is not None else {}
 
 
 def argv_of(ctx: click.Context, leave_out: set[str]) -> list[str]:

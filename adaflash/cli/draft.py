@@ -6,8 +6,12 @@ import json
 
 import click
 
-from adaflash.cli.common import emit_rows, fail, output_format_option
+from adaflash.cli.common import emit_rows, fail
+from adaflash.cli.groups import Output, use, uses
+from adaflash.cli.resolve import required
+from adaflash.engine.config import EngineConfig
 from adaflash.methods import DRAFTER_ARCHITECTURES, LENGTH_HEAD_DRAFTERS
+from adaflash.options import DrafterConfig, JobConfig, ModelConfig, SamplingConfig
 
 
 @click.group()
@@ -16,20 +20,27 @@ def draft() -> None:
 
 
 @draft.command("new")
-@click.option("--method", type=click.Choice(DRAFTER_ARCHITECTURES), required=True)
-@click.option("--target", default="smollm2-135m", show_default=True, help="Built-in name, HF id or local folder.")
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="Folder to write the drafter to.")
-@click.option("--layers", type=click.IntRange(1, 8), default=1, show_default=True, help="DFlash: decoder layers.")
-@click.option("--block-size", type=click.IntRange(2, 64), default=16, show_default=True, help="DFlash: block size B.")
-@click.option("--steps", type=click.IntRange(1, 32), default=6, show_default=True, help="EAGLE-3/MTP: chain length.")
-@click.option("--length-head/--no-length-head", default=False, show_default=True, help="DFlash: add the AdaFlash length head.")
-@click.option("--target-layer-ids", default=None, help="Comma-separated target layers to read (default: spread evenly).")
-@click.option("--mask-token-id", type=int, default=None, help="DFlash: a spare token id for MASK (default: a learned embedding).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--force", is_flag=True, help="Overwrite an existing folder.")
-def new(method: str, target: str, out: str, layers: int, block_size: int, steps: int, length_head: bool,
-        target_layer_ids: str | None, mask_token_id: int | None, seed: int, force: bool) -> None:
-    """Write an initialized drafter: config.json (DFlash/AdaFlash fields) + model.safetensors."""
+@uses(use(ModelConfig, only=("method", "target")), use(JobConfig, only=("out", "force")),
+      use(DrafterConfig, only=("layers", "block_size", "length_head", "target_layer_ids", "mask_token_id")),
+      use(EngineConfig, only=("num_steps",)), use(SamplingConfig, only=("seed",)), command="draft new")
+def new(model: ModelConfig, job: JobConfig, drafter: DrafterConfig, engine: EngineConfig,
+        sampling: SamplingConfig) -> None:
+    """Write an initialized drafter: config.json (DFlash/AdaFlash fields) + model.safetensors.
+
+    --method is the drafter's architecture: [dflash|eagle3|mtp].
+    """
+    if len(model.method) != 1 or model.method[0] not in DRAFTER_ARCHITECTURES:
+        fail(f"--method is required, once: one of {', '.join(DRAFTER_ARCHITECTURES)}")
+    required(job.out, "--out", "the folder to write the drafter to")
+    if drafter.layers is not None and drafter.layers > 8:
+        fail(f"--layers {drafter.layers}: a drafter has at most 8 layers")
+    _new(model.method[0], model.target or "", job.out or "", drafter.layers or 1, drafter.block_size or 16,
+         engine.num_steps or 6, bool(drafter.length_head), drafter.target_layer_ids, drafter.mask_token_id,
+         sampling.seed or 0, job.force)
+
+
+def _new(method: str, target: str, out: str, layers: int, block_size: int, steps: int, length_head: bool,
+         target_layer_ids: str | None, mask_token_id: int | None, seed: int, force: bool) -> None:
     from pathlib import Path
 
     from adaflash.models.drafter_io import DrafterError, new_drafter, save_drafter
@@ -67,10 +78,11 @@ def new(method: str, target: str, out: str, layers: int, block_size: int, steps:
 
 @draft.command("info")
 @click.argument("folder", type=click.Path(file_okay=False))
-@click.option("--target", default=None, help="Also validate against this target.")
-@click.option("--json", "as_json", is_flag=True)
-def info(folder: str, target: str | None, as_json: bool) -> None:
-    """Show a drafter's config and check it loads (optionally against a target)."""
+@uses(use(ModelConfig, only=("target",)), Output(("text", "json"), help="text (indented JSON), or json: one line."),
+      command="draft info")
+def info(folder: str, model: ModelConfig, output: str) -> None:
+    """Show a drafter's config and check it loads (optionally against --target)."""
+    target, as_json = model.target, output == "json"
     from adaflash.models.drafter_io import DrafterError, load_drafter, read_drafter_config
     from adaflash.models.layers import DecoderConfig
     from adaflash.models.loading import local_folder
@@ -93,14 +105,17 @@ def info(folder: str, target: str | None, as_json: bool) -> None:
 
 @draft.command("export")
 @click.argument("folder")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder to write (replaced atomically).")
-@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default=None,
-              help="Cast the floating-point weights [default: as they are, byte for byte].")
-def export(folder: str, out: str, dtype: str | None) -> None:
-    """Copy a drafter (a folder or a built-in's name) to OUT, checked, optionally in another dtype.
+@uses(use(JobConfig, only=("out",)), use(ModelConfig, only=("dtype",)), command="draft export")
+def export(folder: str, job: JobConfig, model: ModelConfig) -> None:
+    """Copy a drafter (a folder or a built-in's name) to OUT, checked, optionally cast to --dtype bfloat16,
+    float16 or float32 (its floating-point weights; by default as they are, byte for byte).
 
     A pipeline's versions: `adaflash pipeline export`.
     """
+    out, dtype = job.out or "", model.dtype
+    required(job.out, "--out", "the folder to write")
+    if dtype is not None and dtype not in ("bfloat16", "float16", "float32"):
+        fail(f"--dtype: draft export casts to bfloat16, float16 or float32, got {dtype!r}")
     import torch
 
     from adaflash.models.drafter_io import DrafterError, export_drafter
@@ -114,12 +129,12 @@ def export(folder: str, out: str, dtype: str | None) -> None:
 
 
 @draft.command("builtins")
-@output_format_option()
-def builtins(fmt: str) -> None:
+@uses(Output(("table", "json", "csv")), command="draft builtins")
+def builtins(output: str) -> None:
     """The drafters shipped inside adaflash: pass a name wherever a drafter folder goes."""
     from adaflash.models.builtin_drafters import BUILTIN_DRAFTERS
 
     rows = [{"name": d.name, "target": d.target, "default_for": ",".join(d.default_for),
              "installed": (d.folder / "config.json").is_file(), "folder": str(d.folder), "description": d.description}
             for d in BUILTIN_DRAFTERS.values()]
-    emit_rows(rows, ["name", "target", "default_for", "installed", "folder", "description"], fmt)
+    emit_rows(rows, ["name", "target", "default_for", "installed", "folder", "description"], output)

@@ -10,6 +10,9 @@ from typing import Any
 
 import click
 
+from adaflash.cli.groups import Output, use, uses
+from adaflash.options import JobConfig
+
 
 def _runlog_if_any(ctx: click.Context) -> Any:
     """The workspace's run log when it exists (looking at GPUs never creates a workspace)."""
@@ -63,12 +66,11 @@ def render_snapshot(snap: Any) -> Any:
 
 
 @click.command("gpus")
-@click.option("--json", "as_json", is_flag=True, help="Print the snapshot as JSON (with --watch: one line each).")
+@uses(Output(("table", "json"), help="table, or json: the snapshot (with --watch: one line each)."),
+      use(JobConfig, only=("interval",), notes={"interval": "With --watch."}), command="gpus")
 @click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
-              help="Seconds between refreshes with --watch.")
 @click.pass_context
-def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float) -> None:
+def gpus(ctx: click.Context, output: str, job: JobConfig, watch: bool) -> None:
     """GPUs (memory, utilization, temperature, power, processes and their adaflash jobs) and host CPU/RAM.
 
     A machine without NVIDIA GPUs or driver says so and offers `cpu`.
@@ -76,6 +78,8 @@ def gpus(ctx: click.Context, as_json: bool, watch: bool, interval: float) -> Non
     from rich.console import Console
 
     from jobs.gpus import Inventory
+
+    as_json, interval = output == "json", job.interval
 
     console = Console()
     runlog = _runlog_if_any(ctx)

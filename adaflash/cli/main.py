@@ -9,6 +9,9 @@ import sys
 
 import click
 
+from adaflash.cli.groups import use, uses
+from adaflash.options import JobConfig
+
 # name -> (module, attribute, one-line description). The description is shown by `--help`
 # without importing the module, so torch is never loaded just to list commands.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -44,14 +47,13 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
-@click.option("--workspace", envvar="ADAFLASH_WORKSPACE", type=click.Path(file_okay=False),
-              default=None, help="Workspace folder holding the run log and runs [env ADAFLASH_WORKSPACE; default ./adaflash-workspace].")
+@uses(use(JobConfig, only=("workspace",)), command="adaflash")
 @click.version_option(package_name="adaflash")
 @click.pass_context
-def cli(ctx: click.Context, workspace: str | None) -> None:
+def cli(ctx: click.Context, job: JobConfig) -> None:
     """adaflash: adaptive speculative decoding with on-policy distilled diffusion drafters."""
     ctx.ensure_object(dict)
-    ctx.obj["workspace"] = workspace
+    ctx.obj["workspace"] = job.workspace
 
 
 def main() -> None:

@@ -8,7 +8,10 @@ from pathlib import Path
 import click
 
 from adaflash.cli.common import emit_rows, fail
+from adaflash.cli.groups import Output, use, uses
+from adaflash.cli.resolve import required
 from adaflash.models import registry, synth
+from adaflash.options import DrafterConfig, JobConfig, ModelConfig, SamplingConfig
 
 
 @click.group()
@@ -17,10 +20,11 @@ def models() -> None:
 
 
 @models.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def list_models(as_json: bool) -> None:
+@uses(Output(("table", "json")), command="models list")
+def list_models(output: str) -> None:
     """The built-in targets, where each is cached and whether it is ready; the architectures `models synth`
     writes."""
+    as_json = output == "json"
     rows = [registry.describe(name) for name in registry.BUILTINS]
     archs = list(synth.describe_archs())
     if as_json:
@@ -35,9 +39,10 @@ def list_models(as_json: bool) -> None:
 
 @models.command("prepare")
 @click.argument("name")
-@click.option("--force", is_flag=True, help="Convert again even if a cached copy exists.")
-def prepare_model(name: str, force: bool) -> None:
-    """Convert a built-in target once into a cached safetensors folder."""
+@uses(use(JobConfig, only=("force",)), command="models prepare")
+def prepare_model(name: str, job: JobConfig) -> None:
+    """Convert a built-in target once into a cached safetensors folder (--force: again)."""
+    force = job.force
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     if name not in registry.BUILTINS:
@@ -63,31 +68,30 @@ def prepare_model(name: str, force: bool) -> None:
 
 @models.command("synth")
 @click.argument("name", metavar="NAME")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="The model folder to write (new or empty).")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the random weights: the same seed on the same kind of device gives the same "
-                   "weights.")
-@click.option("--layers", type=click.IntRange(1), default=None,
-              help="Decoder layers instead of the architecture's own: the same widths, smaller and quicker.")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
-              help="dtype of the weights written.")
-@click.option("--device", default="auto", show_default=True,
-              help="Where the weights are drawn: cpu, cuda, cuda:N or auto (a GPU if there is one).")
+@uses(use(JobConfig, only=("out", "force")), use(SamplingConfig, only=("seed",)), use(DrafterConfig, only=("layers",)),
+      use(ModelConfig, only=("dtype", "device")), Output(("text", "json")), command="models synth")
 @click.option("--max-shard-gb", type=click.FloatRange(0, min_open=True), default=4.0, show_default=True,
               help="Largest safetensors shard in GB; several shards come with model.safetensors.index.json.")
-@click.option("--force", is_flag=True, help="Replace a synthetic model already in --out.")
-@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def synth_model(name: str, out: str, seed: int, layers: int | None, dtype: str, device: str,
-                max_shard_gb: float, force: bool, as_json: bool) -> None:
+def synth_model(name: str, job: JobConfig, sampling: SamplingConfig, drafter: DrafterConfig, model: ModelConfig,
+                output: str, max_shard_gb: float) -> None:
     """Write a model folder of a real architecture with seeded random weights, for speed and memory.
 
     NAME is qwen3-8b, llama-3.1-8b, or qwen3-tiny / llama-tiny (a few MB, for tests). The folder (config.json,
     safetensors shards, a byte-level tokenizer with a chat template, generation_config.json) loads wherever a
     target is asked for. Random weights run at the real speed and memory; τ measured with them means nothing.
     Dense decoders only: the embedded engine has no mixture-of-experts layer, so there is no MoE architecture.
-    llama-3.1-8b keeps Llama 3.1's llama3 rope scaling, which the engine implements.
+    llama-3.1-8b keeps Llama 3.1's llama3 rope scaling, which the engine implements. --dtype: bf16, fp16 or
+    fp32; --seed: the same seed on the same kind of device gives the same weights.
     """
+    required(job.out, "--out", "the model folder to write (new or empty)")
+    if model.dtype not in ("bf16", "fp16", "fp32"):
+        fail(f"--dtype: models synth writes bf16, fp16 or fp32, got {model.dtype!r}")
+    _synth(name, job.out or "", sampling.seed or 0, drafter.layers, model.dtype, model.device, max_shard_gb,
+           job.force, output == "json")
+
+
+def _synth(name: str, out: str, seed: int, layers: int | None, dtype: str, device: str, max_shard_gb: float,
+           force: bool, as_json: bool) -> None:
     import sys
 
     from rich.console import Console

@@ -15,18 +15,18 @@ from typing import Any
 import click
 
 from adaflash.cli.common import fail
+from adaflash.cli.groups import Output, use, uses
 from adaflash.cli.run_display import ProgressDisplay, follow_slurm, print_event, print_final
+from adaflash.options import JobConfig
 
 
 @click.command("run", context_settings={"show_default": True})
 @click.argument("recipe", required=False)
+@uses(use(JobConfig, only=("dry_run", "workspace"), notes={"dry_run": "Here: the plan, with what the cache reuses."}),
+      Output(("text", "json"), help="text, or json: the plan (and the result)."), command="run")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Override a recipe value (TOML literal, else a string), e.g. --set gpus.training=[1,2].")
-@click.option("--dry-run", is_flag=True, help="Print the plan (exact command lines, GPUs, what the cache reuses) "
-                                              "and stop.")
 @click.option("--detach", is_flag=True, help="Supervise in the background; follow with `adaflash runs attach RUN`.")
-@click.option("--workspace", type=click.Path(file_okay=False), default=None,
-              help="Workspace for this run (default: the global --workspace, the recipe's, ./adaflash-workspace).")
 @click.option("--backend", type=click.Choice(["local", "slurm"]), default="local",
               help="local: subprocesses here; slurm: an sbatch script submitted to the cluster.")
 @click.option("--no-cache", "no_cache", is_flag=True,
@@ -37,14 +37,13 @@ from adaflash.cli.run_display import ProgressDisplay, follow_slurm, print_event,
                    "only if its outputs change.")
 @click.option("--progress-every", type=click.FloatRange(min=1), default=30.0,
               help="Without a terminal: seconds between progress lines while a job runs.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan (and the result) as JSON.")
 @click.option("--list", "list_recipes", is_flag=True, help="List the shipped recipes and exit.")
 @click.option("--foreground-supervisor", "supervise_run", hidden=True, metavar="RUN_ID",
               help="Internal: supervise an already recorded run (the --detach background process).")
 @click.pass_context
-def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_run: bool, detach: bool,
-        workspace: str | None, backend: str, no_cache: bool, rerun: tuple[str, ...], progress_every: float,
-        as_json: bool, list_recipes: bool, supervise_run: str | None) -> None:
+def run(ctx: click.Context, recipe: str | None, job: JobConfig, output: str, overrides: tuple[str, ...], detach: bool,
+        backend: str, no_cache: bool, rerun: tuple[str, ...], progress_every: float, list_recipes: bool,
+        supervise_run: str | None) -> None:
     """Run a recipe (TOML, or a shipped recipe's name): plan, start its jobs, supervise them.
 
     Jobs start as subprocesses in their own process groups, logs in <workspace>/runs/<run>/<job>.log,
@@ -53,23 +52,13 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
     resumes at the step that failed. Ctrl-C stops every job it started. Exit code: 0 finished,
     1 a job failed, 130 stopped, 2 invalid recipe or GPU assignment.
     """
-    from adaflash.cli.common import workspace_of
-
     if supervise_run:
-        from jobs.detached import supervise_existing
-
-        sys.exit(supervise_existing(workspace_of(ctx), supervise_run).exit_code)
-
-    from jobs.recipe import shipped_recipes
-
+        _supervise(ctx, supervise_run)
     if list_recipes or not recipe:
-        shipped = [p.stem for p in shipped_recipes()]
-        if not recipe and not list_recipes:
-            fail(f"missing RECIPE (a .toml file or a shipped recipe: {', '.join(shipped)})")
-        click.echo("\n".join(shipped))
+        _list_recipes(recipe, list_recipes)
         return
-    root = ctx.find_root()
-    explicit = workspace or (root.obj or {}).get("workspace")
+    as_json, dry_run = output == "json", job.dry_run
+    explicit = job.workspace or (ctx.find_root().obj or {}).get("workspace")
     prepared = _prepare_or_fail(recipe, overrides, explicit, rerun)
     use_cache = not no_cache
     if backend == "slurm":
@@ -85,6 +74,24 @@ def run(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_
     rerun_hint = shlex.join(["adaflash", *(["--workspace", explicit] if explicit else []), "run", recipe,
                              *(f"--set={o}" for o in overrides)])
     sys.exit(_run_attached(prepared, use_cache, rerun, as_json, progress_every, rerun_hint))
+
+
+def _supervise(ctx: click.Context, run_id: str) -> None:
+    """--foreground-supervisor: supervise a recorded run (the --detach background process); exits."""
+    from adaflash.cli.common import workspace_of
+    from jobs.detached import supervise_existing
+
+    sys.exit(supervise_existing(workspace_of(ctx), run_id).exit_code)
+
+
+def _list_recipes(recipe: str | None, list_recipes: bool) -> None:
+    """--list: the shipped recipes; no RECIPE and no --list: an error naming them."""
+    from jobs.recipe import shipped_recipes
+
+    shipped = [p.stem for p in shipped_recipes()]
+    if not recipe and not list_recipes:
+        fail(f"missing RECIPE (a .toml file or a shipped recipe: {', '.join(shipped)})")
+    click.echo("\n".join(shipped))
 
 
 def _prepare_or_fail(recipe: str, overrides: tuple[str, ...], workspace: str | None, rerun: tuple[str, ...]) -> Any:

@@ -6,7 +6,9 @@ import json
 
 import click
 
-from adaflash.cli.common import emit_rows, existing_runlog_of, output_format_option, run_or_fail
+from adaflash.cli.common import emit_rows, existing_runlog_of, fail, run_or_fail
+from adaflash.cli.groups import Output, use, uses
+from adaflash.options import InputConfig, ModelConfig
 
 RUN_COLUMNS = ["id", "kind", "status", "method", "target", "draft", "dataset", "created"]
 
@@ -27,24 +29,25 @@ def runs() -> None:
 @runs.command("list")
 @click.option("--kind", help="Only runs of this kind (generate, pipeline, bench, ...).")
 @click.option("--status", help="Only runs with this status.")
-@click.option("--method", help="Only runs of this method.")
-@click.option("--target", help="Only runs on this target.")
-@click.option("--dataset", help="Only runs on this dataset.")
-@click.option("--limit", type=int, default=50, show_default=True)
-@output_format_option()
+@uses(use(ModelConfig, only=("method", "target")), use(InputConfig, only=("dataset", "limit")),
+      Output(("table", "json", "csv")), command="runs list")
 @click.pass_context
-def list_runs(ctx: click.Context, kind, status, method, target, dataset, limit, fmt) -> None:
-    """Runs in the workspace, newest first."""
-    rows = [_created(r) for r in existing_runlog_of(ctx).list_runs(kind=kind, status=status, method=method, target=target,
-                                                           dataset=dataset, limit=limit)]
-    emit_rows(rows, RUN_COLUMNS, fmt, title="Runs")
+def list_runs(ctx: click.Context, kind: str | None, status: str | None, model: ModelConfig, inputs: InputConfig,
+              output: str) -> None:
+    """Runs in the workspace, newest first (--method, --target, --dataset: only runs of these)."""
+    if len(model.method) > 1:
+        fail("--method filters by one method here")
+    log = existing_runlog_of(ctx)
+    rows = log.list_runs(kind=kind, status=status, method=model.method[0] if model.method else None,
+                         target=model.target, dataset=inputs.dataset, limit=inputs.limit)
+    emit_rows([_created(r) for r in rows], RUN_COLUMNS, output, title="Runs")
 
 
 @runs.command("show")
 @click.argument("run_id")
-@output_format_option(("table", "json"))
+@uses(Output(("table", "json")), command="runs show")
 @click.pass_context
-def show_run(ctx: click.Context, run_id: str, fmt: str) -> None:
+def show_run(ctx: click.Context, run_id: str, output: str) -> None:
     """One run: its fields, jobs, latest metrics, checkpoints, benchmark results and the runs under it."""
     log = existing_runlog_of(ctx)
     run = run_or_fail(log, run_id)
@@ -58,7 +61,7 @@ def show_run(ctx: click.Context, run_id: str, fmt: str) -> None:
         "children": [{k: c.get(k) for k in ("id", "kind", "name", "status", "parent_id", "job")}
                      for c in log.child_runs(run)],
     }
-    if fmt == "json":
+    if output == "json":
         click.echo(json.dumps(detail, indent=2, default=str))
         return
     emit_rows([{"field": k, "value": v} for k, v in _created(run).items()], ["field", "value"], "table", title=f"Run {run['id']}")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from adaflash.cli.common import emit_rows, existing_runlog_of, fail, recorded_run, runlog_of
-from adaflash.methods import METHOD_NAMES
+from adaflash.cli.groups import Output, use, uses
+from adaflash.options import BenchConfig, InputConfig, ModelConfig
 
 
 def plain_table(rows: list[dict], titles: list[str]) -> str:
@@ -60,25 +62,25 @@ def print_comparison(log, run_ids: list[str] | None, fmt: str) -> None:
 
 @click.command("compare")
 @click.argument("run_ids", nargs=-1)
-@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "csv", "json"]), default="table",
-              show_default=True, help="Output format.")
+@uses(Output(("table", "markdown", "csv", "json")), command="runs compare")
 @click.pass_context
-def compare_runs(ctx: click.Context, run_ids: tuple[str, ...], fmt: str) -> None:
+def compare_runs(ctx: click.Context, run_ids: tuple[str, ...], output: str) -> None:
     """Compare benchmark results: method × dataset × concurrency, speed-up vs Vanilla.
 
     RUN ids may be bench-matrix runs (all their results), bench runs or imports; with none, the
     latest bench matrix (or every result when there is no matrix).
     """
-    print_comparison(existing_runlog_of(ctx), list(run_ids) or None, fmt)
+    print_comparison(existing_runlog_of(ctx), list(run_ids) or None, output)
 
 
 @click.command("export")
 @click.argument("run_ids", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["csv", "json", "jsonl", "markdown"]), default="json",
-              show_default=True, help="json/jsonl/csv: the full records; markdown: the comparison table.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here instead of stdout.")
+@uses(Output(("json", "csv", "jsonl", "markdown"), help="json/jsonl/csv: the full records; markdown: the comparison "
+                                                         "table."), command="runs export")
+@click.option("-o", "--output", "output_file", type=click.Path(dir_okay=False), default=None,
+              help="Write here instead of stdout.")
 @click.pass_context
-def export_runs(ctx: click.Context, run_ids: tuple[str, ...], fmt: str, output: str | None) -> None:
+def export_runs(ctx: click.Context, run_ids: tuple[str, ...], output: str, output_file: str | None) -> None:
     """Export the benchmark results of RUN(s) (a bench matrix brings all of its results)."""
     from adaflash.bench import compare
 
@@ -89,41 +91,42 @@ def export_runs(ctx: click.Context, run_ids: tuple[str, ...], fmt: str, output: 
         fail(err.args[0])
     if not records:
         fail(f"no benchmark results in {where}")
-    text = compare.export_records(records, fmt)
-    if output:
-        Path(output).expanduser().write_text(text)
-        click.echo(f"wrote {len(records)} result(s) to {output}", err=True)
+    text = compare.export_records(records, output)
+    if output_file:
+        Path(output_file).expanduser().write_text(text)
+        click.echo(f"wrote {len(records)} result(s) to {output_file}", err=True)
     else:
         click.echo(text, nl=False)
 
 
 @click.command("import")
 @click.argument("path", type=click.Path(dir_okay=False))
-@click.option("--method", type=click.Choice(METHOD_NAMES), default=None,
-              help="Method of every line [default: the line's own or server_info's `method` (an adaflash server "
-                   "reports it), else server_info.speculative_algorithm].")
-@click.option("--dataset", default=None, help="Dataset of every line [default: dataset_name].")
-@click.option("--target", default=None,
-              help="Target of every line [default: server_info's target, else model_path; a built-in's cached "
-                   "folder is recorded by the built-in's name].")
-@click.option("--concurrency", type=click.IntRange(min=1), default=None,
-              help="Concurrency of every line [default: max_concurrency].")
-@click.option("--label", default=None, help="A label for the imported results.")
+@uses(use(ModelConfig, only=("method", "target")), use(InputConfig, only=("dataset",)),
+      use(BenchConfig, only=("concurrency", "label")), command="runs import")
 @click.pass_context
-def import_runs(ctx: click.Context, path: str, method: str | None, dataset: str | None, target: str | None,
-                concurrency: int | None, label: str | None) -> None:
+def import_runs(ctx: click.Context, path: str, model: ModelConfig, inputs: InputConfig, bench: BenchConfig) -> None:
     """Import benchmark results as one run: SGLang bench_serving results (JSONL, its key names), or what
     `adaflash runs export` wrote in another workspace (json or jsonl).
 
-    A result the run log already holds (the same line, by its content) is skipped, so importing a file
-    twice adds nothing the second time."""
+    --method, --target, --dataset, --concurrency set those of every line [default: the line's own or
+    server_info's method (an adaflash server reports it), else server_info.speculative_algorithm; server_info's
+    target, else model_path (a built-in's cached folder is recorded by the built-in's name); dataset_name;
+    max_concurrency]. A result the run log already holds (the same line, by its content) is skipped, so
+    importing a file twice adds nothing the second time."""
     from adaflash.bench.compare import ImportFormatError, read_results
 
+    if len(model.method) > 1 or len(bench.levels) > 1:
+        fail("--method and --concurrency are given once here (those of every line)")
     try:
-        records = read_results(path, method=method, dataset=dataset, target=target, concurrency=concurrency)
+        records = read_results(path, method=model.method[0] if model.method else None, dataset=inputs.dataset,
+                               target=model.target, concurrency=bench.levels[0] if bench.levels else None)
     except ImportFormatError as err:
         fail(str(err))
-    log = runlog_of(ctx)
+    _import(runlog_of(ctx), path, records, bench.label)
+
+
+def _import(log: Any, path: str, records: list[dict[str, Any]], label: str | None) -> None:
+    """Add the records the run log does not hold yet, as one run."""
     held = log.imported_results(r["content_hash"] for r in records)
     for run in {r.get("imported_run_id") for r in records} - {None}:  # exported from this very log
         ids = {row["id"] for row in log.bench_results([run])}

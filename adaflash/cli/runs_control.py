@@ -7,14 +7,16 @@ import sys
 import click
 
 from adaflash.cli.common import existing_runlog_of, fail, run_or_fail
+from adaflash.cli.groups import use, uses
+from adaflash.options import JobConfig
 
 
 @click.command("attach")
 @click.argument("run_id")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=0.5, show_default=True,
-              help="Seconds between reads of the run log.")
+@uses(use(JobConfig, only=("interval",), notes={"interval": "Here: between reads of the run log."}),
+      command="runs attach")
 @click.pass_context
-def attach_run(ctx: click.Context, run_id: str, interval: float) -> None:
+def attach_run(ctx: click.Context, run_id: str, job: JobConfig) -> None:
     """Follow a run's jobs, events and metrics until it ends (Ctrl-C detaches; the run goes on)."""
     from rich.console import Console
 
@@ -31,7 +33,7 @@ def attach_run(ctx: click.Context, run_id: str, interval: float) -> None:
         _attach_slurm(log, run["id"], console)
         return
     try:
-        view = follow(log, run["id"], console, interval=interval)
+        view = follow(log, run["id"], console, interval=job.interval)
     except KeyboardInterrupt:
         console.print(f"detached; run {run['id']} goes on (adaflash runs stop {run['id']} stops it)")
         sys.exit(0)

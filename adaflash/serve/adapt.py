@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,40 +40,13 @@ from adaflash.pipeline.presets import PRESETS
 from adaflash.pipeline.training import TrainingConfig
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
-from adaflash.serve.adapt_stats import RollbackRule, VersionTally
+from adaflash.serve.adapt_config import AdaptConfig
+from adaflash.serve.adapt_stats import VersionTally
 from adaflash.serve.adapt_trainer import TrainerProcess
+from adaflash.settings import SettingError
 from adaflash.train.losses import LossConfig
 
 STATE_FILE = "adapt.json"  # in the swap dir: the versions set aside, so a restart does not serve them again
-
-
-@dataclass(frozen=True)
-class AdaptConfig:
-    swap_dir: str
-    sample_rate: float = 1.0  # share of finished requests recorded for training
-    holdout: float = 0.05  # share of prompts never trained on: their τ judges each version
-    preset: str = "adaflash"
-    train_gpus: list[str] | None = None  # CUDA_VISIBLE_DEVICES of the trainer; [] or None: the CPU
-    max_disk_mb: float | None = 2048.0  # recording pauses once the swap dir holds this much
-    rollback: RollbackRule = RollbackRule()
-    train_batch: int = 8
-    min_buffer: int = 8
-    publish_every: int = 4
-    keep: int = 8  # published versions kept on disk (what a manual rollback can reach)
-    max_len: int = 1024
-    lr: float = 1e-4
-    poll_seconds: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.sample_rate <= 1.0:
-            raise ValueError(f"--adapt-sample must be within [0, 1], got {self.sample_rate}")
-        if not 0.0 <= self.holdout < 1.0:
-            raise ValueError(f"--adapt-holdout must be within [0, 1), got {self.holdout}")
-        if self.preset not in PRESETS:
-            raise ValueError(f"--adapt-preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
-        if self.max_disk_mb is not None and self.max_disk_mb <= 0:
-            raise ValueError(f"--adapt-max-disk must be positive (MB), got {self.max_disk_mb}")
 
 
 class Adapter:
@@ -82,7 +55,10 @@ class Adapter:
     def __init__(self, cfg: AdaptConfig, engine: Engine, *, target: str, draft: str, log: RunLog, run_id: str,
                  run_dir: Path) -> None:
         if engine.drafter is None:
-            raise ValueError("--adapt needs a method with a drafter (dflash, adaflash or osd)")
+            raise ValueError("adapting needs a method with a drafter (dflash, adaflash or osd)")
+        if PRESETS[cfg.preset or "adaflash"]["length_head"] and not engine.drafter.predicts_length:
+            raise SettingError("adapt", "preset", f"{cfg.preset or 'adaflash'} trains the length head, and {draft} "
+                                                  "has none: give a drafter with a length head, or {preset} osd")
         self.cfg, self.engine, self.draft, self.log, self.run_id = cfg, engine, draft, log, run_id
         self.buffer, self.store = SwapBuffer(cfg.swap_dir), WeightStore(cfg.swap_dir)
         self.tally = VersionTally()
@@ -109,13 +85,13 @@ class Adapter:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="adaflash-adapt", daemon=True)
         self.run_on_engine: Callable[[Callable[[Engine], Any]], Future] | None = None
-        preset = PRESETS[cfg.preset]
+        preset = PRESETS[cfg.preset or "adaflash"]
         self.trainer = TrainerProcess(
             TrainingConfig(target=target, draft=draft, swap_dir=cfg.swap_dir, run_id=run_id, workspace=str(log.root),
                            loss=LossConfig(str(preset["loss"])), length_head=bool(preset["length_head"]), lr=cfg.lr, min_buffer=cfg.min_buffer,
                            train_batch=cfg.train_batch, publish_every=cfg.publish_every, keep=cfg.keep,
-                           max_len=cfg.max_len, device="cuda" if cfg.train_gpus else "cpu", seed=cfg.seed),
-            list(cfg.train_gpus or []), log, run_id, run_dir / "training.log")
+                           max_len=cfg.max_len, device="cuda" if cfg.devices else "cpu", seed=cfg.seed),
+            cfg.devices, log, run_id, run_dir / "training.log")
 
     # -- start and stop (main thread) ------------------------------------------------------------
     def resume(self) -> None:
