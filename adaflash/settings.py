@@ -105,8 +105,8 @@ class Rule:
 
     def default_note(self, command: str | None, default: Any) -> str:
         """What the help says where `command` declares its own default."""
-        if not command or command not in dict(self.per_command):
-            return ""
+        if not command or command not in dict(self.per_command) or (self.kind is bool and "/" not in (self.flag or "")):
+            return ""  # a switch is off unless given
         return f" [{command}'s own default; elsewhere {_shown(default)}]"
 
 

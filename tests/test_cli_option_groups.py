@@ -125,7 +125,7 @@ def test_a_group_error_names_the_flag_the_user_typed():
     from adaflash.serve.adapt_config import AdaptConfig
 
     with pytest.raises(SettingError) as err:
-        AdaptConfig(swap_dir="s")
+        AdaptConfig(enabled=False, swap_dir="s")
     assert str(err.value) == "adapt setting swap_dir applies to enabled"  # the library names fields
     assert setting_error(err.value) == "--swap-dir applies to --adapt"  # the CLI names flags
 

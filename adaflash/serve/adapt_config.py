@@ -19,11 +19,12 @@ from adaflash.settings import Rule, SettingError, Settings, setting
 
 @dataclass(frozen=True)
 class AdaptConfig(Settings):
-    """A server that learns its own traffic; `enabled` False leaves every other field unused."""
+    """A server that learns its own traffic. Code that builds one adapts; `serve` does with --adapt only
+    (`enabled` False leaves every other field unused)."""
 
     GROUP: ClassVar[str] = "adapt"
 
-    enabled: bool = setting(False, Rule(bool, flag="--adapt",
+    enabled: bool = setting(True, Rule(bool, flag="--adapt", per_command=(("serve", False),),
                                         help="Learn the traffic: record finished requests, train the drafter beside "
                                              "the server, hot-swap each version it publishes (dflash, adaflash, osd; "
                                              "embedded engine)."))
