@@ -43,6 +43,7 @@ class MatrixSpec:
     num_prompts: int = 16
     max_new_tokens: int = 256
     temperature: float = 0.0
+    top_p: float = 1.0
     warmup: int = 1
     eval_accuracy: bool = False
     label: str | None = None
@@ -206,7 +207,8 @@ def _run_cell(spec: MatrixSpec, log: Any, matrix_id: str, method: str, dataset: 
                             target=spec.target, draft=draft, dataset=dataset, parent_id=matrix_id,
                             config={"matrix_run": matrix_id, "base_url": url, "concurrency": concurrency})
     settings = BenchSettings(url, concurrency=concurrency, max_new_tokens=spec.max_new_tokens,
-                             temperature=spec.temperature, warmup=spec.warmup, api_key=spec.api_key)
+                             temperature=spec.temperature, top_p=spec.top_p, warmup=spec.warmup,
+                             api_key=spec.api_key)
     try:
         record = run_benchmark(settings, prompts, dataset=dataset, on_done=events.request, method=method,
                                target=spec.target, draft=draft, label=spec.label, eval_accuracy=spec.eval_accuracy,

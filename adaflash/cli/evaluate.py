@@ -18,7 +18,7 @@ COLUMNS = ["method", "accept_length", "accept_rate", "output_throughput", "speed
 
 @click.command("eval")
 @uses(use(ModelConfig, skip=("draft",)), use(InputConfig, only=("dataset", "num_prompts")),
-      use(SamplingConfig, only=("max_new_tokens", "temperature", "chat", "seed")), EngineConfig,
+      use(SamplingConfig, only=("max_new_tokens", "temperature", "top_p", "chat", "seed")), EngineConfig,
       use(BenchConfig, only=("label",)), Output(("table", "json", "csv", "markdown")), command="eval")
 @click.pass_context
 def evaluate(ctx: click.Context, model: ModelConfig, inputs: InputConfig, sampling: SamplingConfig,
@@ -32,7 +32,7 @@ def evaluate(ctx: click.Context, model: ModelConfig, inputs: InputConfig, sampli
     path, tgt, prompts = _prompts(ctx, model, inputs, sampling.chat)
     config = {"methods": list(model.method), "num_prompts": len(prompts), "batch_size": engine.max_batch,
               "max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
-              "engine": "embedded-offline", "engine_config": engine.to_json()}
+              "top_p": sampling.top_p, "engine": "embedded-offline", "engine_config": engine.to_json()}
     log = runlog_of(ctx)
     from adaflash.models.drafter_io import DrafterError
 
@@ -95,7 +95,8 @@ def _measure(log: Any, run_id: str, tgt: Any, method: str, draft: str | None, co
     from adaflash.engine.measure import measure
 
     engine = build_engine(tgt, method, draft, config=config)
-    metrics, _ = measure(engine, prompts, max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature)
+    metrics, _ = measure(engine, prompts, max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                         top_p=sampling.top_p)
     record = {**metrics, **base, "method": method, "draft": draft, "hardware": str(engine.device)}
     log.add_bench_result(run_id, record)
     click.echo(f"{method}: τ={metrics['accept_length']:.2f} {metrics['output_throughput']:.1f} tok/s", err=True)

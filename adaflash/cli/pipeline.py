@@ -39,7 +39,7 @@ from adaflash.options import (
       use(InputConfig, only=("data", "skip")), PipelineOptions,
       use(TrainOptions, only=("loss", "alpha", "kl_temperature", "clip", "lr", "warmup_steps")),
       use(DrafterConfig, only=("length_head",)), use(JobConfig, only=("max_minutes", "dry_run")),
-      use(SamplingConfig, only=("max_new_tokens", "temperature", "seed")),
+      use(SamplingConfig, only=("max_new_tokens", "temperature", "top_p", "seed")),
       use(EngineConfig, skip=("num_steps",), notes={"max_batch": "Here: the inference batch."}), command="pipeline")
 @click.pass_context
 def pipeline(ctx: click.Context, model: ModelConfig, inputs: InputConfig, pipeline: PipelineOptions,

@@ -128,7 +128,8 @@ def _worker_configs(plan: PipelinePlan, workspace: str, run_id: str, run_dir: Pa
     draft = str(Path(plan.draft).resolve())
     infer = InferenceConfig(target=plan.target, draft=draft, data=str(Path(plan.data).resolve()), swap_dir=swap,
                             run_id=run_id, workspace=workspace, method=plan.served, engine=plan.engine,
-                            max_new_tokens=s.max_new_tokens, temperature=s.temperature, max_samples=p.max_samples,
+                            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                            max_samples=p.max_samples,
                             skip=plan.skip, loop=loop, duration=p.duration,
                             device="cuda" if plan.infer_list else "cpu", deadline=deadline)
     train = TrainingConfig(target=plan.target, draft=draft, swap_dir=swap, run_id=run_id, workspace=workspace,

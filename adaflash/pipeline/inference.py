@@ -55,6 +55,7 @@ class InferenceConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)  # max_batch: prompts answered at once
     max_new_tokens: int = 256
     temperature: float = 0.0
+    top_p: float = 1.0
     max_samples: int | None = None
     skip: int = 0  # leading prompts left out (the ones the offline drafter was trained on)
     loop: bool = False
@@ -92,7 +93,7 @@ class InferenceWorker:
         if not self.prompts:
             raise ValueError(f"{cfg.data}: no prompts left after --skip {cfg.skip}")
         self.total = answers_in_all(cfg.max_samples, cfg.loop, len(self.prompts))
-        self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+        self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
         self.next_prompt = self.produced
         self.pending: list[dict] = []
         self.started = time.time()
