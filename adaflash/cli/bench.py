@@ -11,6 +11,7 @@ import click
 
 from adaflash.cli.common import fail, recorded_run, runlog_of, workspace_of
 from adaflash.cli.groups import Output, use, uses
+from adaflash.cli.resolve import warmup_count
 from adaflash.options import BenchConfig, InputConfig, ModelConfig, SamplingConfig, ServeConfig
 
 SUMMARY = [("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
@@ -134,7 +135,7 @@ def bench(ctx: click.Context, serve: ServeConfig, inputs: InputConfig, sampling:
     meta = _metadata(model, info)
     name, prompts = _prompts(ctx, inputs.dataset, inputs.num_prompts, sampling.seed, sampling.chat, meta["target"])
     settings = BenchSettings(serve.url, concurrency=concurrency, max_new_tokens=sampling.max_new_tokens,
-                             temperature=sampling.temperature, top_p=sampling.top_p, warmup=bench.warmup_count,
+                             temperature=sampling.temperature, top_p=sampling.top_p, warmup=warmup_count(bench),
                              stream=stream, ignore_eos=ignore_eos, api_key=serve.api_key)
     run_id, record = _measure(ctx, settings, prompts, name, meta, bench, sampling, output == "json")
     if output == "json":

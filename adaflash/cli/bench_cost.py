@@ -11,7 +11,7 @@ import click
 from adaflash.bench.cost import gigabytes
 from adaflash.cli.common import emit_rows, fail, runlog_of
 from adaflash.cli.groups import Output, use, uses
-from adaflash.cli.resolve import out_file
+from adaflash.cli.resolve import out_file, warmup_count
 from adaflash.options import BenchConfig, JobConfig, ModelConfig, SamplingConfig
 
 
@@ -47,7 +47,7 @@ def cost(ctx: click.Context, model: ModelConfig, bench: BenchConfig, sampling: S
     try:
         spec = CostSpec(target=model.target or "", batch_sizes=parse_sizes(bench.batch_sizes, "--batch-sizes", "1,8,32,64"),
                         widths=parse_sizes(widths, "--widths", "1,2,4,8,16"), context=context, device=model.device,
-                        dtype=model.dtype, repeats=repeats, warmup=bench.warmup_count, bandwidth_gbs=bandwidth_gbs,
+                        dtype=model.dtype, repeats=repeats, warmup=warmup_count(bench), bandwidth_gbs=bandwidth_gbs,
                         seed=sampling.seed or 0, label=bench.label)
         run_id, result = record(runlog_of(ctx), CostBench(spec, _say), _on_cell)
     except CostBenchError as err:

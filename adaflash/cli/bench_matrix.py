@@ -12,7 +12,7 @@ import click
 from adaflash.cli.bench import _Progress, _prompts, split, suite_overall, supervised_launcher
 from adaflash.cli.common import fail, note_builtin_drafter, runlog_of, workspace_of
 from adaflash.cli.groups import Output, use, uses
-from adaflash.cli.resolve import draft_map, required
+from adaflash.cli.resolve import draft_map, required, warmup_count
 from adaflash.engine.config import EngineConfig
 from adaflash.methods import METHOD_NAMES, VANILLA, method_of
 from adaflash.options import BenchConfig, InputConfig, ModelConfig, SamplingConfig, ServeConfig
@@ -40,7 +40,7 @@ def matrix(ctx: click.Context, bench: BenchConfig, inputs: InputConfig, model: M
     prompts, names, suites = _matrix_prompts(ctx, inputs, sampling, model.target or "")
     spec = MatrixSpec(methods=methods, datasets=names, concurrency=bench.levels, target=model.target or "",
                       drafts=drafts, num_prompts=inputs.num_prompts, max_new_tokens=sampling.max_new_tokens,
-                      temperature=sampling.temperature, top_p=sampling.top_p, warmup=bench.warmup_count, eval_accuracy=bench.eval_accuracy,
+                      temperature=sampling.temperature, top_p=sampling.top_p, warmup=warmup_count(bench), eval_accuracy=bench.eval_accuracy,
                       label=bench.label, engine=serve.engine, gpus=serve.gpus, context_length=engine.max_len,
                       serve_args=[a for arg in serve.serve_args for a in shlex.split(arg)],
                       ready_timeout=serve.ready_timeout, api_key=os.environ.get("ADAFLASH_API_KEY") or None)

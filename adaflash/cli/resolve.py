@@ -10,7 +10,7 @@ import click
 from adaflash.cli.common import chosen_drafter, drafter_folder, fail, workspace_of, writable_file
 from adaflash.cli.groups import setting_error
 from adaflash.methods import VANILLA
-from adaflash.options import ModelConfig
+from adaflash.options import BenchConfig, ModelConfig
 from adaflash.settings import SettingError
 
 
@@ -31,6 +31,14 @@ def draft_map(model: ModelConfig) -> dict[str, str]:
     """METHOD=DIR per --draft, or a clean error."""
     try:
         return model.draft_map()
+    except SettingError as err:
+        fail(setting_error(err))
+
+
+def warmup_count(bench: BenchConfig) -> int:
+    """--warmup as a count of requests or passes (bench engine takes its words instead)."""
+    try:
+        return bench.warmup_count
     except SettingError as err:
         fail(setting_error(err))
 
