@@ -60,7 +60,7 @@ class Rule:
     metavar: str | None = None
     envvar: str | None = None
     per_command: tuple[tuple[str, Any], ...] = ()  # (command path, its default): the one place a default differs
-    converter: str | None = None  # the CLI's named check that resolves the value (a file, a drafter folder)
+    hidden: bool = False  # internal: not in the help
 
     def expected(self) -> str:
         if self.choices:

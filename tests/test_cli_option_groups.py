@@ -38,9 +38,9 @@ def _commands() -> list[tuple[str, int]]:
     return found
 
 
-def _literal_flags() -> Counter[str]:
+def _literal_flags(paths: list[Path] | None = None) -> Counter[str]:
     flags: Counter[str] = Counter()
-    for path in sorted(CLI.glob("*.py")):
+    for path in paths or sorted(CLI.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and ast.unparse(node.func) == "click.option" and node.args
                     and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
@@ -59,6 +59,13 @@ def test_no_command_function_is_longer_than_40_lines():
 def test_no_flag_is_declared_by_hand_in_more_than_one_place():
     repeated = {flag: n for flag, n in _literal_flags().items() if n > 1}
     assert not repeated, f"flags declared by more than one click.option literal (use an option group): {repeated}"
+
+
+def test_commands_take_their_options_from_groups_only():
+    """The one literal click.option left is the output group's --format (its shortcuts are made from it)."""
+    hand_made = {path.name: flags for path in sorted(CLI.glob("*.py"))
+                 if (flags := _literal_flags([path]))}
+    assert hand_made == {"groups.py": Counter({"--format": 1})}
 
 
 def test_each_group_flag_has_one_declaring_rule_and_no_literal_restates_it():

@@ -108,15 +108,13 @@ class _Progress:
 @click.group(invoke_without_command=True)
 @uses(use(ServeConfig, only=("base_url", "api_key")), use(InputConfig, only=("dataset", "num_prompts")),
       use(SamplingConfig, only=("max_new_tokens", "temperature", "top_p", "chat", "seed")),
-      use(BenchConfig, only=("concurrency", "warmup", "eval_accuracy", "label")),
+      use(BenchConfig, only=("concurrency", "warmup", "eval_accuracy", "label", "stream", "ignore_eos")),
       use(ModelConfig, only=("method", "target", "draft"), notes={"method": "Metadata [default: from /get_server_info].",
                                                                  "draft": "Metadata [default: from /get_server_info]."}),
       Output(("table", "json"), help="table, or json: the recorded result."), command="bench")
-@click.option("--stream/--no-stream", default=True, show_default=True, help="Stream answers (real TTFT and ITL).")
-@click.option("--ignore-eos", is_flag=True, help="Always generate --max-new-tokens tokens.")
 @click.pass_context
 def bench(ctx: click.Context, serve: ServeConfig, inputs: InputConfig, sampling: SamplingConfig, bench: BenchConfig,
-          model: ModelConfig, output: str, stream: bool, ignore_eos: bool) -> None:
+          model: ModelConfig, output: str) -> None:
     """Benchmark a running server with SGLang bench_serving's metrics; the result goes to the run log.
 
     `adaflash bench matrix ...` instead serves every method in turn and measures each one;
@@ -136,7 +134,7 @@ def bench(ctx: click.Context, serve: ServeConfig, inputs: InputConfig, sampling:
     name, prompts = _prompts(ctx, inputs.dataset, inputs.num_prompts, sampling.seed, sampling.chat, meta["target"])
     settings = BenchSettings(serve.url, concurrency=concurrency, max_new_tokens=sampling.max_new_tokens,
                              temperature=sampling.temperature, top_p=sampling.top_p, warmup=warmup_count(bench),
-                             stream=stream, ignore_eos=ignore_eos, api_key=serve.api_key)
+                             stream=bench.stream, ignore_eos=bench.ignore_eos, api_key=serve.api_key)
     run_id, record = _measure(ctx, settings, prompts, name, meta, bench, sampling, output == "json")
     if output == "json":
         click.echo(json.dumps({"run_id": run_id, **record}, indent=2, default=str))

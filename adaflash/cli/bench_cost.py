@@ -16,21 +16,12 @@ from adaflash.options import BenchConfig, JobConfig, ModelConfig, SamplingConfig
 
 
 @click.command("cost")
-@uses(use(ModelConfig, only=("target", "device", "dtype")), use(BenchConfig, only=("batch_sizes", "warmup", "label")),
+@uses(use(ModelConfig, only=("target", "device", "dtype")), use(BenchConfig, only=("batch_sizes", "widths", "context", "repeats", "warmup", "bandwidth_gbs", "label")),
       use(SamplingConfig, only=("seed",), notes={"seed": "Here: of the random token ids."}),
       use(JobConfig, only=("out",)), Output(("table", "markdown", "csv", "json")), command="bench cost")
-@click.option("--widths", default="1,2,4,8,16", show_default=True,
-              help="Comma-separated tokens k verified per row in one pass (1 is a Vanilla decode step).")
-@click.option("--context", type=click.IntRange(1), default=512, show_default=True,
-              help="Tokens already in every row's cache.")
-@click.option("--repeats", type=click.IntRange(1), default=20, show_default=True,
-              help="Timed passes per cell; the table shows their median.")
-@click.option("--bandwidth-gbs", type=click.FloatRange(0, min_open=True), default=None,
-              help="Memory bandwidth in GB/s for the Vanilla roofline [default: H200 4800, H100 3350 "
-                   "(PCIe 2000, NVL 3900) by the GPU's name; none elsewhere].")
 @click.pass_context
 def cost(ctx: click.Context, model: ModelConfig, bench: BenchConfig, sampling: SamplingConfig, job: JobConfig,
-         output: str, widths: str, context: int, repeats: int, bandwidth_gbs: float | None) -> None:
+         output: str) -> None:
     """Time one target pass of k tokens at batch b, and its ratio to the k=1 pass at the same batch.
 
     Each pass is the engine's own verify pass over rows holding --context tokens (on a GPU replayed from its
@@ -44,6 +35,7 @@ def cost(ctx: click.Context, model: ModelConfig, bench: BenchConfig, sampling: S
     plot = out_file(ctx, job.out) if job.out else None
     if plot and Path(plot).suffix.lower() not in (".png", ".svg"):
         fail(f"--out {plot}: the plot is written as .png or .svg")
+    widths, context, repeats, bandwidth_gbs = bench.widths, bench.context, bench.repeats, bench.bandwidth_gbs
     try:
         spec = CostSpec(target=model.target or "", batch_sizes=parse_sizes(bench.batch_sizes, "--batch-sizes", "1,8,32,64"),
                         widths=parse_sizes(widths, "--widths", "1,2,4,8,16"), context=context, device=model.device,

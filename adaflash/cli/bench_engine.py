@@ -18,26 +18,15 @@ from adaflash.options import BenchConfig, InputConfig, ModelConfig, ProfileConfi
 
 
 @click.command("engine")
-@uses(use(ModelConfig, skip=("method",)), use(BenchConfig, only=("methods", "batch_sizes", "warmup", "label")),
+@uses(use(ModelConfig, skip=("method",)), use(BenchConfig, only=("methods", "draft_dir", "batch_sizes", "warmup", "order", "compare_hf",
+                                                             "prompt_lookup_tokens", "label")),
       use(InputConfig, only=("prompts", "num_prompts")), use(SamplingConfig, only=("max_new_tokens", "chat", "seed")),
       use(EngineConfig, skip=("max_batch", "max_len"), notes={"admit_batch": "At most the smallest --batch-sizes."}),
       use(ProfileConfig, only=("profile", "profile_steps")),
       Output(("table", "markdown", "csv", "json"), help="How to print the results at the end."), command="bench engine")
-@click.option("--draft-dir", default=None, type=click.Path(file_okay=False),
-              help="A folder with one drafter per method: DIR/dflash, DIR/adaflash (or adaflash-online, adaflash-init), "
-                   "DIR/eagle3, DIR/mtp (--draft METHOD=DIR beats it).")
-@click.option("--compare-hf", is_flag=True,
-              help="Also time transformers' generate() on the same model folder: greedy, and prompt lookup at batch 1.")
-@click.option("--prompt-lookup-tokens", type=click.IntRange(1), default=10, show_default=True,
-              help="prompt_lookup_num_tokens of the hf-prompt-lookup row.")
-@click.option("--order", type=click.Choice(["auto", "interleaved", "sequential"]), default="auto", show_default=True,
-              help="interleaved: every method's engine gets all prompts queued and they take turns of a few steps, "
-                   "each on its own clock, so a drifting machine slows every row alike; sequential: one method "
-                   "after the other, all prompts queued at once; auto = interleaved on CPU, sequential on CUDA.")
 @click.pass_context
 def engine(ctx: click.Context, model: ModelConfig, bench: BenchConfig, inputs: InputConfig, sampling: SamplingConfig,
-           engine: EngineConfig, profile: ProfileConfig, output: str, draft_dir: str | None, compare_hf: bool,
-           prompt_lookup_tokens: int, order: str) -> None:
+           engine: EngineConfig, profile: ProfileConfig, output: str) -> None:
     """Measure every method through the embedded engine side by side, greedy, on the same prompts.
 
     Per batch size: output tok/s, τ and whether greedy output is identical to our Vanilla's; with
@@ -48,14 +37,14 @@ def engine(ctx: click.Context, model: ModelConfig, bench: BenchConfig, inputs: I
     from adaflash.bench.engine_spec import EngineBenchError, EngineBenchSpec
 
     target = model.target or ""
-    methods, sizes, drafts = _plan(model, bench, engine, draft_dir)
+    methods, sizes, drafts = _plan(model, bench, engine, bench.draft_dir)
     name, prompts = _prompts(ctx, inputs.prompts or "gsm8k", inputs.num_prompts, sampling.seed, sampling.chat, target)
     if bench.warmup not in ("auto", "short", "full", "none"):
         fail(f"--warmup: bench engine takes auto, short, full or none, got {bench.warmup!r}")
     spec = EngineBenchSpec(target=target, methods=methods, batch_sizes=sizes, drafts=drafts, dataset=name,
                            max_new_tokens=sampling.max_new_tokens, device=model.device, dtype=model.dtype,
-                           compare_hf=compare_hf, prompt_lookup_tokens=prompt_lookup_tokens, label=bench.label,
-                           warmup=bench.warmup, engine_config=engine, order=order,
+                           compare_hf=bench.compare_hf, prompt_lookup_tokens=bench.prompt_lookup_tokens,
+                           label=bench.label, warmup=bench.warmup, engine_config=engine, order=bench.order,
                            profile=str(Path(profile.profile).expanduser()) if profile.profile else None,
                            profile_steps=profile.profile_steps)
     try:

@@ -26,24 +26,12 @@ def _phase(text: str) -> tuple[str, str, str | None]:
 @click.command("shift")
 @uses(use(ServeConfig, only=("base_url", "api_key"), notes={"base_url": "Started with `adaflash serve --adapt` to "
                                                                         "see it learn."}),
-      use(BenchConfig, only=("concurrency",)), use(InputConfig, only=("num_prompts",)),
+      use(BenchConfig, only=("phases", "seconds", "concurrency", "holdout", "probe_every", "plot")), use(InputConfig, only=("num_prompts",)),
       use(SamplingConfig, only=("max_new_tokens", "chat")), use(ModelConfig, only=("target",)),
       Output(("text", "json"), help="text, or json: the summary."), command="bench shift")
-@click.option("--phase", "phases", multiple=True, required=True, metavar="NAME=DATASET[:DOMAIN]",
-              help="A phase of traffic, in order (repeatable): prompts of a dataset, or of one domain of it "
-                   "(`chat=suite:chat`). Requests carry the phase's name as their tag.")
-@click.option("--seconds", "seconds_text", default="300", show_default=True, metavar="S|S1,S2,...",
-              help="Length of each phase in seconds: one for every phase, or one per phase in order (60,600).")
-@click.option("--holdout", type=click.IntRange(0), default=8, show_default=True,
-              help="Prompts per phase sent only in rounds with \"adapt\": false: τ on prompts never trained on.")
-@click.option("--probe-every", type=click.FloatRange(min=1), default=30.0, show_default=True,
-              help="Seconds between two rounds of held-out prompts.")
-@click.option("--plot", "plot_path", default=None, metavar="FILE.svg|FILE.png",
-              help="The picture [default: RUN_DIR/shift.svg].")
 @click.pass_context
 def shift(ctx: click.Context, serve: ServeConfig, bench: BenchConfig, inputs: InputConfig, sampling: SamplingConfig,
-          model: ModelConfig, output: str, phases: tuple[str, ...], seconds_text: str, holdout: int,
-          probe_every: float, plot_path: str | None) -> None:
+          model: ModelConfig, output: str) -> None:
     """Replay traffic that shifts from one domain to another against one server and plot τ over time.
 
     Each phase runs its --seconds; its held-out prompts measure what the drafter learned of the domain,
@@ -54,8 +42,11 @@ def shift(ctx: click.Context, serve: ServeConfig, bench: BenchConfig, inputs: In
     from adaflash.bench.shift import ShiftSettings
     from adaflash.cli.bench import _server_info, one_level
 
+    phases, holdout, probe_every, plot_path = bench.phases, bench.holdout, bench.probe_every, bench.plot
+    if not phases:
+        fail("--phase NAME=DATASET[:DOMAIN] is required, once per phase")
     parsed = [_phase(p) for p in phases]
-    seconds = _seconds(seconds_text, len(parsed))
+    seconds = _seconds(bench.seconds, len(parsed))
     if len({name for name, _, _ in parsed}) != len(parsed):
         fail("--phase names must differ")
     if plot_path and Path(plot_path).suffix.lower() not in (".svg", ".png"):

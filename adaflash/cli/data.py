@@ -17,7 +17,7 @@ from adaflash.data.errors import DatasetError
 from adaflash.data.prepare import prepare_dataset
 from adaflash.data.resolve import resolve_dataset
 from adaflash.engine.config import EngineConfig
-from adaflash.options import InputConfig, JobConfig, ModelConfig, SamplingConfig
+from adaflash.options import InputConfig, JobConfig, ModelConfig, PrepConfig, SamplingConfig
 
 
 @click.group()
@@ -39,24 +39,12 @@ def list_datasets(output: str) -> None:
 
 @data.command("prepare", short_help="Normalize a dataset into <name>_train.jsonl and <name>_test.jsonl.")
 @click.argument("dataset")
-@uses(use(JobConfig, only=("out",)), use(InputConfig, only=("limit",)), Output(("text", "json")),
-      command="data prepare")
-@click.option("--source", type=click.Path(), default=None,
-              help="Where the data is: a GSM8K folder, a file for a built-in, or the file when DATASET is a new name.")
-@click.option("--name", default=None, help="Output name: <name>_train.jsonl, <name>_test.jsonl [default: from DATASET].")
-@click.option("--split-seed", type=int, default=0, show_default=True, help="Seed of the hash split.")
-@click.option("--test-fraction", type=click.FloatRange(0.0, 1.0), default=None,
-              help="Share of rows in test [default: 0.1; 1.0 for humaneval and mt-bench; official splits are kept].")
-@click.option("--column-map", default=None, metavar="KEY=COL,...",
-              help="Columns of a file or hub dataset: prompt=, answer=, id=, reference=, system=, conversations=.")
-@click.option("--hub-config", default=None, help="Config (subset) of a hub dataset.")
-@click.option("--code-packages", default=None, metavar="NAME,...|none",
-              help="suite: installed packages whose documented functions become code prompts [default: "
-                   "adaflash's own dependencies (data/code_prompts.py), those installed].")
+@uses(use(JobConfig, only=("out",)), use(InputConfig, only=("limit",)),
+      use(PrepConfig, only=("source", "name", "split_seed", "test_fraction", "column_map", "hub_config", "code_packages")),
+      Output(("text", "json")), command="data prepare")
 @click.pass_context
-def prepare(ctx: click.Context, dataset: str, job: JobConfig, inputs: InputConfig, output: str, source: str | None,
-            name: str | None, split_seed: int, test_fraction: float | None, column_map: str | None,
-            hub_config: str | None, code_packages: str | None) -> None:
+def prepare(ctx: click.Context, dataset: str, job: JobConfig, inputs: InputConfig, prep: PrepConfig,
+            output: str) -> None:
     """Write DATASET as normalized rows to <out>/<name>_train.jsonl and <out>/<name>_test.jsonl.
 
     DATASET is gsm8k, humaneval, mt-bench, sharegpt, a local .jsonl/.json/.parquet file (or a
@@ -67,13 +55,15 @@ def prepare(ctx: click.Context, dataset: str, job: JobConfig, inputs: InputConfi
     training corpus whose prompts never equal a test prompt.
     """
     out = Path(job.out).expanduser() if job.out else Path(workspace_of(ctx)) / "data"
+    source, name, column_map, hub_config, test_fraction = (prep.source, prep.name, prep.column_map, prep.hub_config,
+                                                           prep.test_fraction)
     if dataset.lower() == "suite":
         if source or name or column_map or hub_config or test_fraction is not None or inputs.limit is not None:
             fail("suite takes only --out and --code-packages (its sources and splits are fixed: see "
                  "`adaflash data prepare --help`)")
-        _prepare_suite(ctx, out, code_packages, output == "json")
+        _prepare_suite(ctx, out, prep.code_packages, output == "json")
         return
-    if code_packages is not None:
+    if prep.code_packages is not None:
         fail("--code-packages applies to the suite")
     try:
         mapping = parse_column_map(column_map)
@@ -83,7 +73,7 @@ def prepare(ctx: click.Context, dataset: str, job: JobConfig, inputs: InputConfi
         src = resolve_dataset(dataset, source, column_map=mapping, name=name, hub_config=hub_config)
     except DatasetError as err:
         fail(str(err))
-    summary = _prepare(ctx, src, out, split_seed, test_fraction, inputs.limit, mapping, hub_config)
+    summary = _prepare(ctx, src, out, prep.split_seed, test_fraction, inputs.limit, mapping, hub_config)
     if output == "json":
         click.echo(json.dumps(summary, indent=2, default=str))
         return
@@ -162,11 +152,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 @data.command("vary", short_help="Add variants of each prompt with its numbers redrawn (more answers to train on).")
 @uses(use(InputConfig, only=("dataset", "num_samples", "skip")), use(SamplingConfig, only=("seed",)),
-      use(JobConfig, only=("out",)), command="data vary")
-@click.option("--variants", type=click.IntRange(1, 64), default=3, show_default=True,
-              help="Redrawn copies per prompt, beside the original.")
+      use(JobConfig, only=("out",)), use(PrepConfig, only=("variants",)), command="data vary")
 @click.pass_context
-def vary(ctx: click.Context, inputs: InputConfig, sampling: SamplingConfig, job: JobConfig, variants: int) -> None:
+def vary(ctx: click.Context, inputs: InputConfig, sampling: SamplingConfig, job: JobConfig, prep: PrepConfig) -> None:
     """Write each prompt and VARIANTS copies whose integers are redrawn (half to twice each value).
 
     The target answers the copies anew (`adaflash data regenerate --dataset OUT`), so a drafter sees
@@ -176,7 +164,7 @@ def vary(ctx: click.Context, inputs: InputConfig, sampling: SamplingConfig, job:
     required(inputs.dataset, "--dataset")
     dataset_file = prompts_path(ctx, inputs.dataset, "train", "--dataset") or ""
     out = out_file(ctx, job.out)
-    _vary(ctx, dataset_file, out, variants, inputs.num_samples, inputs.skip, sampling.seed or 0)
+    _vary(ctx, dataset_file, out, prep.variants, inputs.num_samples, inputs.skip, sampling.seed or 0)
 
 
 def _vary(ctx: click.Context, dataset_file: str, out_file: str, variants: int, num_samples: int | None, skip: int,
@@ -215,19 +203,11 @@ def _vary(ctx: click.Context, dataset_file: str, out_file: str, variants: int, n
       use(EngineConfig, only=("max_batch", "max_len"), notes={
           "max_len": "data regenerate: KV-cache positions per prompt [default: fit the longest prompt + "
                      "max-new-tokens, at most 4096]; longer prompts are skipped."}),
-      use(JobConfig, only=("out", "max_minutes", "resume")), Output(("text", "json"), help="text, or json: the summary."),
-      command="data regenerate")
-@click.option("--shard", default=None, metavar="I/N",
-              help="Answer only every N-th prompt from the I-th (0-based): N processes or GPUs split one dataset.")
-@click.option("--procs", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Run N processes side by side on the device, each answering every N-th prompt, then write one "
-                   "OUT: one process leaves a GPU mostly idle (on an H200, 8 answered about 6x as many prompts an hour as 1).")
-@click.option("--compact", is_flag=True,
-              help="Rows hold the prompt string and the answer's token ids only (what training reads): a third "
-                   "of the size.")
+      use(JobConfig, only=("out", "max_minutes", "resume")), use(PrepConfig, only=("shard", "procs", "compact")),
+      Output(("text", "json"), help="text, or json: the summary."), command="data regenerate")
 @click.pass_context
 def regenerate(ctx: click.Context, model: ModelConfig, inputs: InputConfig, sampling: SamplingConfig,
-               engine: EngineConfig, job: JobConfig, output: str, shard: str | None, procs: int, compact: bool) -> None:
+               engine: EngineConfig, job: JobConfig, prep: PrepConfig, output: str) -> None:
     """Answer the prompts of a dataset with the target; rows keep the exact prompt string it saw.
 
     Finished rows are also appended to OUT.partial as they come, so a run that is killed or runs out
@@ -239,9 +219,10 @@ def regenerate(ctx: click.Context, model: ModelConfig, inputs: InputConfig, samp
     dataset_file = prompts_path(ctx, inputs.dataset, "train", "--dataset") or ""
     out = out_file(ctx, job.out)
     same_file(dataset_file, out)
+    shard, procs = prep.shard, prep.procs
     method, draft = one_model(model, builtin=procs == 1)
     work = Regeneration(model=model, method=method, draft=draft, dataset_file=dataset_file, inputs=inputs,
-                        sampling=sampling, engine=engine, job=job, out=out, shard=shard, compact=compact,
+                        sampling=sampling, engine=engine, job=job, out=out, shard=shard, compact=prep.compact,
                         quiet=output == "json")
     if procs > 1:
         if shard:

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from adaflash.cli.groups import Output, use, uses
-from adaflash.options import JobConfig
+from adaflash.options import JobConfig, RunsConfig
 
 
 def _runlog_if_any(ctx: click.Context) -> Any:
@@ -67,10 +67,10 @@ def render_snapshot(snap: Any) -> Any:
 
 @click.command("gpus")
 @uses(Output(("table", "json"), help="table, or json: the snapshot (with --watch: one line each)."),
-      use(JobConfig, only=("interval",), notes={"interval": "With --watch."}), command="gpus")
-@click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
+      use(JobConfig, only=("interval",), notes={"interval": "With --watch."}), use(RunsConfig, only=("watch",)),
+      command="gpus")
 @click.pass_context
-def gpus(ctx: click.Context, output: str, job: JobConfig, watch: bool) -> None:
+def gpus(ctx: click.Context, output: str, job: JobConfig, runs: RunsConfig) -> None:
     """GPUs (memory, utilization, temperature, power, processes and their adaflash jobs) and host CPU/RAM.
 
     A machine without NVIDIA GPUs or driver says so and offers `cpu`.
@@ -79,7 +79,7 @@ def gpus(ctx: click.Context, output: str, job: JobConfig, watch: bool) -> None:
 
     from jobs.gpus import Inventory
 
-    as_json, interval = output == "json", job.interval
+    as_json, interval, watch = output == "json", job.interval, runs.watch
 
     console = Console()
     runlog = _runlog_if_any(ctx)

@@ -71,16 +71,19 @@ def uses(*specs: type | Use | Output, command: str) -> Callable:
             ctx = click.get_current_context()
             given = ctx.meta.setdefault(GIVEN_KEY, set())
             records = ctx.meta.setdefault(GROUPS_KEY, {})
+            values: list[dict[str, Any]] = []  # every option taken out first: a group may share a field's name
             for spec in chosen:
                 if isinstance(spec, Output):
-                    kwargs["output"] = kwargs.pop("output_format")
+                    values.append({"output": kwargs.pop("output_format")})
                     continue
-                values = {}
-                for name, rule in spec.fields().items():
-                    values[name] = _merged(kwargs, name, rule, claimed)
-                    if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
-                        given.add(name)
-                group = _build(spec, values)
+                values.append({name: _merged(kwargs, name, rule, claimed) for name, rule in spec.fields().items()})
+                given.update(name for name in spec.fields() if ctx.get_parameter_source(name)
+                             in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT))
+            for spec, taken in zip(chosen, values):
+                if isinstance(spec, Output):
+                    kwargs["output"] = taken["output"]
+                    continue
+                group = _build(spec, taken)
                 records[spec.group.GROUP] = group.to_json()
                 kwargs[spec.group.GROUP] = group
             return func(*args, **kwargs)
@@ -161,6 +164,9 @@ def _claim(chosen: list[Use | Output], command: str) -> dict[str, str]:
     for name, rule in fields:
         for alias in rule.aliases:
             claimed.setdefault(alias, name)
+    groups = [spec.GROUP if isinstance(spec, Output) else spec.group.GROUP for spec in chosen]
+    if len(groups) != len(set(groups)):
+        raise TypeError(f"{command}: a group is taken twice")
     return claimed
 
 
@@ -194,7 +200,7 @@ def _click_type(rule: Rule) -> click.ParamType:
 def _options(name: str, rule: Rule, default: Any, note: str, claimed: dict[str, str]) -> list[Callable]:
     assert rule.flag
     help_text = " ".join(part for part in (rule.help, note) if part)
-    common: dict[str, Any] = {"help": help_text, "envvar": rule.envvar, "metavar": rule.metavar}
+    common: dict[str, Any] = {"help": help_text, "envvar": rule.envvar, "metavar": rule.metavar, "hidden": rule.hidden}
     if rule.kind is bool:
         flag_kw = {} if "/" in rule.flag else {"is_flag": True}
         options = [click.option(rule.flag, name, default=default, show_default=default is not None and "/" in rule.flag,

@@ -68,12 +68,11 @@ def prepare_model(name: str, job: JobConfig) -> None:
 
 @models.command("synth")
 @click.argument("name", metavar="NAME")
-@uses(use(JobConfig, only=("out", "force")), use(SamplingConfig, only=("seed",)), use(DrafterConfig, only=("layers",)),
-      use(ModelConfig, only=("dtype", "device")), Output(("text", "json")), command="models synth")
-@click.option("--max-shard-gb", type=click.FloatRange(0, min_open=True), default=4.0, show_default=True,
-              help="Largest safetensors shard in GB; several shards come with model.safetensors.index.json.")
+@uses(use(JobConfig, only=("out", "force", "max_shard_gb")), use(SamplingConfig, only=("seed",)),
+      use(DrafterConfig, only=("layers",)), use(ModelConfig, only=("dtype", "device")), Output(("text", "json")),
+      command="models synth")
 def synth_model(name: str, job: JobConfig, sampling: SamplingConfig, drafter: DrafterConfig, model: ModelConfig,
-                output: str, max_shard_gb: float) -> None:
+                output: str) -> None:
     """Write a model folder of a real architecture with seeded random weights, for speed and memory.
 
     NAME is qwen3-8b, llama-3.1-8b, or qwen3-tiny / llama-tiny (a few MB, for tests). The folder (config.json,
@@ -86,7 +85,7 @@ def synth_model(name: str, job: JobConfig, sampling: SamplingConfig, drafter: Dr
     required(job.out, "--out", "the model folder to write (new or empty)")
     if model.dtype not in ("bf16", "fp16", "fp32"):
         fail(f"--dtype: models synth writes bf16, fp16 or fp32, got {model.dtype!r}")
-    _synth(name, job.out or "", sampling.seed or 0, drafter.layers, model.dtype, model.device, max_shard_gb,
+    _synth(name, job.out or "", sampling.seed or 0, drafter.layers, model.dtype, model.device, job.max_shard_gb,
            job.force, output == "json")
 
 

@@ -36,7 +36,7 @@ from adaflash.options import (
 @uses(use(ModelConfig, only=("target", "draft"), notes={"draft": "Here: the initial drafter (offline-trained DFlash) "
                                                                 "[default: the built-in offline DFlash drafter of a "
                                                                 "built-in target]."}),
-      use(InputConfig, only=("data", "skip")), PipelineOptions,
+      use(InputConfig, only=("data", "skip")), use(PipelineOptions, skip=("version",)),
       use(TrainOptions, only=("loss", "alpha", "kl_temperature", "clip", "lr", "warmup_steps")),
       use(DrafterConfig, only=("length_head",)), use(JobConfig, only=("max_minutes", "dry_run")),
       use(SamplingConfig, only=("max_new_tokens", "temperature", "top_p", "seed")),
@@ -152,11 +152,9 @@ def stop(ctx: click.Context, run_id: str) -> None:
 
 @pipeline.command("export")
 @click.argument("run_id", required=False)
-@uses(use(PipelineOptions, only=("swap_dir",)), use(JobConfig, only=("out",)), command="pipeline export")
-@click.option("--version", "version", type=click.IntRange(1), default=None, help="A kept version [default: the newest].")
+@uses(use(PipelineOptions, only=("swap_dir", "version")), use(JobConfig, only=("out",)), command="pipeline export")
 @click.pass_context
-def export(ctx: click.Context, run_id: str | None, pipeline: PipelineOptions, job: JobConfig,
-           version: int | None) -> None:
+def export(ctx: click.Context, run_id: str | None, pipeline: PipelineOptions, job: JobConfig) -> None:
     """Copy a pipeline's drafter version [default: RUN's newest, else the newest run's] to a stable folder.
 
     Versions are pruned as newer ones land; the exported folder is what `serve --draft`, `bench engine
@@ -165,7 +163,7 @@ def export(ctx: click.Context, run_id: str | None, pipeline: PipelineOptions, jo
     from adaflash.models.drafter_io import DrafterError
     from adaflash.pipeline.weights import WeightStore
 
-    swap_dir, out = pipeline.swap_dir, job.out
+    swap_dir, out, version = pipeline.swap_dir, job.out, pipeline.version
     required(out, "--out", "the drafter folder to write")
     if swap_dir and run_id:
         fail("give RUN_ID or --swap-dir, not both")

@@ -17,33 +17,15 @@ import click
 from adaflash.cli.common import fail
 from adaflash.cli.groups import Output, use, uses
 from adaflash.cli.run_display import ProgressDisplay, follow_slurm, print_event, print_final
-from adaflash.options import JobConfig
+from adaflash.options import JobConfig, RecipeConfig
 
 
 @click.command("run", context_settings={"show_default": True})
 @click.argument("recipe", required=False)
 @uses(use(JobConfig, only=("dry_run", "workspace"), notes={"dry_run": "Here: the plan, with what the cache reuses."}),
-      Output(("text", "json"), help="text, or json: the plan (and the result)."), command="run")
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
-              help="Override a recipe value (TOML literal, else a string), e.g. --set gpus.training=[1,2].")
-@click.option("--detach", is_flag=True, help="Supervise in the background; follow with `adaflash runs attach RUN`.")
-@click.option("--backend", type=click.Choice(["local", "slurm"]), default="local",
-              help="local: subprocesses here; slurm: an sbatch script submitted to the cluster.")
-@click.option("--no-cache", "no_cache", is_flag=True,
-              help="Run every job, even those whose outputs an earlier run left with the same inputs "
-                   "(their cache records are refreshed).")
-@click.option("--rerun", "rerun", multiple=True, metavar="JOB",
-              help="Run this job even if its cached outputs match (repeatable); the jobs after it run again "
-                   "only if its outputs change.")
-@click.option("--progress-every", type=click.FloatRange(min=1), default=30.0,
-              help="Without a terminal: seconds between progress lines while a job runs.")
-@click.option("--list", "list_recipes", is_flag=True, help="List the shipped recipes and exit.")
-@click.option("--foreground-supervisor", "supervise_run", hidden=True, metavar="RUN_ID",
-              help="Internal: supervise an already recorded run (the --detach background process).")
+      RecipeConfig, Output(("text", "json"), help="text, or json: the plan (and the result)."), command="run")
 @click.pass_context
-def run(ctx: click.Context, recipe: str | None, job: JobConfig, output: str, overrides: tuple[str, ...], detach: bool,
-        backend: str, no_cache: bool, rerun: tuple[str, ...], progress_every: float, list_recipes: bool,
-        supervise_run: str | None) -> None:
+def run(ctx: click.Context, recipe: str | None, job: JobConfig, plan: RecipeConfig, output: str) -> None:
     """Run a recipe (TOML, or a shipped recipe's name): plan, start its jobs, supervise them.
 
     Jobs start as subprocesses in their own process groups, logs in <workspace>/runs/<run>/<job>.log,
@@ -52,28 +34,28 @@ def run(ctx: click.Context, recipe: str | None, job: JobConfig, output: str, ove
     resumes at the step that failed. Ctrl-C stops every job it started. Exit code: 0 finished,
     1 a job failed, 130 stopped, 2 invalid recipe or GPU assignment.
     """
-    if supervise_run:
-        _supervise(ctx, supervise_run)
-    if list_recipes or not recipe:
-        _list_recipes(recipe, list_recipes)
+    if plan.supervise_run:
+        _supervise(ctx, plan.supervise_run)
+    if plan.list_recipes or not recipe:
+        _list_recipes(recipe, plan.list_recipes)
         return
-    as_json, dry_run = output == "json", job.dry_run
+    as_json, dry_run, overrides, rerun = output == "json", job.dry_run, plan.overrides, plan.rerun
     explicit = job.workspace or (ctx.find_root().obj or {}).get("workspace")
     prepared = _prepare_or_fail(recipe, overrides, explicit, rerun)
-    use_cache = not no_cache
-    if backend == "slurm":
-        _run_slurm(prepared, dry_run=dry_run, detach=detach, as_json=as_json)
+    use_cache = not plan.no_cache
+    if plan.backend == "slurm":
+        _run_slurm(prepared, dry_run=dry_run, detach=plan.detach, as_json=as_json)
         return
     _print_plan(prepared, use_cache, rerun, as_json=as_json, dry_run=dry_run)
     if dry_run:
         _warn_gpus(prepared)
         return
-    if detach:
+    if plan.detach:
         _run_detached(prepared, use_cache, rerun, as_json)
         return
     rerun_hint = shlex.join(["adaflash", *(["--workspace", explicit] if explicit else []), "run", recipe,
                              *(f"--set={o}" for o in overrides)])
-    sys.exit(_run_attached(prepared, use_cache, rerun, as_json, progress_every, rerun_hint))
+    sys.exit(_run_attached(prepared, use_cache, rerun, as_json, plan.progress_every, rerun_hint))
 
 
 def _supervise(ctx: click.Context, run_id: str) -> None:

@@ -8,7 +8,7 @@ import click
 
 from adaflash.cli.common import emit_rows, existing_runlog_of, fail, run_or_fail
 from adaflash.cli.groups import Output, use, uses
-from adaflash.options import InputConfig, ModelConfig
+from adaflash.options import InputConfig, ModelConfig, RunsConfig
 
 RUN_COLUMNS = ["id", "kind", "status", "method", "target", "draft", "dataset", "created"]
 
@@ -27,18 +27,15 @@ def runs() -> None:
 
 
 @runs.command("list")
-@click.option("--kind", help="Only runs of this kind (generate, pipeline, bench, ...).")
-@click.option("--status", help="Only runs with this status.")
-@uses(use(ModelConfig, only=("method", "target")), use(InputConfig, only=("dataset", "limit")),
-      Output(("table", "json", "csv")), command="runs list")
+@uses(use(RunsConfig, only=("kind", "status")), use(ModelConfig, only=("method", "target")),
+      use(InputConfig, only=("dataset", "limit")), Output(("table", "json", "csv")), command="runs list")
 @click.pass_context
-def list_runs(ctx: click.Context, kind: str | None, status: str | None, model: ModelConfig, inputs: InputConfig,
-              output: str) -> None:
+def list_runs(ctx: click.Context, runs: RunsConfig, model: ModelConfig, inputs: InputConfig, output: str) -> None:
     """Runs in the workspace, newest first (--method, --target, --dataset: only runs of these)."""
     if len(model.method) > 1:
         fail("--method filters by one method here")
     log = existing_runlog_of(ctx)
-    rows = log.list_runs(kind=kind, status=status, method=model.method[0] if model.method else None,
+    rows = log.list_runs(kind=runs.kind, status=runs.status, method=model.method[0] if model.method else None,
                          target=model.target, dataset=inputs.dataset, limit=inputs.limit)
     emit_rows([_created(r) for r in rows], RUN_COLUMNS, output, title="Runs")
 

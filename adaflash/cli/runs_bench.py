@@ -11,7 +11,7 @@ import click
 
 from adaflash.cli.common import emit_rows, existing_runlog_of, fail, recorded_run, runlog_of
 from adaflash.cli.groups import Output, use, uses
-from adaflash.options import BenchConfig, InputConfig, ModelConfig
+from adaflash.options import BenchConfig, InputConfig, JobConfig, ModelConfig
 
 
 def plain_table(rows: list[dict], titles: list[str]) -> str:
@@ -76,11 +76,10 @@ def compare_runs(ctx: click.Context, run_ids: tuple[str, ...], output: str) -> N
 @click.command("export")
 @click.argument("run_ids", nargs=-1, required=True)
 @uses(Output(("json", "csv", "jsonl", "markdown"), help="json/jsonl/csv: the full records; markdown: the comparison "
-                                                         "table."), command="runs export")
-@click.option("-o", "--output", "output_file", type=click.Path(dir_okay=False), default=None,
-              help="Write here instead of stdout.")
+                                                         "table."), use(JobConfig, only=("output_file",)),
+      command="runs export")
 @click.pass_context
-def export_runs(ctx: click.Context, run_ids: tuple[str, ...], output: str, output_file: str | None) -> None:
+def export_runs(ctx: click.Context, run_ids: tuple[str, ...], output: str, job: JobConfig) -> None:
     """Export the benchmark results of RUN(s) (a bench matrix brings all of its results)."""
     from adaflash.bench import compare
 
@@ -91,7 +90,7 @@ def export_runs(ctx: click.Context, run_ids: tuple[str, ...], output: str, outpu
         fail(err.args[0])
     if not records:
         fail(f"no benchmark results in {where}")
-    text = compare.export_records(records, output)
+    text, output_file = compare.export_records(records, output), job.output_file
     if output_file:
         Path(output_file).expanduser().write_text(text)
         click.echo(f"wrote {len(records)} result(s) to {output_file}", err=True)

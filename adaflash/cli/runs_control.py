@@ -8,7 +8,7 @@ import click
 
 from adaflash.cli.common import existing_runlog_of, fail, run_or_fail
 from adaflash.cli.groups import use, uses
-from adaflash.options import JobConfig
+from adaflash.options import JobConfig, RunsConfig
 
 
 @click.command("attach")
@@ -61,15 +61,14 @@ def _attach_slurm(log, run_id: str, console) -> None:
 
 @click.command("stop")
 @click.argument("run_id")
-@click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True,
-              help="Seconds between SIGTERM and SIGKILL for each job.")
-@click.option("--job", "job_name", default=None, help="Stop only this job (asked of the run's supervisor).")
-@click.option("--restart", is_flag=True, help="With --job: restart that job instead of stopping it.")
+@uses(use(RunsConfig, only=("grace", "job_name", "restart")), command="runs stop")
 @click.pass_context
-def stop_run(ctx: click.Context, run_id: str, grace: float, job_name: str | None, restart: bool) -> None:
+def stop_run(ctx: click.Context, run_id: str, runs: RunsConfig) -> None:
     """Stop a run: its verified supervisor stops every job; if the supervisor is gone, its job groups are
     stopped directly (each pid checked against its recorded create time)."""
     from jobs import control
+
+    grace, job_name, restart = runs.grace, runs.job_name, runs.restart
 
     log = existing_runlog_of(ctx)
     run = run_or_fail(log, run_id)

@@ -27,8 +27,8 @@ ENGINE_NOTES = {
 
 
 @click.group(invoke_without_command=True)
-@uses(ModelConfig, use(ServeConfig, skip=("base_url", "serve_args", "ready_timeout")), use(EngineConfig, notes=ENGINE_NOTES),
-      use(DrafterConfig, only=("block_size",)), use(SamplingConfig, only=("seed",)), AdaptConfig,
+@uses(ModelConfig, use(ServeConfig, skip=("base_url", "server_url", "serve_args", "ready_timeout")), use(EngineConfig, notes=ENGINE_NOTES),
+      use(DrafterConfig, only=("block_size",)), use(SamplingConfig, only=("seed",)), use(AdaptConfig, skip=("rollback_to",)),
       use(JobConfig, only=("dry_run",)), command="serve")
 @click.pass_context
 def serve(ctx: click.Context, model: ModelConfig, serve: ServeConfig, engine: EngineConfig, drafter: DrafterConfig,

@@ -10,14 +10,13 @@ import click
 from adaflash.cli.common import fail
 from adaflash.cli.groups import use, uses
 from adaflash.options import ServeConfig
+from adaflash.serve.adapt_config import AdaptConfig
 
 
 @click.command()
-@click.option("--to", "version", type=click.IntRange(0), required=True,
-              help="The published version to serve again (0: the drafter the server started with).")
-@click.option("--url", default="http://127.0.0.1:30000", show_default=True, help="The adapting server.")
-@uses(use(ServeConfig, only=("api_key",)), command="serve rollback")
-def rollback(version: int, url: str, serve: ServeConfig) -> None:
+@uses(use(AdaptConfig, only=("rollback_to",)), use(ServeConfig, only=("server_url", "api_key")),
+      command="serve rollback")
+def rollback(adapt: AdaptConfig, serve: ServeConfig) -> None:
     """Make an adapting server serve an earlier drafter version again (POST /adapt/rollback).
 
     The versions published above it are set aside for good, and the trainer starts again from it;
@@ -26,7 +25,9 @@ def rollback(version: int, url: str, serve: ServeConfig) -> None:
     import urllib.error
     import urllib.request
 
-    api_key = serve.api_key
+    api_key, url, version = serve.api_key, serve.server_url, adapt.rollback_to
+    if version is None:
+        fail("--to N is required: the published version to serve again")
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     request = urllib.request.Request(url.rstrip("/") + "/adapt/rollback", data=json.dumps({"to": version}).encode(),
                                      headers=headers, method="POST")

@@ -44,6 +44,46 @@ class BenchConfig(Settings):
                                            help="A name for this result (shown in comparisons)."))
     eval_accuracy: bool = setting(False, Rule(bool, flag="--eval-accuracy",
                                               help="Score answers against the references (GSM8K: last number)."))
+    stream: bool = setting(True, Rule(bool, flag="--stream/--no-stream", help="Stream answers (real TTFT and ITL)."))
+    ignore_eos: bool = setting(False, Rule(bool, flag="--ignore-eos", help="Always generate --max-new-tokens tokens."))
+    draft_dir: str | None = setting(None, Rule(str, optional=True, flag="--draft-dir", metavar="DIR",
+                                               help="A folder with one drafter per method: DIR/dflash, DIR/adaflash "
+                                                    "(or adaflash-online, adaflash-init), DIR/eagle3, DIR/mtp "
+                                                    "(--draft METHOD=DIR beats it)."))
+    compare_hf: bool = setting(False, Rule(bool, flag="--compare-hf",
+                                           help="Also time transformers' generate() on the same model folder: greedy, "
+                                                "and prompt lookup at batch 1."))
+    prompt_lookup_tokens: int = setting(10, Rule(int, low=1, flag="--prompt-lookup-tokens",
+                                                 help="prompt_lookup_num_tokens of the hf-prompt-lookup row."))
+    order: str = setting("auto", Rule(str, choices=("auto", "interleaved", "sequential"), flag="--order",
+                                      help="interleaved: every method's engine gets all prompts queued and they take "
+                                           "turns of a few steps, each on its own clock, so a drifting machine slows "
+                                           "every row alike; sequential: one method after the other, all prompts "
+                                           "queued at once; auto = interleaved on CPU, sequential on CUDA."))
+    widths: str = setting("1,2,4,8,16", Rule(str, flag="--widths",
+                                             help="Comma-separated tokens k verified per row in one pass (1 is a "
+                                                  "Vanilla decode step)."))
+    context: int = setting(512, Rule(int, low=1, flag="--context", help="Tokens already in every row's cache."))
+    repeats: int = setting(20, Rule(int, low=1, flag="--repeats",
+                                    help="Timed passes per cell; the table shows their median."))
+    bandwidth_gbs: float | None = setting(None, Rule(float, optional=True, low=0, low_open=True, flag="--bandwidth-gbs",
+                                                     help="Memory bandwidth in GB/s for the Vanilla roofline "
+                                                          "[default: H200 4800, H100 3350 (PCIe 2000, NVL 3900) by the "
+                                                          "GPU's name; none elsewhere]."))
+    phases: tuple[str, ...] = setting((), Rule(str, multiple=True, flag="--phase", metavar="NAME=DATASET[:DOMAIN]",
+                                               help="A phase of traffic, in order (repeatable): prompts of a dataset, "
+                                                    "or of one domain of it (`chat=suite:chat`). Requests carry the "
+                                                    "phase's name as their tag."))
+    seconds: str = setting("300", Rule(str, flag="--seconds", metavar="S|S1,S2,...",
+                                       help="Length of each phase in seconds: one for every phase, or one per phase "
+                                            "in order (60,600)."))
+    holdout: int = setting(8, Rule(int, low=0, flag="--holdout",
+                                   help="Prompts per phase sent only in rounds with \"adapt\": false: τ on prompts "
+                                        "never trained on."))
+    probe_every: float = setting(30.0, Rule(float, low=1, flag="--probe-every",
+                                            help="Seconds between two rounds of held-out prompts."))
+    plot: str | None = setting(None, Rule(str, optional=True, flag="--plot", metavar="FILE.svg|FILE.png",
+                                          help="The picture [default: RUN_DIR/shift.svg]."))
 
     def check(self) -> None:
         text = self.concurrency  # the batch sizes: each command's parser names what it measures

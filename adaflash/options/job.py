@@ -17,6 +17,8 @@ class JobConfig(Settings):
                                               "[default: <workspace>/data]) or a file (data vary/regenerate: JSONL, "
                                               "gzip-compressed when it ends in .gz; bench cost: the plot, .png or "
                                               ".svg), replaced atomically."))
+    output_file: str | None = setting(None, Rule(str, optional=True, flag="--output", aliases=("-o",), metavar="FILE",
+                                                 help="Write here instead of stdout (-o FILE)."))
     workspace: str | None = setting(None, Rule(str, optional=True, flag="--workspace", envvar="ADAFLASH_WORKSPACE",
                                                help="Workspace folder holding the run log and runs [env "
                                                     "ADAFLASH_WORKSPACE; default ./adaflash-workspace; run: the "
@@ -35,6 +37,9 @@ class JobConfig(Settings):
                                                                   "copy, a folder in --out)."))
     dry_run: bool = setting(False, Rule(bool, flag="--dry-run",
                                         help="Print what would run (command lines, GPUs, configuration) and stop."))
+    max_shard_gb: float = setting(4.0, Rule(float, low=0, low_open=True, flag="--max-shard-gb",
+                                            help="Largest safetensors shard in GB; several shards come with "
+                                                 "model.safetensors.index.json."))
     interval: float = setting(2.0, Rule(float, low=0.1, flag="--interval", per_command=(("runs attach", 0.5),),
                                         help="Seconds between refreshes."))
 

@@ -48,3 +48,5 @@ class PipelineOptions(Settings):
     train_batch: int = setting(8, Rule(int, low=1, flag="--train-batch", help="Trajectories per training step."))
     publish_every: int = setting(2, Rule(int, low=1, flag="--publish-every", help="Steps between versions."))
     keep: int = setting(3, Rule(int, low=1, flag="--keep", help="Versions kept on disk."))
+    version: int | None = setting(None, Rule(int, optional=True, low=1, flag="--version",
+                                             help="A kept version [default: the newest]."))

@@ -50,6 +50,7 @@ class ServeConfig(Settings):
                                                          "later flags override)."))
     serve_args: tuple[str, ...] = setting((), Rule(str, multiple=True, flag="--serve-arg",
                                                    help="Extra `adaflash serve` argument (repeatable, verbatim)."))
+    server_url: str = setting(DEFAULT_URL, Rule(str, flag="--url", help="The server a client command acts on."))
     ready_timeout: float = setting(900.0, Rule(float, low=1, flag="--ready-timeout",
                                                help="Seconds to wait for each server's /health."))
 

@@ -59,6 +59,9 @@ class AdaptConfig(Settings):
                                              help="--adapt: roll a version back when its τ is lower than the "
                                                   "reference's (the best version accepted so far) by more than this "
                                                   "fraction (docs/http-api.md)."))
+    rollback_to: int | None = setting(None, Rule(int, optional=True, low=0, flag="--to",
+                                                 help="The published version to serve again (0: the drafter the "
+                                                      "server started with)."))
     rollback: RollbackRule | None = None  # None: from the two fields above (code may give its own rule)
     train_devices: tuple[str, ...] | None = None  # --train-gpus as CUDA_VISIBLE_DEVICES, read before --gpus narrows it
     min_buffer: int = setting(8, Rule(int, low=1))
