@@ -203,3 +203,48 @@ def test_the_engine_runs_on_the_invariant_kernels_under_the_interpreter(tiny_lla
     layers = 4  # the tiny target's: every layer's projections, norms and attention, each pass
     assert result["calls"]["attention"] >= 2 * layers and result["calls"]["rms_norm"] >= 4 * layers, result
     assert result["calls"]["mm"] >= 4 * layers and result["calls"]["eager_head"] >= 2, result
+
+
+
+TILES = r"""
+import json, torch
+from adaflash.models import invariant as inv
+torch.manual_seed(0)
+w = (torch.randn(576, 1536) * 0.05).half()
+x = torch.randn(300, 1536).half()
+base = inv.base_tiles(576, 1536)
+sums = lambda rows, tile: inv._launch(rows, w, None, tile, torch.float32)
+out = {"base": list(base), "chosen": [], "same_sums": [], "own_tile_same": []}
+for m in (1, 4, 40, 300):
+    tile = inv._tile_for(x[:m], w, None)
+    out["chosen"].append(list(tile))
+    out["same_sums"].append(torch.equal(sums(x[:m], tile), sums(x[:m], base)))
+    out["own_tile_same"].append(torch.equal(sums(x[:m], inv.mm_tiles(m, 576, 1536)), sums(x[:m], base)))
+print(json.dumps(out))
+"""
+
+
+@interpreted_loops
+def test_a_gemm_tile_chosen_by_row_count_is_used_only_where_it_sums_as_the_base_tile():
+    """Under the interpreter a deeper tile (BK 256, a decode step's few rows) adds in another order than
+    the base tile and a wider one (BN 128, hundreds of rows) does not: `mm` checks a tile's float32 sums
+    against the base tile's before it uses it, so every row count keeps the base tile's bits."""
+    result = run_json_script(TILES, env={"TRITON_INTERPRET": "1"})
+    assert result["own_tile_same"][:2] == [False, False], result  # the deep tile really sums otherwise here
+    assert all(result["same_sums"]), result
+    assert result["chosen"][0] == result["base"] and result["chosen"][3] != result["base"], result
+
+
+@pytest.mark.parametrize("keys", [1, 16, 17, 303])
+def test_attention_masks_reach_the_kernel_with_rows_at_multiples_of_16(keys):
+    """Triton compiles a kernel variant per argument that divides by 16 (or is 1), and variants can sum
+    in other orders: a mask whose row stride is the key count gave a query other bits at 303 keys (a
+    DFlash verify) than at 288 (Vanilla's step) on an H100. `aligned_mask` keeps the strides at
+    multiples of 16 and the values as they were."""
+    from adaflash.models.invariant import aligned_mask
+
+    mask = torch.randn(2, 3, keys).to(torch.bfloat16)
+    aligned = aligned_mask(mask)
+    assert aligned.stride(0) % 16 == 0 and aligned.stride(1) % 16 == 0 and aligned.stride(2) == 1
+    assert torch.equal(aligned, mask)
+    assert aligned_mask(aligned).data_ptr() == aligned.data_ptr()  # already aligned: no copy

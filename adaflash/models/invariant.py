@@ -6,10 +6,20 @@ a batch together) computes each token's logits exactly as Vanilla's one-token pa
 torch's kernels do not: cuBLAS picks a GEMM algorithm (tile, split-K) by the number of rows, the
 reductions of RMSNorm and attention change their split with the shape, and near-ties in the argmax
 then go the other way (on the H200 most of 128 GSM8K answers parted somewhere in 256 tokens).
-Here the tiling depends only on the weight's shape (GEMM), the row's width (norm) and the head size
-(attention), never on the number of rows, queries or keys: each output element is reduced in one
-fixed order. Keys past a query's position are masked to exp(-inf) = 0, so a longer key range (a
+Here each output element is reduced in one fixed order whatever the number of rows, queries or keys:
+the GEMM's sum over k runs in the tensor cores' order from 0 up whatever its tile (so the tile may
+follow the row count for speed, `mm_tiles`; `mm` checks that a tile gives the base tile's bits before
+it uses it), the norm's by the row's width, attention's by the head size. Keys past a query's position are masked to exp(-inf) = 0, so a longer key range (a
 larger context bucket) adds exact zeros.
+
+Triton compiles a variant of a kernel for each pattern of its integer arguments (and pointers) that
+are 1 or divide by 16, and variants may reduce in different orders (the layout a sum runs in follows
+how the loads beside it were vectorized). An argument that varies with the pass's shape therefore
+either is never specialized (`do_not_specialize`: rows, queries, keys) or is kept a multiple of 16:
+attention's mask, whose row stride is the key count, is padded to one (`aligned_mask`). Measured on an
+H100 with a 4-layer synthetic Qwen3-8B: with the mask's stride left at the key count, a DFlash verify
+of 16 positions gave other logits bits than Vanilla's one-token step at 235 of 1,336 positions, and 5
+of 16 greedy answers parted within 96 tokens.
 
 Every launch turns off the compiler's contraction of a multiply and an add into one FMA
 (`enable_fp_fusion=False`): whether it contracts can differ between the variants Triton compiles for
@@ -22,6 +32,7 @@ run torch's ops (the float32 paths were already exact, per the lossless tests).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -30,7 +41,6 @@ from adaflash.models.kernels import fusable, triton
 if triton is not None:
     import triton.language as tl
 
-MM_ROWS = 64  # GEMM tile rows, for every row count: the per-row result must not depend on it
 ATTN_ROWS = 16  # attention tile rows (query × head-of-group pairs)
 ATTN_KEYS = 64  # keys per step of attention's online softmax: fixed, so each query's sums run in one order
 
@@ -47,27 +57,85 @@ def mm_available(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return _half(x, weight, bias)
 
 
-def mm_tiles(n: int, k: int) -> tuple[int, int]:
-    """(columns, depth) of a GEMM tile, from the weight's shape alone: narrow outputs get narrow tiles
-    so enough programs stream the weight; deep inputs take longer steps."""
-    return (32 if n <= 1024 else 64), (128 if k >= 1024 else 64)
+MmConfig = tuple[int, int, int, int, int]  # rows, columns and depth of a tile; warps; pipeline stages
+
+
+def base_tiles(n: int, k: int) -> MmConfig:
+    """The tile every row count may fall back to, from the weight's shape alone: narrow outputs get
+    narrow tiles so enough programs stream the weight; deep inputs take longer steps."""
+    return 64, (32 if n <= 1024 else 64), (128 if k >= 1024 else 64), 4, 3
+
+
+def mm_tiles(m: int, n: int, k: int) -> MmConfig:
+    """The tile for `m` rows: the fastest of those measured on an H100 for each range of rows (8B
+    shapes), where the base tile leaves SMs idle (a decode step's few rows) or re-reads the weight
+    (hundreds of rows). Any tile gives each element the same bits (the sum over k runs in the tensor
+    cores' order, 16 at a time from 0 up, whatever the tile), which `mm` checks once per shape."""
+    if k < 1024:  # narrow models (SmolLM2): launch-bound, the base tile was tuned for them
+        return base_tiles(n, k)
+    if m <= 16:
+        return 16, 32, 256, 4, 3
+    if m <= 64:
+        return 64, 32, 128, 4, 3
+    if triton.cdiv(n, 128) * triton.cdiv(m, 128) >= 96:
+        return 128, 128, 64, 8, 3
+    return 64, 128, 128, 4, 3
+
+
+_SAME_BITS: dict[tuple, bool] = {}  # (device, dtype, n, k, tile) -> whether it agrees with the base tile
+
+
+def _tile_for(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> MmConfig:
+    """`mm_tiles`' choice once it has given the base tile's bits on these rows (checked once per shape
+    and tile, outside graph capture; a tile that differs is never used), else the base tile."""
+    m, k = rows.shape
+    n = weight.shape[0]
+    base, tile = base_tiles(n, k), mm_tiles(m, n, k)
+    if tile == base or _TILES_FIXED:
+        return base
+    key = (rows.device, rows.dtype, n, k, tile)
+    if key not in _SAME_BITS:
+        if rows.is_cuda and torch.cuda.is_current_stream_capturing():
+            return base
+        # the float32 sums themselves: rounded to bf16, most differences in their order would not show
+        probe = rows[:8]
+        _SAME_BITS[key] = torch.equal(_launch(probe, weight, bias, tile, torch.float32),
+                                      _launch(probe, weight, bias, base, torch.float32))
+    return tile if _SAME_BITS[key] else base
+
+
+def _tiles_fixed() -> bool:
+    """ADAFLASH_MM_TILES=base runs every GEMM with its base tile: to compare speed, or around a GPU whose
+    tiles would round otherwise (`mm` already falls back there)."""
+    value = os.environ.get("ADAFLASH_MM_TILES", "auto").strip().lower()
+    if value not in ("auto", "base"):
+        raise ValueError(f"ADAFLASH_MM_TILES={value!r}: expected auto or base")
+    return value == "base"
+
+
+_TILES_FIXED = _tiles_fixed()
 
 
 def mm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]ᵀ (+ bias) with float32 accumulation; check `mm_available` first."""
-    k = x.shape[-1]
-    n = weight.shape[0]
-    rows = x.reshape(-1, k)
-    m = rows.shape[0]
-    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    if m:
-        block_n, block_k = mm_tiles(n, k)
-        grid = (triton.cdiv(n, block_n), triton.cdiv(m, MM_ROWS))
-        _mm_kernel[grid](rows, weight, bias if bias is not None else weight, out, m, n, k,
-                         rows.stride(0), rows.stride(1), weight.stride(0), weight.stride(1),
-                         HAS_BIAS=bias is not None, BM=MM_ROWS, BN=block_n, BK=block_k, num_warps=4, num_stages=3,
-                         enable_fp_fusion=False)
-    return out.view(*x.shape[:-1], n)
+    rows = x.reshape(-1, x.shape[-1])
+    if not rows.shape[0]:
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
+    out = _launch(rows, weight, bias, _tile_for(rows, weight, bias))
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _launch(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: MmConfig,
+            dtype: torch.dtype | None = None) -> torch.Tensor:
+    (m, k), n = rows.shape, weight.shape[0]
+    block_m, block_n, block_k, warps, stages = tile
+    out = torch.empty(m, n, device=rows.device, dtype=dtype or rows.dtype)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
+    _mm_kernel[grid](rows, weight, bias if bias is not None else weight, out, m, n, k,
+                     rows.stride(0), rows.stride(1), weight.stride(0), weight.stride(1),
+                     HAS_BIAS=bias is not None, BM=block_m, BN=block_n, BK=block_k, num_warps=warps,
+                     num_stages=stages, enable_fp_fusion=False)
+    return out
 
 
 def rms_norm_available(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -94,6 +162,20 @@ def attention_available(head_dim: int, *tensors: torch.Tensor) -> bool:
     return _half(*tensors) and head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
+ALIGN = 16  # Triton's specialization divisor
+
+
+def aligned_mask(mask: torch.Tensor) -> torch.Tensor:
+    """`mask` [b, n, s] with its batch and query strides multiples of `ALIGN` (a view into a padded
+    buffer where they are not), so that every attention pass runs the same compiled variant."""
+    b, n, s = mask.shape
+    if mask.stride(2) == 1 and mask.stride(0) % ALIGN == 0 and mask.stride(1) % ALIGN == 0:
+        return mask
+    out = mask.new_empty(b, n, -(-s // ALIGN) * ALIGN)[:, :, :s]
+    out.copy_(mask)
+    return out
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """softmax(q·kᵀ/√d + mask)·v for q [b, n, heads, d], k and v [b, s, kv, d] (heads a multiple of kv),
     mask [b, n, s]: bool (True = may attend) or additive. Returns [b, n, heads, d]; a query that may
@@ -101,7 +183,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     b, n, heads, d = q.shape
     s, kv = k.shape[1], k.shape[2]
     groups = heads // kv
-    mask = mask.expand(b, n, s)
+    mask = aligned_mask(mask.expand(b, n, s))
     out = torch.empty(b, n, heads, d, device=q.device, dtype=q.dtype)
     grid = (b, kv, triton.cdiv(n * groups, ATTN_ROWS))
     _attention_kernel[grid](

@@ -316,8 +316,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A bool mask (True = may attend) as the 0 / -inf bias attention adds."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    """A bool mask (True = may attend) as the 0 / -inf bias attention adds. On a GPU its rows start at
+    multiples of 16 elements, as the batch-invariant attention takes it (`invariant.aligned_mask`)."""
+    keys = mask.shape[-1]
+    width = -(-keys // invariant.ALIGN) * invariant.ALIGN if mask.is_cuda else keys
+    bias = torch.zeros(*mask.shape[:-1], width, dtype=dtype, device=mask.device)[..., :keys]
+    return bias.masked_fill_(~mask, float("-inf"))
 
 
 def grouped_queries(device: torch.device, batch: int, queries: int, groups: int) -> bool:
