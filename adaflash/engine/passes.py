@@ -30,8 +30,8 @@ from adaflash.models.target import TargetModel
 
 # Prefills replayed from graphs: widths padded to powers of two from PREFILL_MIN_WIDTH, and at most
 # PREFILL_TOKENS padded positions (rows × width) a pass, which bounds what the captured graphs hold;
-# wider admissions run eagerly. On an H200 an eager SmolLM2 prefill took 16-21 ms at batch 1, about
-# what eight decode steps take: each of its ~1,500 aten calls (counted on a CPU) is dispatched from Python.
+# wider admissions run eagerly. An eager prefill of a small model costs several decode steps: each of its
+# aten calls (about 1,500 for SmolLM2) is dispatched from Python.
 PREFILL_MIN_WIDTH = 32
 PREFILL_TOKENS = 8192
 

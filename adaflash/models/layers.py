@@ -26,8 +26,7 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     """The argmax token of each row of `logits` [..., V].
 
     On a CPU, bf16/fp16 logits are widened first: torch's CPU argmax has no vectorized half-precision
-    path, and on a 49,152-token row it took 874 µs for a block of 9 rows against 194 µs widened
-    (2 cores). Widening is exact and argmax keeps the first of equal maxima either way: the same ids.
+    path, so widened it runs several times faster. Widening is exact and argmax keeps the first of equal maxima either way: the same ids.
     """
     if logits.device.type == "cpu" and logits.dtype in (torch.bfloat16, torch.float16):
         return logits.float().argmax(-1)
@@ -160,8 +159,8 @@ def _cpu_rows(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
     Decoding multiplies a few rows by each weight, and on a CPU the weights stream from memory. In
     float32, MKL reaches that bandwidth only as W @ xᵀ with x's rows dense, and only from 2 rows on; in
-    bfloat16 the orientation turns: F.linear's oneDNN path on 2-D rows streams the weights (a decode step
-    of SmolLM2 on a 2-core AVX-512 EPYC: 25 ms, against 43-51 ms the other way).
+    bfloat16 the orientation turns: F.linear's oneDNN path on 2-D rows streams the weights, and the other
+    way takes nearly twice as long.
     """
     rows = flat.shape[0]
     if rows == 1:  # a lone row goes to a GEMV: half the bandwidth in float32, other rounding in both
@@ -207,7 +206,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # torch's own kernel (float32 inside): one kernel on a GPU where the written-out formula
-        # took eight, about a quarter of a SmolLM2 decode step's device time on the H200.
+        # took eight, a large share of a small model's decode step.
         if invariant.rms_norm_available(x, self.weight):  # bf16/fp16 on a GPU: a row's bits whatever the batch
             return invariant.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
@@ -248,9 +247,7 @@ class Rope:
         values of a fused projection) pass through: cos 1, sin 0, so x·1 + roll(x)·0 is x.
 
         Why: rope then runs over the whole dense projection in same-shape elementwise kernels. Over the
-        strided q/k slice with cos broadcast across heads, each multiply takes the slow indexed path:
-        measured on an H200 (bf16, SmolLM2's 9 + 3 + 3 heads, 30 calls in a graph), rope's four kernels
-        took 6.7 us a layer that way at 1 or 4 tokens and 7.9 us at 32 rows x 4, against 5.6 us here.
+        strided q/k slice with cos broadcast across heads, each multiply takes torch's slow indexed path.
         """
         key = (roped, total)
         if key not in self._over:
@@ -327,10 +324,9 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def grouped_queries(device: torch.device, batch: int, queries: int, groups: int) -> bool:
     """Whether a pass attends with its query heads folded into their kv groups (`fold_mask`).
 
-    Measured on an H200 (bf16, 9 query heads over 3 kv heads, 30 layers a graph): at 32 rows x 4
-    verified tokens cuDNN's GQA kernel took 13-30 us a layer by context (128-512 keys), the folded
-    layout 13-18 us with its two copies; at a single token or 8 rows the folded one lost (5-7 against
-    7-12 us). So: verify blocks of at least 128 query rows, on a GPU, with GQA, where the batch-invariant
+    Measured with SmolLM2's 9 query heads over 3 kv heads: at 32 rows x 4 verified tokens cuDNN's GQA
+    kernel slowed with the context where the folded layout, two copies included, did not; at a single
+    token or 8 rows the folded one lost. So: verify blocks of at least 128 query rows, on a GPU, with GQA, where the batch-invariant
     kernel does not attend (float32, or ADAFLASH_TRITON=0).
     """
     return device.type == "cuda" and groups > 1 and 1 < queries <= 16 and batch * queries >= 128
@@ -469,12 +465,12 @@ class Attention(nn.Module):
         gqa = self.num_heads != self.num_kv
         if gqa and q.is_cuda and q.requires_grad:
             # training on a GPU: the memory-efficient kernel takes a mask but not grouped heads, and SDPA
-            # with both fell back to its unfused math (a third of a memoized DFlash step on an H200)
+            # with both fell back to its unfused math (a large share of a memoized DFlash step)
             (k, v), gqa = self._ungrouped(k, v), False
         q = q.transpose(1, 2)
         if q.stride(-1) != 1:
             # rope's broadcast can hand back q with a strided last dimension; the fused kernels need it
-            # dense, else SDPA falls back to its unfused math (on a CPU: 0.41 against 0.13 ms a layer)
+            # dense, else SDPA falls back to its unfused math (about three times slower on a CPU)
             q = q.contiguous()
         out = F.scaled_dot_product_attention(
             q, k.transpose(1, 2), v.transpose(1, 2),
@@ -486,8 +482,8 @@ class Attention(nn.Module):
         """Causal attention over whole sequences from position 0, with no cache and no mask.
 
         Why: a [b, q, s] mask with grouped heads sends SDPA to its unfused math (scores, mask and
-        softmax materialized): on an H200 that was most of a training step whose target features were
-        not memoized (262 ms at 32,768 tokens). Without a mask the fused kernels run (flash on a GPU).
+        softmax materialized): that was most of a training step whose target features were not memoized.
+        Without a mask the fused kernels run (flash on a GPU).
         Right padding is harmless: a real position sees only the positions before it.
         """
         b, n = q.shape[:2]
