@@ -210,16 +210,16 @@ TILES = r"""
 import json, torch
 from adaflash.models import invariant as inv
 torch.manual_seed(0)
-w = (torch.randn(576, 1536) * 0.05).half()
-x = torch.randn(300, 1536).half()
-base = inv.base_tiles(576, 1536)
+w = (torch.randn(1024, 1024) * 0.05).half()
+x = torch.randn(300, 1024).half()
+base = inv.base_tiles(1024, 1024)
 sums = lambda rows, tile: inv._launch(rows, w, None, tile, torch.float32)
 out = {"base": list(base), "chosen": [], "same_sums": [], "own_tile_same": []}
 for m in (1, 4, 40, 300):
     tile = inv._tile_for(x[:m], w, None)
     out["chosen"].append(list(tile))
     out["same_sums"].append(torch.equal(sums(x[:m], tile), sums(x[:m], base)))
-    out["own_tile_same"].append(torch.equal(sums(x[:m], inv.mm_tiles(m, 576, 1536)), sums(x[:m], base)))
+    out["own_tile_same"].append(torch.equal(sums(x[:m], inv.mm_tiles(m, 1024, 1024)), sums(x[:m], base)))
 print(json.dumps(out))
 """
 
