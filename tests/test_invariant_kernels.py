@@ -205,7 +205,6 @@ def test_the_engine_runs_on_the_invariant_kernels_under_the_interpreter(tiny_lla
     assert result["calls"]["mm"] >= 4 * layers and result["calls"]["eager_head"] >= 2, result
 
 
-
 TILES = r"""
 import json, torch
 from adaflash.models import invariant as inv

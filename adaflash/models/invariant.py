@@ -5,12 +5,12 @@ Why: speculative decoding is lossless only if the target's verify pass (k+1 toke
 a batch together) computes each token's logits exactly as Vanilla's one-token pass does. In bf16,
 torch's kernels do not: cuBLAS picks a GEMM algorithm (tile, split-K) by the number of rows, the
 reductions of RMSNorm and attention change their split with the shape, and near-ties in the argmax
-then go the other way.
-Here each output element is reduced in one fixed order whatever the number of rows, queries or keys:
-the GEMM's sum over k runs in the tensor cores' order from 0 up whatever its tile (so the tile may
-follow the row count for speed, `mm_tiles`; `mm` checks that a tile gives the base tile's bits before
-it uses it), the norm's by the row's width, attention's by the head size. Keys past a query's position are masked to exp(-inf) = 0, so a longer key range (a
-larger context bucket) adds exact zeros.
+then go the other way. Here each output element is reduced in one fixed order whatever the number of
+rows, queries or keys: the GEMM's sum over k runs in the tensor cores' order from 0 up whatever its
+tile (so the tile may follow the row count for speed, `mm_tiles`; `mm` checks that a tile gives the
+base tile's bits before it uses it), the norm's by the row's width, attention's by the head size.
+Keys past a query's position are masked to exp(-inf) = 0, so a longer key range (a larger context
+bucket) adds exact zeros.
 
 Triton compiles a variant of a kernel for each pattern of its integer arguments (and pointers) that
 are 1 or divide by 16, and variants may reduce in different orders (the layout a sum runs in follows
@@ -66,9 +66,10 @@ def base_tiles(n: int, k: int) -> MmConfig:
 
 
 def mm_tiles(m: int, n: int, k: int) -> MmConfig:
-    """The tile for `m` rows: the fastest measured for each range of rows on 8B shapes, where the base tile leaves SMs idle (a decode step's few rows) or re-reads the weight
-    (hundreds of rows). Any tile gives each element the same bits (the sum over k runs in the tensor
-    cores' order, 16 at a time from 0 up, whatever the tile), which `mm` checks once per shape."""
+    """The tile for `m` rows: the fastest measured for each range of rows on 8B shapes, where the base
+    tile leaves SMs idle (a decode step's few rows) or re-reads the weight (hundreds of rows). Any tile
+    gives each element the same bits (the sum over k runs in the tensor cores' order, 16 at a time from
+    0 up, whatever the tile), which `mm` checks once per shape."""
     if k < 1024 or n < 1024:  # narrow models (SmolLM2): launch-bound, the base tile was tuned for them
         return base_tiles(n, k)
     if m <= 16:
@@ -88,8 +89,11 @@ def _tile_for(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     and tile, outside graph capture; a tile that differs is never used), else the base tile."""
     m, k = rows.shape
     n = weight.shape[0]
-    base, tile = base_tiles(n, k), mm_tiles(m, n, k)
-    if tile == base or _TILES_FIXED:
+    base = base_tiles(n, k)
+    if _TILES_FIXED:
+        return base
+    tile = mm_tiles(m, n, k)
+    if tile == base:
         return base
     key = (rows.device, rows.dtype, n, k, tile)
     if key not in _SAME_BITS:
@@ -163,13 +167,18 @@ def attention_available(head_dim: int, *tensors: torch.Tensor) -> bool:
 ALIGN = 16  # Triton's specialization divisor
 
 
+def aligned_width(keys: int) -> int:
+    """`keys` rounded up to a multiple of `ALIGN`: the row stride of a mask the kernel takes as it is."""
+    return -(-keys // ALIGN) * ALIGN
+
+
 def aligned_mask(mask: torch.Tensor) -> torch.Tensor:
     """`mask` [b, n, s] with its batch and query strides multiples of `ALIGN` (a view into a padded
     buffer where they are not), so that every attention pass runs the same compiled variant."""
     b, n, s = mask.shape
     if mask.stride(2) == 1 and mask.stride(0) % ALIGN == 0 and mask.stride(1) % ALIGN == 0:
         return mask
-    out = mask.new_empty(b, n, -(-s // ALIGN) * ALIGN)[:, :, :s]
+    out = mask.new_empty(b, n, aligned_width(s))[:, :, :s]
     out.copy_(mask)
     return out
 

@@ -26,7 +26,8 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     """The argmax token of each row of `logits` [..., V].
 
     On a CPU, bf16/fp16 logits are widened first: torch's CPU argmax has no vectorized half-precision
-    path, so widened it runs several times faster. Widening is exact and argmax keeps the first of equal maxima either way: the same ids.
+    path, so widened it runs several times faster. Widening is exact and argmax keeps the first of equal
+    maxima either way: the same ids.
     """
     if logits.device.type == "cpu" and logits.dtype in (torch.bfloat16, torch.float16):
         return logits.float().argmax(-1)
@@ -316,7 +317,7 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool mask (True = may attend) as the 0 / -inf bias attention adds. On a GPU its rows start at
     multiples of 16 elements, as the batch-invariant attention takes it (`invariant.aligned_mask`)."""
     keys = mask.shape[-1]
-    width = -(-keys // invariant.ALIGN) * invariant.ALIGN if mask.is_cuda else keys
+    width = invariant.aligned_width(keys) if mask.is_cuda else keys
     bias = torch.zeros(*mask.shape[:-1], width, dtype=dtype, device=mask.device)[..., :keys]
     return bias.masked_fill_(~mask, float("-inf"))
 
@@ -326,8 +327,8 @@ def grouped_queries(device: torch.device, batch: int, queries: int, groups: int)
 
     Measured with SmolLM2's 9 query heads over 3 kv heads: at 32 rows x 4 verified tokens cuDNN's GQA
     kernel slowed with the context where the folded layout, two copies included, did not; at a single
-    token or 8 rows the folded one lost. So: verify blocks of at least 128 query rows, on a GPU, with GQA, where the batch-invariant
-    kernel does not attend (float32, or ADAFLASH_TRITON=0).
+    token or 8 rows the folded one lost. So: verify blocks of at least 128 query rows, on a GPU, with
+    GQA, where the batch-invariant kernel does not attend (float32, or ADAFLASH_TRITON=0).
     """
     return device.type == "cuda" and groups > 1 and 1 < queries <= 16 and batch * queries >= 128
 
