@@ -13,6 +13,7 @@ from adaflash.models.drafter_io import DrafterError, load_drafter, new_drafter, 
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
+from adaflash.train.checkpoint import load_checkpoint, save_checkpoint
 from adaflash.train.losses import LossConfig
 
 
@@ -75,16 +76,17 @@ def test_a_torn_newest_version_falls_back_to_the_newest_that_passes_its_checksum
     cfg = tiny_target.model.cfg
     for seed in range(4):
         store.publish(new_drafter("dflash", cfg, block_size=8, seed=seed), {"target": "tiny"}, keep=3,
-                      extra_files={"trainer_state.pt": lambda p: p.write_bytes(b"optimizer")})
+                      extra_files={"trainer": lambda p: save_checkpoint(p, {"opt": torch.ones(4)})})
     assert store.versions() == [2, 3, 4]
     weights = store.folder(4) / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # torn while the run was stopped
-    (store.folder(3) / "trainer_state.pt").write_bytes(b"opt")  # a torn trainer state is a torn version too
+    part = next((store.folder(3) / "trainer").glob("*.safetensors"))
+    part.write_bytes(part.read_bytes()[:-4])  # a torn trainer state is a torn version too
     found, skipped = store.newest_valid(target=cfg)
     assert found is not None and found[0] == 2 and found[1].block_size == 8
     assert [v for v, _ in skipped] == [4, 3]
     assert "version 4: " in skipped[0][1] and "model.safetensors does not match its checksum" in skipped[0][1]
-    assert "trainer_state.pt does not match its checksum" in skipped[1][1]
+    assert f"trainer/{part.name} does not match its checksum" in skipped[1][1]
     assert store.newest_valid(newer_than=2) == (None, skipped)
     assert store.publish(new_drafter("dflash", cfg, block_size=8), {"target": "tiny"}) == 5  # never reuses 4
     assert store.newest_valid()[0] == (5, None)
@@ -96,7 +98,7 @@ def test_export_copies_a_version_whole_or_not_at_all(tmp_path, tiny_target):
     cfg = tiny_target.model.cfg
     for seed in range(3):
         store.publish(new_drafter("dflash", cfg, block_size=8, seed=seed), {"target": "tiny"}, keep=2,
-                      extra_files={"trainer_state.pt": lambda p: p.write_bytes(b"optimizer")})
+                      extra_files={"trainer": lambda p: save_checkpoint(p, {"opt": torch.ones(4)})})
     out = tmp_path / "exported"
     result = CliRunner().invoke(cli, ["--workspace", str(tmp_path / "ws"), "pipeline", "export", "--swap-dir", str(swap),
                                       "--out", str(out)])
@@ -198,7 +200,7 @@ def test_pipeline_end_to_end_on_cpu(tmp_path, tiny_llama, tiny_target):
     pointer = store.pointer()
     assert pointer["consumed"] == 10  # every sample learned from exactly once
     assert store.latest_version() >= 3
-    state = torch.load(store.folder(store.latest_version()) / "trainer_state.pt", weights_only=False)
+    state = load_checkpoint(store.folder(store.latest_version()) / "trainer")
     assert state["state"]["consumed"] == 10
     names = {m["name"] for m in log.metrics_since(0, run_id=run["id"])}
     assert {"tau", "tokens_per_s", "buffer_depth", "drafter_version", "loss_fkl", "published_version"} <= names
@@ -324,7 +326,7 @@ def test_training_worker_restart_resumes_after_last_published_sample(tmp_path, t
     buffer.mark_done()
     assert run_training(cfg) == 8
     assert store.latest_version() == first + 1
-    state = torch.load(store.folder(store.latest_version()) / "trainer_state.pt", weights_only=False)
+    state = load_checkpoint(store.folder(store.latest_version()) / "trainer")
     assert state["state"]["consumed"] == 8
     assert state["state"]["step"] == 3  # 4 + 2 rows, then the 2 new ones: no sample learned twice
 
@@ -344,7 +346,7 @@ def test_a_training_worker_resumes_past_a_torn_newest_version_and_learns_nothing
     buffer.append(rows[8:])
     buffer.mark_done()
     assert run_training(cfg) == 10  # resumed from version 1 (consumed 4), not a traceback
-    state = torch.load(store.folder(store.latest_version()) / "trainer_state.pt", weights_only=False)
+    state = load_checkpoint(store.folder(store.latest_version()) / "trainer")
     assert store.latest_version() == 4 and state["state"]["consumed"] == 10
     assert state["state"]["step"] == 3  # v1's step, then rows 4-7 and 8-9 once each
     spans = [(e["from"], e["to"]) for e in ConsumeLedger(swap).entries()]

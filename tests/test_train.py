@@ -162,7 +162,9 @@ def test_train_cli_records_run_and_checkpoint(tmp_path, learnable, regen):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
     assert summary["steps"] == 3 and summary["eval_tau_after"] >= 1.0
-    assert (out / "config.json").is_file() and (out / "trainer_state.pt").is_file()
+    # the drafter folder holds what a server loads; the trainer's state is kept beside it, in parts
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert (tmp_path / "draft-train" / "checkpoint.json").is_file()
     from adaflash.runlog import RunLog
 
     log = RunLog.open(ws)
@@ -221,7 +223,9 @@ def test_torchrun_data_parallel_on_cpu(tmp_path, learnable, regen):
                "--device", "cpu"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    state = torch.load(out / "trainer_state.pt", weights_only=False)
+    from adaflash.train.checkpoint import load_checkpoint
+
+    state = load_checkpoint(tmp_path / "ddp-train")
     assert state["state"]["step"] == 2 and state["config"]["steps"] == 2
     from adaflash.runlog import RunLog
 
@@ -610,3 +614,45 @@ def test_stack_padded_places_each_row_and_zeros_after_it():
     assert out.shape == (3, 5, 2)
     for row, values in enumerate(rows):
         assert torch.equal(out[row, : len(values)], values) and not out[row, len(values):].any()
+
+
+def test_resume_refuses_a_checkpoint_of_another_drafter(tmp_path, learnable, regen):
+    sequences = load_sequences(regen, learnable, 256)
+    Trainer(_cfg(tmp_path, steps=1), learnable).run(sequences)
+    assert (tmp_path / "d-train" / "checkpoint.json").is_file()
+    deeper = Trainer(_cfg(tmp_path, steps=2, resume=True, layers=2), learnable)
+    with pytest.raises(ValueError, match="holds another drafter than this run builds"):
+        deeper.run(sequences)
+
+
+def test_promote_replaces_a_drafter_only_when_held_out_prompts_show_it_drafts_better(tmp_path, learnable, regen):
+    from adaflash.models.drafter_io import new_drafter, save_drafter
+    from adaflash.runlog import RunLog
+
+    trained = tmp_path / "trained"
+    Trainer(_cfg(tmp_path, out=str(trained), steps=20, lr=3e-3), learnable).run(load_sequences(regen, learnable, 256))
+    shipped = tmp_path / "shipped"
+    save_drafter(new_drafter("dflash", learnable.model.cfg, block_size=8, seed=1), shipped, {"target": "tiny"})
+    (shipped / "README.md").write_text("model card\n")
+    before = (shipped / "model.safetensors").read_bytes()
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"prompt": f"Tell me about the number {i}.", "domain": d}) + "\n"
+                            for d, numbers in (("low", range(20, 23)), ("high", range(40, 43))) for i in numbers))
+    ws = tmp_path / "ws"
+    base = ["--workspace", str(ws), "train", "promote", "--target", str(learnable.folder), "--device", "cpu",
+            "--dataset", str(held), "--num-prompts", "3", "--max-new-tokens", "24", "--over", str(shipped)]
+    fresh = tmp_path / "fresh"
+    save_drafter(new_drafter("dflash", learnable.model.cfg, block_size=8, seed=2), fresh, {"target": "tiny"})
+    result = CliRunner().invoke(cli, [*base, str(fresh)])
+    assert result.exit_code == 1 and f"kept {shipped}" in result.output, result.output
+    result = CliRunner().invoke(cli, [*base, str(trained), "--dry-run"])
+    assert result.exit_code == 0 and "would promote" in result.output, result.output
+    assert (shipped / "model.safetensors").read_bytes() == before
+    result = CliRunner().invoke(cli, [*base, str(trained)])
+    assert result.exit_code == 0 and "promoted" in result.output, result.output
+    assert "low" in result.output and "high" in result.output  # τ of each domain, side by side
+    got, want = load_drafter(shipped).state_dict(), load_drafter(trained).state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert (shipped / "README.md").read_text() == "model card\n"
+    runs = [r for r in RunLog.open(ws).list_runs(kind="train") if r["name"] == "promote"]
+    assert sorted(r["note"].split(":")[0] for r in runs) == ["kept", "promoted", "would promote"]

@@ -85,3 +85,32 @@ def train_length_head(ctx: click.Context, model: ModelConfig, inputs: InputConfi
     fit_head(ctx, target=model.target or "", device=model.device, draft=drafter_folder("--draft", model.draft[0]) or "",
              data=_data(ctx, inputs), eval_data=prompts_path(ctx, inputs.eval_data, "test", "--eval-data"),
              limit=inputs.limit, max_len=engine.max_len or 512, train=train, seed=sampling.seed or 0, out=job.out or "")
+
+
+@train.command("promote")
+@click.argument("candidate")
+@uses(use(ModelConfig, only=("target", "device", "dtype"), notes={"dtype": "Here: the promoted weights' dtype "
+                                                                        "[default: the incumbent's]."}),
+      use(InputConfig, only=("dataset", "num_prompts"), notes={"num_prompts": "Here: prompts per domain."}),
+      use(SamplingConfig, only=("max_new_tokens",)), use(EngineConfig, only=("max_batch",)),
+      use(TrainOptions, only=("incumbent", "min_gain", "domain_slack")), use(JobConfig, only=("dry_run",)),
+      command="train promote")
+@click.pass_context
+def train_promote(ctx: click.Context, candidate: str, model: ModelConfig, inputs: InputConfig,
+                  sampling: SamplingConfig, engine: EngineConfig, train: TrainOptions, job: JobConfig) -> None:
+    """Replace a drafter (--over) with CANDIDATE only if CANDIDATE drafts better on held-out prompts.
+
+    Both drafters answer the same prompts of --dataset (its test split), domain by domain, in this run; the
+    verdict and τ per domain go to the run log. --dry-run compares without replacing. Exit status 1: not
+    promoted.
+    """
+    required(train.incumbent, "--over", "the drafter to replace (a folder or a built-in drafter's name)")
+    required(inputs.dataset, "--dataset", "held-out prompts, or a prepared dataset's name (its test split)")
+    if model.dtype is not None and model.dtype not in ("bfloat16", "float16", "float32"):
+        fail(f"--dtype: a promotion casts to bfloat16, float16 or float32, got {model.dtype!r}")
+    from adaflash.cli.train_promote import promote
+
+    promote(ctx, candidate=drafter_folder("CANDIDATE", candidate) or "",
+            incumbent=drafter_folder("--over", train.incumbent) or "", model=model,
+            dataset=prompts_path(ctx, inputs.dataset, "test", "--dataset") or "", per_domain=inputs.num_prompts,
+            max_new_tokens=sampling.max_new_tokens, batch=engine.max_batch, train=train, dry_run=job.dry_run)

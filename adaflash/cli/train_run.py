@@ -64,6 +64,7 @@ def _trainer(work: DraftTraining, rank: int, world: int) -> tuple[Any, Any, Any,
     """(trainer, target, sequences, evaluation prompts), or a clean error."""
     from adaflash.models.drafter_io import DrafterError, frequent_tokens, refuse_foreign_folder
     from adaflash.models.loading import load_target
+    from adaflash.train.checkpoint import checkpoint_folder, refuse_foreign_checkpoint
     from adaflash.train.data import TrainDataError, load_sequences
     from adaflash.train.loop import TrainConfig, Trainer, build_drafter, setup_distributed
     from adaflash.train.losses import LossConfig
@@ -71,6 +72,7 @@ def _trainer(work: DraftTraining, rank: int, world: int) -> tuple[Any, Any, Any,
     t, d, out = work.train, work.drafter, work.job.out or ""
     try:
         refuse_foreign_folder(Path(out))  # before the training, not at its first checkpoint
+        refuse_foreign_checkpoint(Path(t.checkpoint) if t.checkpoint else checkpoint_folder(out))
         loss_cfg = LossConfig(t.loss or "ce", t.alpha, t.kl_temperature, t.clip, t.gamma, t.greedy_chain)
         if t.greedy_chain and plain_method_for(work.method).kind != "block":
             raise ValueError(f"--greedy-chain trains DFlash blocks; {work.method} drafters learn a chain of their own drafts")
@@ -82,7 +84,8 @@ def _trainer(work: DraftTraining, rank: int, world: int) -> tuple[Any, Any, Any,
                           ttt_length=t.ttt_length, layers=d.layers or 1, block_size=d.block_size,
                           steps_chain=work.chain_steps, length_head=bool(d.length_head),
                           init_from_target=d.init_from_target, save_every=t.save_every, eval_every=t.eval_every,
-                          seed=work.seed, resume=work.job.resume, max_minutes=work.job.max_minutes,
+                          seed=work.seed, resume=work.job.resume, checkpoint=t.checkpoint,
+                          max_minutes=work.job.max_minutes,
                           schedule_minutes=t.schedule_minutes, memo_gb=t.feature_memo_gb, loss=loss_cfg)
         if work.init and d.init_from_target:
             raise ValueError("--init-from-target starts a new drafter from the target; --init continues an existing one")
@@ -110,7 +113,7 @@ def _summary(run: RecordedRun, trainer: Any, before: dict[str, Any], final: dict
              work: DraftTraining) -> None:
     from adaflash.train.loop import best_folder
 
-    summary = {"run": run.id, "steps": trainer.state.step, "loss": final.get("loss"),
+    summary = {"run": run.id, "steps": trainer.state.step, "checkpoint": str(trainer.checkpoint), "loss": final.get("loss"),
                "eval_tau_before": before.get("eval_tau"), "eval_tau_after": final.get("eval_tau")}
     if trainer.state.best_step:
         best = str(best_folder(work.job.out))

@@ -254,7 +254,7 @@ def install_folder(tmp: Path, out: Path) -> None:
 
     A reader sees the old folder or the new one, never a mix; a crash leaves at most a hidden temp folder.
     """
-    for path in tmp.iterdir():
+    for path in (p for p in tmp.rglob("*") if p.is_file()):
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
     give_usual_modes(tmp)

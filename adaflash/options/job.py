@@ -30,8 +30,8 @@ class JobConfig(Settings):
              "write the rows and leave the rest to --resume; pipeline: inference stops taking prompts and the "
              "trainers publish a final version and exit."))
     resume: bool = setting(False, Rule(bool, flag="--resume",
-                                       help="Continue what an earlier run left: train from the checkpoint in --out, "
-                                            "bit for bit; data regenerate keeps the rows in OUT.partial and answers "
+                                       help="Continue what an earlier run left: train from its trainer checkpoint "
+                                            "(--checkpoint), bit for bit; data regenerate keeps the rows in OUT.partial and answers "
                                             "only the others."))
     force: bool = setting(False, Rule(bool, flag="--force", help="Replace what is already there (a cached model "
                                                                   "copy, a folder in --out)."))

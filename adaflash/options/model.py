@@ -41,7 +41,7 @@ class ModelConfig(Settings):
     device: str = setting("auto", Rule(str, flag="--device", help="cpu, cuda, cuda:N or auto (a GPU if there "
                                                                    "is one)."))
     dtype: str | None = setting("bf16-if-native", Rule(
-        str, optional=True, flag="--dtype", per_command=(("draft export", None), ("models synth", "bf16")),
+        str, optional=True, flag="--dtype", per_command=(("draft export", None), ("models synth", "bf16"), ("train promote", None)),
         help=DTYPE_HELP))
 
     def check(self) -> None:

@@ -44,6 +44,11 @@ class TrainOptions(Settings):
                                                   "regenerate --temperature`) then widen the contexts without "
                                                   "teaching tokens greedy verification would reject."))
     save_every: int = setting(100, Rule(int, low=1, flag="--save-every", help="Steps between checkpoints."))
+    checkpoint: str | None = setting(None, Rule(
+        str, optional=True, flag="--checkpoint", metavar="DIR",
+        help="The trainer's checkpoint: full-precision weights, optimizer state, schedule and RNG states, in files "
+             "of at most 16 MB (easy to carry between machines), apart from the drafter in --out [default: OUT-train "
+             "beside --out]. --resume continues from it."))
     eval_every: int = setting(0, Rule(int, low=0, flag="--eval-every",
                                       help="Evaluate τ every N steps; the best evaluated drafter is kept in "
                                            "OUT-best."))
@@ -60,3 +65,11 @@ class TrainOptions(Settings):
         help="Target features kept between epochs, in GB (each later epoch then runs no target pass for them) "
              "[default: a third of a GPU's free memory, 4 on a CPU]. A corpus larger than it pays a target pass for "
              "the rest in every epoch: tokens_per_s drops, feature_memo_gb says how full."))
+    incumbent: str | None = setting(None, Rule(str, optional=True, flag="--over", metavar="DRAFTER",
+                                               help="The drafter a promotion may replace: a folder or a built-in "
+                                                    "drafter's name (its model card stays)."))
+    min_gain: float = setting(0.0, Rule(float, low=0, flag="--min-gain",
+                                        help="Promote only when the candidate's τ, averaged over the domains, beats "
+                                             "the incumbent's by more than this."))
+    domain_slack: float = setting(0.05, Rule(float, low=0, flag="--domain-slack",
+                                             help="Promote only when no domain's τ falls by more than this."))

@@ -29,9 +29,10 @@ from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.ledger import ConsumeLedger
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
+from adaflash.train.checkpoint import MANIFEST, save_checkpoint
 from adaflash.train.data import Sequence, row_to_sequence
 from adaflash.train.loop import (
-    STATE_FILE,
+    TRAINER_DIR,
     TrainConfig,
     Trainer,
     gather_floats,
@@ -93,7 +94,7 @@ def _initial_trainer(cfg: TrainingConfig, target, store: WeightStore) -> tuple[T
                        length_head=cfg.length_head, seed=cfg.seed, loss=cfg.loss)
     found, skipped = store.newest_valid(newer_than=cfg.restart_above)
     folder = store.folder(found[0]) if found else None
-    resume = folder is not None and (folder / STATE_FILE).is_file()
+    resume = folder is not None and (folder / TRAINER_DIR / MANIFEST).is_file()
     drafter = load_drafter(folder if resume else cfg.draft, target.model.cfg)
     if not isinstance(drafter, DFlashDrafter):
         raise ValueError(f"the pipeline trains DFlash drafters; {cfg.draft} is {drafter.method}")
@@ -103,7 +104,7 @@ def _initial_trainer(cfg: TrainingConfig, target, store: WeightStore) -> tuple[T
         drafter.length_head = None
     trainer = Trainer(tcfg, target, drafter)
     if resume:
-        trainer.restore(str(folder))
+        trainer.restore(folder / TRAINER_DIR)
     else:
         trainer.state.consumed = cfg.start_consumed
     return trainer, skipped
@@ -262,7 +263,7 @@ class TrainingWorker:
         meta = {"target": cfg.target, "num_target_layers": self.target.model.cfg.num_hidden_layers,
                 "consumed": state.consumed, "step": state.step, "loss": cfg.loss.kind}
         version = store.publish(self.trainer.drafter, meta, keep=cfg.keep,
-                                extra_files={STATE_FILE: lambda p: torch.save(self.trainer.state_blob(), p)},
+                                extra_files={TRAINER_DIR: lambda p: save_checkpoint(p, self.trainer.state_blob(weights=False))},
                                 pointer_extra={"consumed": state.consumed})
         published_at = float((store.pointer() or {}).get("published_at") or time.time())
         self.log.log_metrics(cfg.run_id, {"published_version": version, "consumed": state.consumed},

@@ -61,7 +61,7 @@ class WeightStore:
         return int(pointer["version"]) if pointer else 0
 
     def records(self) -> dict[int, dict[str, str]]:
-        """Version -> {file name: SHA-256} from the ledger and the pointer (complete ledger lines only)."""
+        """Version -> {file path in its folder: SHA-256} from the ledger and the pointer (complete ledger lines only)."""
         found: dict[int, dict[str, str]] = {}
         path = self.root / LEDGER
         if path.exists():
@@ -128,7 +128,7 @@ class WeightStore:
         version = max([self.latest_version(), *self.versions(), *self.records()], default=0) + 1
         folder = self.root / f"v{version}"
         save_drafter(drafter, folder, {**meta, "version": version}, extra_files=extra_files)
-        files = {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
+        files = {p.relative_to(folder).as_posix(): sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
         ledger = self.root / LEDGER
         torn_tail = ledger.exists() and ledger.stat().st_size and not ledger.read_bytes().endswith(b"\n")
         with ledger.open("a", encoding="utf-8") as handle:

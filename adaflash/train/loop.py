@@ -24,6 +24,7 @@ from adaflash.models.drafter_io import init_from_target, load_drafter, new_draft
 from adaflash.models.drafters import ChainDrafter, DFlashDrafter, Drafter
 from adaflash.models.loading import Target
 from adaflash.train.chain import chain_loss
+from adaflash.train.checkpoint import checkpoint_folder, load_checkpoint, save_checkpoint
 from adaflash.train.data import Sequence, epoch_batches, pad
 from adaflash.train.dflash import dflash_loss
 from adaflash.train.evaluate import eval_tau
@@ -31,7 +32,7 @@ from adaflash.train.features import FeatureMemo, FeatureSource
 from adaflash.train.losses import LossConfig
 from adaflash.train.profiling import StepProfiler
 
-STATE_FILE = "trainer_state.pt"
+TRAINER_DIR = "trainer"  # a published pipeline version's trainer checkpoint, beside its drafter
 
 HEAD_LR = 1e-3  # the length head's peak learning rate (its own AdamW), whatever the drafter's
 
@@ -61,6 +62,7 @@ class TrainConfig:
     eval_max_new_tokens: int = 48
     seed: int = 0
     resume: bool = False
+    checkpoint: str | None = None  # the trainer checkpoint's folder; None: OUT-train beside --out
     max_minutes: float | None = None  # wall-clock budget: stop, evaluate and save when it runs out
     # minutes of training (over every --resume leg) the learning rate's cosine spans; None: it ends
     # with this leg's --max-minutes, so a run cut by its budget still stops annealed
@@ -85,6 +87,10 @@ def best_folder(out: str | Path) -> Path:
     """Where the drafter of the best periodic evaluation is kept: beside --out, which each save replaces."""
     out = Path(out)
     return out.with_name(f"{out.name}-best")
+
+
+def _shape(tensor: torch.Tensor | None) -> str:
+    return "absent" if tensor is None else "x".join(map(str, tensor.shape)) or "scalar"
 
 
 def rank_world() -> tuple[int, int]:
@@ -212,10 +218,16 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.mixed else contextlib.nullcontext()
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def state_blob(self) -> dict[str, Any]:
-        """Everything needed to continue bit for bit: counters, optimizers, RNG states."""
+    @property
+    def checkpoint(self) -> Path:
+        return Path(self.cfg.checkpoint) if self.cfg.checkpoint else checkpoint_folder(self.cfg.out)
+
+    def state_blob(self, *, weights: bool = True) -> dict[str, Any]:
+        """Everything needed to continue bit for bit: counters, optimizers, RNG states and, with
+        `weights`, the drafter's full-precision weights (a pipeline version keeps them beside it)."""
         return {
             "state": asdict(self.state),
+            "drafter": self.drafter.state_dict() if weights else None,
             "opt": self.opt.state_dict(),
             "head_opt": self.head_opt.state_dict() if self.head_opt else None,
             "gen": self.gen.get_state(),
@@ -229,18 +241,25 @@ class Trainer:
         return {"target": self.target.name, "num_target_layers": self.target.model.cfg.num_hidden_layers,
                 "step": self.state.step, **(extra or {})}
 
-    def save(self, extra: dict[str, Any] | None = None, out: str | None = None) -> Path:
-        state = self.state_blob()
-        return save_drafter(self.drafter, out or self.cfg.out, self.meta(extra),
-                            extra_files={STATE_FILE: lambda path: torch.save(state, path)})
+    def save(self, extra: dict[str, Any] | None = None) -> Path:
+        """The drafter into --out (what a server loads), then the trainer checkpoint into its own folder."""
+        save_drafter(self.drafter, self.cfg.out, self.meta(extra))
+        save_checkpoint(self.checkpoint, self.state_blob())
+        return Path(self.cfg.out)
 
-    def restore(self, folder: str) -> None:
-        path = Path(folder) / STATE_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"--resume: {path} not found (no checkpoint to resume from)")
-        loaded = load_drafter(folder, self.target.model.cfg)
-        self.drafter.load_state_dict(loaded.state_dict())
-        saved = torch.load(path, weights_only=False)
+    def restore(self, folder: str | Path | None = None) -> None:
+        """Continue from a trainer checkpoint (by default this run's); the drafter must have its shapes."""
+        folder = Path(folder) if folder is not None else self.checkpoint
+        saved = load_checkpoint(folder)
+        if saved.get("drafter") is not None:
+            mine = self.drafter.state_dict()
+            theirs = saved["drafter"]
+            for key in sorted(set(mine) | set(theirs)):
+                if key not in theirs or key not in mine or mine[key].shape != theirs[key].shape:
+                    raise ValueError(f"--resume: {folder} holds another drafter than this run builds ({key}: "
+                                     f"{_shape(theirs.get(key))} in the checkpoint, {_shape(mine.get(key))} here); "
+                                     "give the drafter options of the run it continues")
+            self.drafter.load_state_dict(theirs)
         self.state = TrainState(**saved["state"])
         self.opt.load_state_dict(saved["opt"])
         if self.head_opt and saved.get("head_opt"):
@@ -311,7 +330,7 @@ class Trainer:
         cfg = self.cfg
         rank, world = rank_world()
         if cfg.resume:
-            self.restore(cfg.out)
+            self.restore()
         self.memo = FeatureMemo(self.target.model, self.drafter.target_layer_ids,
                                 budget_bytes=None if cfg.memo_gb is None else cfg.memo_gb * 1e9,
                                 keep_greedy=(cfg.length_head and cfg.loss.kind == "ce") or cfg.loss.greedy_chain,
@@ -320,7 +339,7 @@ class Trainer:
                      if i % world == rank]
         total = cfg.steps or cfg.epochs * len(per_epoch)
         if cfg.resume and self.state.step >= total:
-            raise ValueError(f"--resume: the checkpoint in {cfg.out} is at step {self.state.step}, already the run's "
+            raise ValueError(f"--resume: the checkpoint in {self.checkpoint} is at step {self.state.step}, already the run's "
                              f"{total} steps (--steps/--epochs): ask for more steps to continue it")
         last: dict[str, float] = {}
         started, tokens_at_start, seconds_before = self.clock(), self.state.tokens, self.state.seconds
