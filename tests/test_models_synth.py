@@ -180,3 +180,16 @@ def test_models_list_shows_the_synth_architectures():
     rows = json.loads(result.output)
     assert {r["name"] for r in rows if r["kind"] == "synth"} == set(synth.ARCHS)
     assert any(r["kind"] == "builtin" and r["name"] == "smollm2-135m" for r in rows)
+
+
+def test_the_smollm2_shapes_are_the_built_in_targets(smollm2_folder):
+    """A GPU host without the built-in's weights measures its speed on these: every shape must be the real one."""
+    real = json.loads((smollm2_folder / "config.json").read_text())
+    made = synth.synth_config("smollm2-135m")
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "vocab_size", "tie_word_embeddings", "model_type", "head_dim")
+    assert {k: made[k] for k in keys} == {k: real[k] for k in keys}
+    assert made["rope_theta"] == real["rope_parameters"]["rope_theta"] and made["rope_scaling"] is None
+    plan = synth.tensor_plan(made)
+    assert "lm_head.weight" not in {t.name for t in plan}  # tied, as the real one
+    assert round(sum(t.numel for t in plan) / 1e6, 1) == 134.5

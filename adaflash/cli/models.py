@@ -75,7 +75,8 @@ def synth_model(name: str, job: JobConfig, sampling: SamplingConfig, drafter: Dr
                 output: str) -> None:
     """Write a model folder of a real architecture with seeded random weights, for speed and memory.
 
-    NAME is qwen3-8b, llama-3.1-8b, or qwen3-tiny / llama-tiny (a few MB, for tests). The folder (config.json,
+    NAME is qwen3-8b, llama-3.1-8b, smollm2-135m (the built-in target's shapes), or qwen3-tiny / llama-tiny (a
+    few MB, for tests). The folder (config.json,
     safetensors shards, a byte-level tokenizer with a chat template, generation_config.json) loads wherever a
     target is asked for. Random weights run at the real speed and memory; τ measured with them means nothing.
     Dense decoders only: the embedded engine has no mixture-of-experts layer, so there is no MoE architecture.

@@ -78,6 +78,11 @@ ARCHS: dict[str, SynthArch] = {arch.name: arch for arch in (
                        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
                        max_position_embeddings=131072),
               "llama3"),
+    SynthArch("smollm2-135m", "SmolLM2-135M shapes: 30 layers, hidden 576, 9/3 heads of 64, MLP 1536, vocab 49,152, "
+              "tied embeddings (134.5M parameters, 269 MB in bf16): the built-in target's speed without its weights",
+              _llama31(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                       num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
+                       rope_theta=100000.0, rope_scaling=None, tie_word_embeddings=True), "llama3"),
     SynthArch("qwen3-tiny", "Qwen3 layout at toy size for tests: 4 layers, hidden 128, 4/2 heads of 32, "
               "vocab 1,024 (about 2 MB)",
               _qwen3(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,

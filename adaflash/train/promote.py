@@ -72,9 +72,9 @@ def decide(domains: list[DomainTau], *, min_gain: float, domain_slack: float) ->
     verdict = Verdict(domains, False, "")
     gain = verdict.candidate - verdict.incumbent
     worst = min(domains, key=lambda d: d.gain)
-    if gain < min_gain or gain <= 0:
+    if gain <= min_gain:
         return Verdict(domains, False, f"mean τ {verdict.candidate:.3f} against {verdict.incumbent:.3f}: a gain of "
-                                       f"{gain:+.3f}, not above {max(min_gain, 0):.3f}")
+                                       f"{gain:+.3f}, not above {min_gain:.3f}")
     if -worst.gain > domain_slack:
         return Verdict(domains, False, f"{worst.domain} loses {-worst.gain:.3f} τ ({worst.candidate:.3f} against "
                                        f"{worst.incumbent:.3f}), more than --domain-slack {domain_slack:.3f}")
