@@ -71,6 +71,15 @@ for queries, length in ((4, 200), (16, 70), (2, 130)):
                                   additive[row:row + 1, i:i + 1, :see])
             same = same and torch.equal(alone, out[row:row + 1, i:i + 1])
     result["attn_rows"].append(same)
+    # key steps no query of a row may see are never read: NaN there changes nothing (0 x NaN would)
+    unseen_k, unseen_v = k.clone(), v.clone()
+    for row in range(b):
+        first_unseen = -(-(int(pos[row].max()) + 1) // inv.ATTN_KEYS) * inv.ATTN_KEYS
+        unseen_k[row, first_unseen:] = float("nan")
+        unseen_v[row, first_unseen:] = float("nan")
+    result.setdefault("unseen_skipped", []).append(torch.equal(inv.attention(q, unseen_k, unseen_v, additive), out)
+                                                   and torch.equal(inv.attention(q, unseen_k, unseen_v, allowed),
+                                                                   inv.attention(q, k, v, allowed)))
 print(json.dumps(result))
 """
 
@@ -81,6 +90,7 @@ def _check(device: str, dtype: str, env: dict[str, str] | None = None) -> dict:
 
 def _assert_invariant_and_close(result: dict, tolerance: float) -> None:
     assert all(result["mm_rows"]) and all(result["norm_rows"]) and all(result["attn_rows"]), result
+    assert all(result["unseen_skipped"]), result
     assert max(result["mm_err"]) < tolerance and max(result["norm_err"]) < 8 * tolerance, result
     assert max(result["attn_err"]) < tolerance and max(result["bool_err"]) < tolerance, result
 

@@ -230,3 +230,27 @@ def regenerate(ctx: click.Context, model: ModelConfig, inputs: InputConfig, samp
         regenerate_in_procs(ctx, work, procs)
         return
     regenerate_here(ctx, work)
+
+
+@data.command("ask", short_help="The target writes new prompts itself, each once and none held out.")
+@uses(ModelConfig, use(InputConfig, only=("num_samples",), notes={"num_samples": "Here: prompts to write "
+                                                                                  "[default: 1,000]."}),
+      use(SamplingConfig, only=("max_new_tokens", "temperature", "top_p", "seed")),
+      use(EngineConfig, only=("max_batch",)), use(JobConfig, only=("out",)), use(PrepConfig, only=("held_out",)),
+      Output(("text", "json"), help="text, or json: the summary."), command="data ask")
+@click.pass_context
+def ask(ctx: click.Context, model: ModelConfig, inputs: InputConfig, sampling: SamplingConfig, engine: EngineConfig,
+        job: JobConfig, prep: PrepConfig, output: str) -> None:
+    """Write prompts the target makes up, for `data regenerate` to answer: more distinct answers to train on.
+
+    The target continues a page of prompts people sent to an assistant, grouped by topic (about 250 topics
+    of daily life, work, study, code, science and culture). Each prompt is kept once, by the hash of its
+    normalized text, and none equal to a held-out prompt (--held-out), so measurements stay on prompts no
+    drafter trained on. Rows: {"id", "domain": "ask", "topic", "conversations"}.
+    """
+    from adaflash.cli.data_ask import AskWork, run_ask
+
+    method, draft = one_model(model)
+    run_ask(ctx, AskWork(model=model, method=method, draft=draft, count=inputs.num_samples or 1000,
+                         sampling=sampling, batch=engine.max_batch, out=out_file(ctx, job.out),
+                         held_out=prep.held_out, quiet=output == "json"))

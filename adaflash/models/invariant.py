@@ -242,7 +242,11 @@ if triton is not None:
                           GROUPS: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                           BOOL_MASK: tl.constexpr):
         """One kv head of one row, BM (query, head of the group) pairs; keys in BN steps from 0 up with
-        an online softmax, so each query's sums run in one order whatever the key range's length."""
+        an online softmax, so each query's sums run in one order whatever the key range's length.
+
+        A step whose keys no live query may see reads no keys or values: through the online softmax
+        such a step adds exactly nothing (its weights are exp(-inf) = 0 and the running maximum stays),
+        so skipping it changes no sum, and a row's work ends with its own keys, not the batch's longest."""
         b = tl.program_id(0)
         kv = tl.program_id(1)
         pair = tl.program_id(2) * BM + tl.arange(0, BM)
@@ -258,25 +262,30 @@ if triton is not None:
         for start in range(0, s, BN):
             keys = start + tl.arange(0, BN)
             inside = keys < s
-            kt = tl.load(k_ptr + b * skb + keys[None, :] * sks + kv * skh + dims[:, None] * skd,
-                         mask=inside[None, :], other=0.0)
-            scores = tl.dot(q, kt) * scale
             bias = tl.load(mask_ptr + b * smb + query[:, None] * smn + keys[None, :] * sms,
                            mask=live[:, None] & inside[None, :], other=0)
             if BOOL_MASK:
-                scores = tl.where(bias != 0, scores, float("-inf"))
+                seen = bias != 0
             else:
-                scores += bias.to(tl.float32)
-            scores = tl.where(inside[None, :], scores, float("-inf"))
-            new_top = tl.maximum(top, tl.max(scores, axis=1))
-            shift = tl.where(new_top == float("-inf"), 0.0, new_top)
-            p = tl.exp(scores - shift[:, None])
-            alpha = tl.exp(top - shift)
-            total = total * alpha + tl.sum(p, axis=1)
-            vt = tl.load(v_ptr + b * svb + keys[:, None] * svs + kv * svh + dims[None, :] * svd,
-                         mask=inside[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-            top = new_top
+                seen = bias.to(tl.float32) != float("-inf")
+            if tl.max((seen & live[:, None] & inside[None, :]).to(tl.int32)) > 0:
+                kt = tl.load(k_ptr + b * skb + keys[None, :] * sks + kv * skh + dims[:, None] * skd,
+                             mask=inside[None, :], other=0.0)
+                scores = tl.dot(q, kt) * scale
+                if BOOL_MASK:
+                    scores = tl.where(seen, scores, float("-inf"))
+                else:
+                    scores += bias.to(tl.float32)
+                scores = tl.where(inside[None, :], scores, float("-inf"))
+                new_top = tl.maximum(top, tl.max(scores, axis=1))
+                shift = tl.where(new_top == float("-inf"), 0.0, new_top)
+                p = tl.exp(scores - shift[:, None])
+                alpha = tl.exp(top - shift)
+                total = total * alpha + tl.sum(p, axis=1)
+                vt = tl.load(v_ptr + b * svb + keys[:, None] * svs + kv * svh + dims[None, :] * svd,
+                             mask=inside[:, None], other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+                top = new_top
         result = acc / tl.where(total == 0.0, 1.0, total)[:, None]
         tl.store(out_ptr + b * sob + query[:, None] * son + head[:, None] * soh + dims[None, :] * sod,
                  result.to(out_ptr.dtype.element_ty), mask=live[:, None])

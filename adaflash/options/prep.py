@@ -43,3 +43,7 @@ class PrepConfig(Settings):
     compact: bool = setting(False, Rule(bool, flag="--compact",
                                         help="Rows hold the prompt string and the answer's token ids only (what "
                                              "training reads): a third of the size."))
+    held_out: str | None = setting(None, Rule(str, optional=True, flag="--held-out", metavar="NAME|FILE,...",
+                                              help="Prompts no new prompt may equal (by the hash of its normalized "
+                                                   "text): files, or prepared datasets' test splits [default: suite, "
+                                                   "when prepared]."))

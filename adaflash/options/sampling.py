@@ -15,9 +15,10 @@ class SamplingConfig(Settings):
     GROUP: ClassVar[str] = "sampling"
 
     max_new_tokens: int = setting(256, Rule(int, low=1, high=32768, flag="--max-new-tokens",
-                                            per_command=(("generate", 128),),
+                                            per_command=(("generate", 128), ("data ask", 96)),
                                             help="New tokens per answer at most."))
-    temperature: float = setting(0.0, Rule(float, low=0, flag="--temperature", help="0: greedy."))
+    temperature: float = setting(0.0, Rule(float, low=0, flag="--temperature", per_command=(("data ask", 0.9),),
+                                           help="0: greedy."))
     top_p: float = setting(1.0, Rule(float, low=0, low_open=True, high=1, flag="--top-p",
                                      help="Nucleus sampling (temperature > 0)."))
     top_k: int = setting(-1, Rule(int, low=-1, flag="--top-k", help="Sample among the k likeliest (-1: all)."))
