@@ -97,3 +97,41 @@ def test_parse_sizes_bandwidths_and_weight_bytes(synth_target):
     everything = sum(p.numel() * p.element_size() for p in model.parameters())
     embed = model.model.embed_tokens.weight
     assert weight_bytes(model) == everything - embed.numel() * embed.element_size()  # untied: a row per token
+
+
+def _curve(ms_by_batch: dict[int, list[float]], widths: list[int]):
+    from adaflash.bench.cost import CostResult
+
+    spec = CostSpec(target="t", batch_sizes=list(ms_by_batch), widths=widths)
+    cells = [{"batch": b, "width": w, "ms": ms, "ratio": ms / times[0]} for b, times in ms_by_batch.items()
+             for w, ms in zip(widths, times)]
+    return CostResult(spec, "cpu", "float32", False, "eager", 64, 1, 1, None, cells)
+
+
+def test_the_best_width_is_the_whole_block_where_verifying_is_free_and_shorter_where_it_costs():
+    from adaflash.bench.width_gain import expected_tokens, pass_ms, width_gains
+
+    assert expected_tokens([0.5, 0.5, 0.5], 2) == 1.75 and expected_tokens([0.5, 0.5, 0.5], 0) == 1.0
+    curve = _curve({1: [10.0, 10.0, 10.0], 64: [10.0, 12.0, 40.0]}, [1, 2, 4])
+    assert pass_ms(curve, 64, 3) == 26.0  # between the measured 2 and 4
+    flat, steep = width_gains(curve, [0.5, 0.5, 0.5])
+    assert (flat["best_width"], flat["gain"], flat["block"]) == (4, 1.0, 4)
+    # steep: whole block 1.875 tokens / 40 ms; one draft 1.5 / 12 ms, the best
+    assert steep["best_width"] == 2 and steep["gain"] == pytest.approx((1.5 / 12) / (1.875 / 40))
+
+
+def test_cost_cli_says_what_a_shorter_width_would_gain(synth_target, workspace):
+    base = ["bench", "cost", "--target", str(synth_target), "--batch-sizes", "1,2", "--widths", "1,2,4",
+            "--context", "16", "--repeats", "2", "--warmup", "1", "--dtype", "float32"]
+    result = CliRunner().invoke(cli, [*base, "--acceptance", "0.6,0.5,0.4", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    gains = {row["batch"]: row for row in data["width_gains"]}
+    assert set(gains) == {1, 2} and all(row["gain"] >= 1.0 and 1 <= row["best_width"] <= 4 for row in gains.values())
+    assert gains[1]["whole_tokens"] == pytest.approx(1 + 0.6 + 0.3 + 0.12)
+    metrics = {m["name"] for m in RunLog.open(workspace).metrics_since(0, run_id=data["run_id"])}
+    assert {"width_gain_b1", "best_width_b2"} <= metrics
+    result = CliRunner().invoke(cli, [*base, "--acceptance", "0.6,0.5,0.4,0.3"])
+    assert result.exit_code == 2 and "--widths must reach it" in result.output
+    result = CliRunner().invoke(cli, [*base, "--acceptance", "0.6,high"])
+    assert result.exit_code == 2 and "--acceptance must be comma-separated numbers" in result.output

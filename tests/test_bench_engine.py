@@ -76,6 +76,9 @@ def test_every_method_and_hf_side_by_side_recorded_and_lossless(workspace, tiny_
     assert cells[("vanilla", 2)]["identical_reference"] == "vanilla@b1"
     assert cells[("mtp", 2)]["identical_reference"] == "vanilla@b2"
     assert cells[("hf-generate", 1)]["accept_length"] == 1.0
+    assert cells[("vanilla", 1)]["accept_by_position"] is None
+    shares = cells[("dflash", 2)]["accept_by_position"]
+    assert shares and all(share is None or 0 <= share <= 1 for share in shares)
     # Vanilla heads every batch size in the printed rows, transformers' rows close it.
     shown = [(r["method"], r["batch"]) for r in out["rows"]]
     assert shown[0] == ("vanilla", 1) and shown[5:7] == [("hf-generate", 1), ("hf-prompt-lookup", 1)]
@@ -504,3 +507,18 @@ def test_a_suite_is_measured_per_domain_with_an_overall_row_of_means(workspace, 
     assert speedups[("dflash", "mini")] == pytest.approx(fmean(ratios))
     assert speedups[("dflash", "mini/code")] == pytest.approx(ratios[1])
     assert speedups[("vanilla", "mini")] == pytest.approx(1.0)
+
+
+def test_acceptance_by_position_counts_the_steps_that_reached_each_drafted_position():
+    from adaflash.bench.metrics import RequestResult, accept_by_position
+    from adaflash.engine.params import Request, SamplingParams
+    from adaflash.engine.sequence import RunningSeq
+
+    seq = RunningSeq(Request([1, 2], SamplingParams(max_new_tokens=50)), slot=0, arrived=0.0)
+    for accepted, proposed in ((2, 4), (0, 4), (4, 4), (1, 2)):  # the last: a length head verified 2 of 4
+        seq.take([5] * (accepted + 1), accepted=accepted, proposed=proposed, eos_ids=[], decode=str)
+    assert seq.by_position == [[4, 3], [3, 2], [2, 1], [1, 1]]
+    other = RequestResult("b", by_position=[[2, 0]])
+    assert accept_by_position([RequestResult("a", by_position=seq.by_position), other]) == pytest.approx([0.5, 2 / 3, 0.5, 1.0])
+    assert accept_by_position([RequestResult("v")]) is None
+

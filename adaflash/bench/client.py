@@ -62,6 +62,9 @@ def _apply_meta(result: RequestResult, data: dict[str, Any]) -> None:
     if isinstance(meta.get("spec_num_proposed_drafts"), int):
         result.proposed = meta["spec_num_proposed_drafts"]
         result.correct = meta.get("spec_num_correct_drafts") or 0
+    by_position = meta.get("spec_accept_by_position")
+    if isinstance(by_position, list) and all(isinstance(p, list) and len(p) == 2 for p in by_position):
+        result.by_position = [[int(n) for n in pair] for pair in by_position]
 
 
 async def send_request(session: aiohttp.ClientSession, settings: BenchSettings, prompt: BenchPrompt) -> RequestResult:

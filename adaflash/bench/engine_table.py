@@ -123,6 +123,18 @@ def against_dflash(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def by_position(records: list[dict[str, Any]]) -> list[str]:
+    """Per speculative row, the share of steps that accepted each drafted position among those that
+    reached it: the first positions are where a drafter gains the most per step."""
+    lines = []
+    for r in records:
+        shares = r.get("accept_by_position")
+        if r["method"] == VANILLA or not shares:
+            continue
+        lines.append(f"{_name(r)}: " + " ".join("-" if share is None else f"{share:.2f}" for share in shares))
+    return lines
+
+
 def _name(record: dict[str, Any]) -> str:
     where = f" on {record['dataset']}" if record.get("domain") or record.get("aggregate") else ""
     return f"{record['method']}@b{record['concurrency']}{where}"

@@ -34,6 +34,22 @@ class RequestResult:
     verify_ct: int | None = None
     proposed: int | None = None
     correct: int | None = None
+    by_position: list[list[int]] = field(default_factory=list)  # [reached, accepted] per drafted position
+
+
+def accept_by_position(results: list[RequestResult]) -> list[float] | None:
+    """Per drafted position, the share of steps that accepted it among those that reached it (verified
+    it, every draft before it accepted): where a drafter's block loses its tokens."""
+    reached: list[int] = []
+    accepted: list[int] = []
+    for r in results:
+        for i, (seen, took) in enumerate(r.by_position):
+            if i == len(reached):
+                reached.append(0)
+                accepted.append(0)
+            reached[i] += seen
+            accepted[i] += took
+    return [a / n if n else None for a, n in zip(accepted, reached)] or None
 
 
 class TokenGaps:
@@ -66,7 +82,8 @@ def engine_results(outputs: list[Any], itl: dict[str, list[float]] | None = None
             id=output.rid, success=True, prompt_tokens=int(meta["prompt_tokens"]),
             output_tokens=int(meta["completion_tokens"]), ttft=float(meta["ttft"]), latency=float(meta["e2e_latency"]),
             itl=list((itl or {}).get(output.rid, [])), text=output.text, verify_ct=int(meta["spec_verify_ct"]),
-            proposed=int(meta.get("spec_num_proposed_drafts") or 0), correct=int(meta.get("spec_num_correct_drafts") or 0)))
+            proposed=int(meta.get("spec_num_proposed_drafts") or 0), correct=int(meta.get("spec_num_correct_drafts") or 0),
+            by_position=[list(pair) for pair in meta.get("spec_accept_by_position") or ()]))
     return results
 
 
@@ -128,6 +145,7 @@ def compute_metrics(results: list[RequestResult], duration: float) -> dict[str, 
                                 if counted and metrics["spec_verify_ct"] else None)
     proposed = sum(r.proposed or 0 for r in done)
     metrics["accept_rate"] = sum(r.correct or 0 for r in done) / proposed if proposed else None
+    metrics["accept_by_position"] = accept_by_position(done)
     return metrics
 
 

@@ -16,7 +16,8 @@ from adaflash.options import BenchConfig, JobConfig, ModelConfig, SamplingConfig
 
 
 @click.command("cost")
-@uses(use(ModelConfig, only=("target", "device", "dtype")), use(BenchConfig, only=("batch_sizes", "widths", "context", "repeats", "warmup", "bandwidth_gbs", "label")),
+@uses(use(ModelConfig, only=("target", "device", "dtype")), use(BenchConfig, only=("batch_sizes", "widths", "acceptance", "context", "repeats", "warmup",
+                                                                                 "bandwidth_gbs", "label")),
       use(SamplingConfig, only=("seed",), notes={"seed": "Here: of the random token ids."}),
       use(JobConfig, only=("out",)), Output(("table", "markdown", "csv", "json")), command="bench cost")
 @click.pass_context
@@ -31,6 +32,7 @@ def cost(ctx: click.Context, model: ModelConfig, bench: BenchConfig, sampling: S
     row's cache, read once. The table goes to the run log (`adaflash runs show RUN`). --out also plots it.
     """
     from adaflash.bench.cost import CostBench, CostBenchError, CostSpec, parse_sizes, record
+    from adaflash.bench.width_gain import parse_acceptance
 
     plot = out_file(ctx, job.out) if job.out else None
     if plot and Path(plot).suffix.lower() not in (".png", ".svg"):
@@ -41,10 +43,26 @@ def cost(ctx: click.Context, model: ModelConfig, bench: BenchConfig, sampling: S
                         widths=parse_sizes(widths, "--widths", "1,2,4,8,16"), context=context, device=model.device,
                         dtype=model.dtype, repeats=repeats, warmup=warmup_count(bench), bandwidth_gbs=bandwidth_gbs,
                         seed=sampling.seed or 0, label=bench.label)
-        run_id, result = record(runlog_of(ctx), CostBench(spec, _say), _on_cell)
+        acceptance = parse_acceptance(bench.acceptance) if bench.acceptance else None
+        if acceptance and len(acceptance) + 1 > max(spec.widths):
+            raise CostBenchError(f"--acceptance: {len(acceptance)} drafts make a block of {len(acceptance) + 1} "
+                                 f"tokens; --widths must reach it (now up to {max(spec.widths)})")
+        log = runlog_of(ctx)
+        run_id, result = record(log, CostBench(spec, _say), _on_cell)
+        gains = _gains(log, run_id, result, acceptance) if acceptance else None
     except CostBenchError as err:
         fail(str(err))
-    _report(run_id, result, output, plot)
+    _report(run_id, result, output, plot, gains)
+
+
+def _gains(log: Any, run_id: str, result: Any, acceptance: list[float]) -> list[dict[str, Any]]:
+    """The width gains, recorded beside the table as `width_gain_b{B}` and `best_width_b{B}`."""
+    from adaflash.bench.width_gain import width_gains
+
+    rows = width_gains(result, acceptance)
+    log.log_metrics(run_id, {f"{name}_b{row['batch']}": row[key] for row in rows
+                             for name, key in (("width_gain", "gain"), ("best_width", "best_width"))})
+    return rows
 
 
 def _say(message: str) -> None:
@@ -55,19 +73,26 @@ def _on_cell(cell: dict[str, Any]) -> None:
     _say(f"b {cell['batch']:>3} k {cell['width']:>2}: {cell['ms']:.3f} ms (min {cell['ms_min']:.3f})")
 
 
-def _report(run_id: str, result: Any, output: str, plot: str | None) -> None:
+def _report(run_id: str, result: Any, output: str, plot: str | None, gains: list[dict[str, Any]] | None) -> None:
     picture = None
     if plot:
         from adaflash.bench.cost_plot import plot_cost
 
         picture = plot_cost(result, plot)
-    data = {"run_id": run_id, **result.as_json(), "plot": str(picture) if picture else None}
+    data = {"run_id": run_id, **result.as_json(), "plot": str(picture) if picture else None, "width_gains": gains}
     if output == "json":
         click.echo(json.dumps(data, indent=2, default=str))
     elif output == "csv":
         emit_rows(result.cells, ["batch", "width", "ms", "ms_min", "ms_max", "ratio"], "csv")
     else:
         _print_tables(result, output, run_id)
+        if gains:
+            if output == "markdown":
+                click.echo()
+            emit_rows([{**g, "whole_tokens": f"{g['whole_tokens']:.2f}", "best_tokens": f"{g['best_tokens']:.2f}",
+                        "gain": f"{g['gain']:.3f}x"} for g in gains],
+                      ["batch", "block", "whole_tokens", "best_width", "best_tokens", "gain"], output,
+                      title="the best fixed width against the whole block, at this acceptance")
     if picture:
         _say(f"plot: {picture}")
     _say(f"recorded in the run log: adaflash runs show {run_id}")

@@ -92,6 +92,7 @@ def _report(run_id: str, records: list[dict[str, Any]], spec: Any, name: str, co
     from adaflash.bench.engine_table import (
         TABLE_COLUMNS,
         against_dflash,
+        by_position,
         mismatch_notes,
         speedup_breakdown,
         table_rows,
@@ -106,7 +107,8 @@ def _report(run_id: str, records: list[dict[str, Any]], spec: Any, name: str, co
     for note in mismatch_notes(records):
         click.secho(note, fg="yellow", err=True)
     for title, lines in (("where the speed-up goes (engine pass timings):", speedup_breakdown(records)),
-                         ("τ × throughput against the dflash row of the same batch:", against_dflash(records))):
+                         ("τ × throughput against the dflash row of the same batch:", against_dflash(records)),
+                         ("acceptance by drafted position (of the steps that reached it):", by_position(records))):
         if lines:
             click.echo(title, err=True)
             for line in lines:

@@ -30,6 +30,9 @@ class RunningSeq:
     proposed: int = 0
     correct: int = 0
     histogram: list[int] = field(default_factory=list)
+    # per drafted position i (from 1): [steps that verified it with every draft before it accepted, of
+    # those the steps that accepted it]; a length head's short verifies count only where they reached
+    by_position: list[list[int]] = field(default_factory=list)
     draft_time: float = 0.0
     verify_time: float = 0.0
     first_token_at: float | None = None
@@ -64,6 +67,11 @@ class RunningSeq:
             while len(self.histogram) <= accepted:
                 self.histogram.append(0)
             self.histogram[accepted] += 1
+            while len(self.by_position) < proposed:
+                self.by_position.append([0, 0])
+            for position in range(min(proposed, accepted + 1)):
+                self.by_position[position][0] += 1
+                self.by_position[position][1] += position < accepted
         params = self.request.params
         stop_ids = self.stop_ids(eos_ids)
         taken: list[int] = []
@@ -108,6 +116,7 @@ class RunningSeq:
             "spec_verify_ct": self.verify_ct,
             "spec_accept_length": completion / max(self.verify_ct, 1),
             "spec_accept_histogram": self.histogram,
+            "spec_accept_by_position": self.by_position,
             "spec_num_proposed_drafts": self.proposed,
             "spec_num_correct_drafts": self.correct,
             "spec_accept_rate": self.correct / self.proposed if self.proposed else None,

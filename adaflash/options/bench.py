@@ -63,6 +63,11 @@ class BenchConfig(Settings):
     widths: str = setting("1,2,4,8,16", Rule(str, flag="--widths",
                                              help="Comma-separated tokens k verified per row in one pass (1 is a "
                                                   "Vanilla decode step)."))
+    acceptance: str | None = setting(None, Rule(
+        str, optional=True, flag="--acceptance", metavar="A1,A2,...",
+        help="A drafter's acceptance by drafted position, as bench engine prints it: then per batch the width "
+             "that maximizes tokens per second and its gain over verifying the whole block (drafts + 1 tokens, "
+             "within --widths)."))
     context: int = setting(512, Rule(int, low=1, flag="--context", help="Tokens already in every row's cache."))
     repeats: int = setting(20, Rule(int, low=1, flag="--repeats",
                                     help="Timed passes per cell; the table shows their median."))
