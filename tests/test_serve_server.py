@@ -87,7 +87,7 @@ async def test_concurrent_clients_are_batched_and_match_generate_alone(server, r
         assert out["text"] == tiny_target.decode(references[text])
         meta = out["meta_info"]
         for key in ("id", "prompt_tokens", "completion_tokens", "spec_verify_ct", "spec_accept_length",
-                    "spec_accept_histogram", "finish_reason", "e2e_latency"):
+                    "spec_accept_histogram", "spec_accept_by_position", "finish_reason", "e2e_latency"):
             assert key in meta
         assert meta["completion_tokens"] == MAX_NEW and meta["finish_reason"]["type"] == "length"
     assert isinstance(outputs[5], list) and len(outputs[5]) == 3
