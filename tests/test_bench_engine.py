@@ -522,3 +522,24 @@ def test_acceptance_by_position_counts_the_steps_that_reached_each_drafted_posit
     assert accept_by_position([RequestResult("a", by_position=seq.by_position), other]) == pytest.approx([0.5, 2 / 3, 0.5, 1.0])
     assert accept_by_position([RequestResult("v")]) is None
 
+
+
+def test_scripted_acceptance_sets_tau_and_keeps_vanillas_tokens(workspace, tiny_llama, drafts, prompt_file):
+    """A benchmark mode for targets no drafter can guess: with shares 1, 1, 0 every full step accepts
+    exactly two drafts, with 0, 0, 0 none, and the outputs stay Vanilla's; the records say τ was scripted."""
+    base = ["--target", str(tiny_llama), "--methods", "vanilla,dflash,adaflash", "--draft-dir", str(drafts),
+            "--prompts", str(prompt_file), "--num-prompts", "2", "--batch-sizes", "2", "--max-new-tokens", "31",
+            "--device", "cpu", "--dtype", "float32", "--format", "json"]
+    for shares, tau in (("1,1,0", 31 / 11), ("0,0,0", 1.0)):  # 31 tokens: the prefill's, then 10 steps of 3 (or 30 of 1)
+        result = _invoke(*base, "--acceptance", shares)
+        assert result.exit_code == 0, result.output
+        cells = {r["method"]: r for r in json.loads(result.stdout)["records"]}
+        dflash = cells["dflash"]
+        assert dflash["identical"] is True and cells["adaflash"]["identical"] is True
+        assert dflash["accept_length"] == pytest.approx(tau)
+        assert dflash["acceptance_script"] == [float(s) for s in shares.split(",")]
+        assert cells["vanilla"]["acceptance_script"] is None
+        if shares == "1,1,0":
+            assert dflash["accept_by_position"][:3] == [1.0, 1.0, 0.0]
+    result = _invoke(*base, "--acceptance", "1,1")
+    assert result.exit_code == 2 and "give one per drafted position" in result.output

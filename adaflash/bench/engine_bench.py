@@ -160,6 +160,7 @@ class EngineBench:
         # A suite's engines, one per (method, batch), built and warmed once for every domain: CUDA-graph
         # capture takes a while per speculative engine, and would be paid once per domain otherwise.
         self._engines: dict[tuple[str, int], Any] | None = None
+        self._references: dict[tuple[int, ...], list[int]] | None = None  # scripted acceptance's answers
 
     def say(self, message: str) -> None:
         if self.events.message:
@@ -382,6 +383,7 @@ class EngineBench:
             "identical_reference": reference_name if reference is not None else None, "warmup": self.warmup,
             "order": self.order if backend == "embedded" else "sequential",
             "kernels": self.kernels if backend == "embedded" else None,
+            "acceptance_script": spec.acceptance if backend == "embedded" and method_of(method).needs_drafter else None,
             "accuracy": accuracy(self.dataset, [(self.target.decode(out), p.reference)
                                                 for out, p in zip(outputs, self.prompts)]),
         }
@@ -407,6 +409,8 @@ class EngineBench:
             return self._engines[(method, batch)]
         engine = build_engine(self.target, method, spec.drafts.get(method),
                               config=spec.engine_config.replace(max_batch=batch, max_len=self.max_len))
+        if spec.acceptance and engine.drafter is not None:
+            self._script(engine, batch)
         if self.warmup != "none" and engine.graphs.enabled:
             # Every graph the run can meet, as `serve` and `eval` capture them: a warm-up replays the
             # timed run's shapes, but not the rare widths AdaFlash's cost rule re-times, whose captures
@@ -422,6 +426,26 @@ class EngineBench:
         if self._engines is not None:
             self._engines[(method, batch)] = engine
         return engine
+
+    def _script(self, engine: Any, batch: int) -> None:
+        """Make the engine's drafts follow --acceptance, against Vanilla's answers to every prompt (one
+        untimed Vanilla run, the first time)."""
+        from adaflash.engine.build import build_engine
+        from adaflash.engine.scripted import ScriptedAcceptance
+
+        if self._references is None:
+            self.say("scripted acceptance: Vanilla answers every prompt first (untimed)")
+            vanilla = build_engine(self.target, config=self.spec.engine_config.replace(
+                max_batch=max(self.spec.batch_sizes), max_len=self.max_len))
+            outputs = vanilla.generate(self._requests(list(range(len(self.prompts)))))
+            self._references = {tuple(ids): list(ids) + out.output_ids for ids, out in zip(self.ids, outputs)}
+            del vanilla
+        try:
+            engine.script = ScriptedAcceptance(self.spec.acceptance or [], self._references, slots=batch + 1,
+                                               width=self.max_len + engine.drafter.max_draft + 2,
+                                               vocab=self.target.model.cfg.vocab_size, device=engine.device)
+        except ValueError as err:
+            raise EngineBenchError(f"--acceptance: {err}") from None
 
     def _requests(self, indices: list[int]) -> list[Any]:
         from adaflash.engine.params import Request, SamplingParams

@@ -44,6 +44,8 @@ class EngineBenchSpec:
     order: str = "auto"  # auto (interleaved on CPU, sequential on CUDA), interleaved or sequential
     profile: str | None = None  # a folder: after each measured cell, profile its engine's steps there (off the clock)
     profile_steps: int = 32  # engine steps recorded per profile, after as many to fill the batch
+    # drafts follow these acceptance shares by position (engine/scripted.py): τ is the script's, not a drafter's
+    acceptance: list[float] | None = None
 
     def config(self) -> dict[str, Any]:
         return {"bench": "engine", **{k: getattr(self, k) for k in self.__dataclass_fields__},

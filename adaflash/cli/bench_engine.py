@@ -19,7 +19,7 @@ from adaflash.options import BenchConfig, InputConfig, ModelConfig, ProfileConfi
 
 @click.command("engine")
 @uses(use(ModelConfig, skip=("method",)), use(BenchConfig, only=("methods", "draft_dir", "batch_sizes", "warmup", "order", "compare_hf",
-                                                             "prompt_lookup_tokens", "label")),
+                                                             "prompt_lookup_tokens", "acceptance", "label")),
       use(InputConfig, only=("prompts", "num_prompts")), use(SamplingConfig, only=("max_new_tokens", "chat", "seed")),
       use(EngineConfig, skip=("max_batch", "max_len"), notes={"admit_batch": "At most the smallest --batch-sizes."}),
       use(ProfileConfig, only=("profile", "profile_steps")),
@@ -41,12 +41,19 @@ def engine(ctx: click.Context, model: ModelConfig, bench: BenchConfig, inputs: I
     name, prompts = _prompts(ctx, inputs.prompts or "gsm8k", inputs.num_prompts, sampling.seed, sampling.chat, target)
     if bench.warmup not in ("auto", "short", "full", "none"):
         fail(f"--warmup: bench engine takes auto, short, full or none, got {bench.warmup!r}")
+    from adaflash.bench.cost import CostBenchError
+    from adaflash.bench.width_gain import parse_acceptance
+
+    try:
+        acceptance = parse_acceptance(bench.acceptance) if bench.acceptance else None
+    except CostBenchError as err:
+        fail(str(err))
     spec = EngineBenchSpec(target=target, methods=methods, batch_sizes=sizes, drafts=drafts, dataset=name,
                            max_new_tokens=sampling.max_new_tokens, device=model.device, dtype=model.dtype,
                            compare_hf=bench.compare_hf, prompt_lookup_tokens=bench.prompt_lookup_tokens,
                            label=bench.label, warmup=bench.warmup, engine_config=engine, order=bench.order,
                            profile=str(Path(profile.profile).expanduser()) if profile.profile else None,
-                           profile_steps=profile.profile_steps)
+                           profile_steps=profile.profile_steps, acceptance=acceptance)
     try:
         run_id, records = run_engine_bench(spec, prompts, runlog_of(ctx), EngineBenchEvents(
             message=lambda m: click.echo(m, err=True)))

@@ -24,6 +24,7 @@ PREFILL_TOKENS = 65536
 if TYPE_CHECKING:
     from adaflash.engine.engine import StepEvent
     from adaflash.engine.passes import DevicePasses
+    from adaflash.engine.scripted import ScriptedAcceptance
 
 
 class Admitting:
@@ -36,6 +37,7 @@ class Admitting:
     passes: DevicePasses
     max_batch: int
     admit_batch: int
+    script: ScriptedAcceptance | None
 
     def _admitting(self) -> bool:
         """Prefill now: an idle engine at once, a busy one once `admit_batch` slots are free.
@@ -93,6 +95,8 @@ class Admitting:
         for i, seq in enumerate(admitted):
             ids[i, : lens[i]] = torch.tensor(seq.request.prompt_ids, device=self.device)
             seq.length = lens[i]
+            if self.script is not None:
+                self.script.admit(seq.slot, seq.request.prompt_ids)
         rows = torch.tensor([s.slot for s in admitted], device=self.device)
         length = torch.tensor(lens, device=self.device)
         logits = self.passes.prefill(ids, rows, length)

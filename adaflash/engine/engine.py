@@ -35,6 +35,7 @@ from adaflash.engine.graphs import GraphRunner
 from adaflash.engine.params import Output, Request
 from adaflash.engine.passes import DevicePasses, LengthChooser
 from adaflash.engine.sampling import accept, sample_for
+from adaflash.engine.scripted import ScriptedAcceptance
 from adaflash.engine.sequence import RunningSeq
 from adaflash.engine.verify_lengths import VerifyLengths
 from adaflash.methods import VANILLA, Method, method_of
@@ -144,6 +145,19 @@ class Engine(Admitting, VerifyLengths):
     @padded.setter
     def padded(self, value: bool) -> None:
         self.passes.padded = value
+
+    @property
+    def script(self) -> ScriptedAcceptance | None:
+        """A benchmark's scripted drafts (`engine.scripted`): set before graphs are captured."""
+        return self.passes.script
+
+    @script.setter
+    def script(self, script: ScriptedAcceptance | None) -> None:
+        if script is not None:
+            if self.drafter is None:
+                raise ValueError("scripted acceptance needs a drafter: it replaces the drafter's tokens")
+            script.check(self.drafter)
+        self.passes.script = script
 
     @property
     def tokens(self) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 
 from adaflash.engine.graphs import GraphRunner, bucket
 from adaflash.engine.sampling import accept
+from adaflash.engine.scripted import ScriptedAcceptance
 from adaflash.models.cache import KVCache
 from adaflash.models.drafters import DFlashDrafter, Drafter
 from adaflash.models.kernels import accept_commit, fused_accept_available
@@ -66,6 +67,7 @@ class DevicePasses:
         model.rotary.fix_table(max_len + 1, model.dtype)
         self.tokens = torch.zeros(max_batch + 1, max_len + 1, dtype=torch.long, device=self.device)
         self.drafter: Drafter | None = None
+        self.script: ScriptedAcceptance | None = None  # a benchmark's scripted drafts (engine/scripted.py)
         self.capture: list[int] = []
         self.feats: torch.Tensor | None = None
 
@@ -348,7 +350,8 @@ class DevicePasses:
         drafter = self.drafter
         if drafter is None:
             return torch.zeros(b, 0, dtype=torch.long, device=self.device), torch.zeros(b, dtype=torch.long, device=self.device)
-        if choose is not None and not self.padded and isinstance(drafter, DFlashDrafter) and drafter.length_head is not None:
+        if choose is not None and not self.padded and isinstance(drafter, DFlashDrafter) \
+                and drafter.length_head is not None and self.script is None:
             # Eager (CPU): run the block, let the head choose, then pay lm_head only for what is verified.
             hidden = drafter.block_hidden(self.draft_cache, rows, pending, lens, self.model, longest)
             verify_n = choose(drafter.predict_length(hidden), drafter.max_draft)
@@ -360,7 +363,8 @@ class DevicePasses:
         cache, model, predict = self.draft_cache, self.model, choose is not None
 
         def draft(rows_p, pending_p, lens_p):
-            return drafter.draft(cache, rows_p, pending_p, lens_p, model, ctx, steps=steps, predict_length=predict)
+            out = drafter.draft(cache, rows_p, pending_p, lens_p, model, ctx, steps=steps, predict_length=predict)
+            return out if self.script is None else self.script.apply(*out, rows_p, lens_p)
 
         # Without a chooser the head's prediction is not read, so its graph leaves the head out.
         drafts, length_pred = self._run(
@@ -415,6 +419,8 @@ class DevicePasses:
 
         def fused(rows_p: torch.Tensor, pending_p: torch.Tensor, lens_p: torch.Tensor) -> torch.Tensor:
             drafts, _ = drafter.draft(cache, rows_p, pending_p, lens_p, model, ctx, steps=steps, predict_length=False)
+            if self.script is not None:
+                drafts, _ = self.script.apply(drafts, None, rows_p, lens_p)
             block = torch.nn.functional.pad(torch.cat([pending_p[:, None], drafts], dim=1), (0, w_pad - k - 1))
             # Every draft is verified: accept need not mask, unless the block carries padding columns.
             verify_n = None if w_pad == k + 1 else torch.full_like(lens_p, k)

@@ -65,9 +65,11 @@ class BenchConfig(Settings):
                                                   "Vanilla decode step)."))
     acceptance: str | None = setting(None, Rule(
         str, optional=True, flag="--acceptance", metavar="A1,A2,...",
-        help="A drafter's acceptance by drafted position, as bench engine prints it: then per batch the width "
-             "that maximizes tokens per second and its gain over verifying the whole block (drafts + 1 tokens, "
-             "within --widths)."))
+        help="A drafter's acceptance by drafted position, as bench engine prints it. bench cost: per batch the "
+             "width that maximizes tokens per second and its gain over verifying the whole block (drafts + 1 "
+             "tokens, within --widths). bench engine: the drafters still run, but their tokens are the target's "
+             "own (from an untimed Vanilla run) with these shares and wrong otherwise, so a synthetic target "
+             "gets a real τ and AdaFlash's rule real choices; outputs stay Vanilla's."))
     context: int = setting(512, Rule(int, low=1, flag="--context", help="Tokens already in every row's cache."))
     repeats: int = setting(20, Rule(int, low=1, flag="--repeats",
                                     help="Timed passes per cell; the table shows their median."))
