@@ -295,3 +295,4 @@ def test_a_recipe_that_is_not_utf8_names_the_file(tmp_path) -> None:
     path.write_bytes(b"\xff\xfe[run]\n")
     with pytest.raises(RecipeError, match=r"m6.toml: not UTF-8 text \(byte 0xff at offset 0\)"):
         load_recipe(path)
+

@@ -149,6 +149,36 @@ def test_inference_worker_refuses_a_torn_version_and_keeps_going(tmp_path, tiny_
     assert any("refused version 2" in m and "checksum" in m for m in events), events
 
 
+def test_inference_worker_skips_prompts_too_long_for_its_context(tmp_path, tiny_llama, tiny_target):
+    """A corpus with one conversation past the context (ShareGPT has them) stopped the pipeline with a
+    traceback; now that prompt is skipped, named and counted, and a corpus where none fits says so."""
+    from adaflash.pipeline.inference import InferenceConfig, run_inference
+
+    draft = save_drafter(new_drafter("dflash", tiny_target.model.cfg, block_size=8), tmp_path / "d0")
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"id": "short0", "prompt": "Count to 3."}, {"id": "long", "prompt": "word " * 400},
+            {"id": "short1", "prompt": "Count to 4."}]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = RunLog.open(tmp_path / "ws")
+    run = log.create_run("pipeline")
+
+    def infer(data, swap) -> int:
+        return run_inference(InferenceConfig(target=str(tiny_llama), draft=str(draft), data=str(data),
+                                             swap_dir=str(tmp_path / swap), run_id=run, workspace=str(tmp_path / "ws"),
+                                             method="dflash", engine=EngineConfig(max_batch=2, max_len=256),
+                                             max_new_tokens=6))
+
+    assert infer(prompts, "swap") == 2
+    assert [r["id"] for r in SwapBuffer(tmp_path / "swap").read(0, 10)] == ["short0#0", "short1#2"]
+    events = [e["message"] for e in log.events_since(0, run_id=run)]
+    assert any(m.startswith("skipped prompt long: prompt (") for m in events), events
+    assert [m["value"] for m in log.metrics_since(0, run_id=run) if m["name"] == "skipped_prompts"] == [1.0]
+    only_long = tmp_path / "long.jsonl"
+    only_long.write_text(json.dumps(rows[1]) + "\n")
+    with pytest.raises(ValueError, match="the engine refuses every prompt"):
+        infer(only_long, "swap2")
+
+
 def test_inference_worker_restarted_after_a_kill_resumes_after_its_buffered_answers(tmp_path, tiny_llama, tiny_target):
     from adaflash.pipeline.inference import InferenceConfig, run_inference
 

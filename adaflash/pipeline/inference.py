@@ -34,6 +34,7 @@ from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
 
 PROGRESS_SECONDS = 1.0  # between two progress records
+MAX_SKIP_EVENTS = 5  # skipped prompts named in the run log; later ones are only counted
 
 
 def answers_in_all(max_samples: int | None, loop: bool, prompts: int) -> int | None:
@@ -95,6 +96,8 @@ class InferenceWorker:
         self.total = answers_in_all(cfg.max_samples, cfg.loop, len(self.prompts))
         self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
         self.next_prompt = self.produced
+        self.skipped = 0  # prompts the engine refused
+        self.misses = 0  # refused in a row: as many as there are prompts means none fits
         self.pending: list[dict] = []
         self.started = time.time()
         self.window_tokens, self.window_verify, self.window_start = 0, 0, time.perf_counter()
@@ -136,13 +139,33 @@ class InferenceWorker:
                 or (self.cfg.deadline is not None and now >= self.cfg.deadline))
 
     def _admit(self) -> None:
-        """Top the engine up to the batch size, cycling over the prompts (ids carry the sample number)."""
+        """Top the engine up to the batch size, cycling over the prompts (ids carry the sample number). A
+        prompt the engine refuses (too long for its context with --max-new-tokens) is skipped and counted:
+        one long conversation in a corpus must not stop the run."""
         engine = self.engine
         while (len(engine.active) + len(engine.waiting) < engine.max_batch
                and (self.total is None or self.next_prompt < self.total)):
-            rid, text = self.prompts[self.next_prompt % len(self.prompts)]
-            engine.add(Request(self.target.encode(text), self.params, prompt_text=text, rid=f"{rid}#{self.next_prompt}"))
+            sample = self.next_prompt
+            rid, text = self.prompts[sample % len(self.prompts)]
             self.next_prompt += 1
+            try:
+                engine.add(Request(self.target.encode(text), self.params, prompt_text=text, rid=f"{rid}#{sample}"))
+            except ValueError as err:
+                self._skip(rid, err)
+                continue
+            self.misses = 0
+
+    def _skip(self, rid: str, err: ValueError) -> None:
+        self.skipped += 1
+        self.misses += 1
+        if self.misses >= len(self.prompts):
+            raise ValueError(f"{self.cfg.data}: the engine refuses every prompt ({err})") from None
+        if self.skipped <= MAX_SKIP_EVENTS:
+            self._event(f"skipped prompt {rid}: {err}" + (" (further skips are only counted)"
+                                                           if self.skipped == MAX_SKIP_EVENTS else ""),
+                        level="warning")
+        self.log.log_metrics(self.cfg.run_id, {"skipped_prompts": self.skipped}, step=self.produced,
+                             job="inference")
 
     def _progress(self) -> None:
         """At most once a second, what is under way: a first flush may be minutes away on a CPU."""
