@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from adaflash.bench.cost import CostBenchError, CostResult
+from adaflash.engine.scripted import expected_tokens
 
 
 def parse_acceptance(text: str) -> list[float]:
@@ -25,15 +26,6 @@ def parse_acceptance(text: str) -> list[float]:
     if not shares or any(not 0 <= s <= 1 for s in shares):
         raise CostBenchError(f"--acceptance takes one share in [0, 1] per drafted position, got {text!r}")
     return shares
-
-
-def expected_tokens(acceptance: Sequence[float], drafts: int) -> float:
-    """Tokens a step yields on average when it verifies the first `drafts` drafted positions."""
-    total, reach = 1.0, 1.0
-    for share in acceptance[:drafts]:
-        reach *= share
-        total += reach
-    return total
 
 
 def pass_ms(result: CostResult, batch: int, width: int) -> float:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from adaflash.cli.common import fail, recorded_run, runlog_of, workspace_of
+from adaflash.cli.common import recorded_run, runlog_of, workspace_of
+from adaflash.cli.resolve import prompts_path
 from adaflash.options import ModelConfig, SamplingConfig
 
 STOP = "\n\n"  # a page's list ends at its first blank line
@@ -29,21 +30,11 @@ class AskWork:
 
 def held_out_files(ctx: click.Context, spec: str | None) -> list[Path]:
     """--held-out's files; by default the prepared suite's test split if there is one."""
-    from adaflash.data.prompts import PromptFileError, prompt_source
-
     if spec is None:
         suite = Path(workspace_of(ctx)) / "data" / "suite_test.jsonl"
         return [suite] if suite.is_file() else []
-    files = []
-    for name in (part.strip() for part in spec.split(",") if part.strip()):
-        try:
-            path = prompt_source(name, workspace_of(ctx), "test")
-        except PromptFileError as err:
-            fail(f"--held-out: {err}")
-        if not path.is_file():
-            fail(f"--held-out: {name}: no such file")
-        files.append(path)
-    return files
+    return [Path(prompts_path(ctx, name, "test", "--held-out") or "")
+            for name in (part.strip() for part in spec.split(",")) if name]
 
 
 def run_ask(ctx: click.Context, work: AskWork) -> None:

@@ -5,10 +5,10 @@ Why: a synthetic target (random weights, `models synth`) runs at the real speed 
 no drafter can guess it, so τ stays near 1 and the length head has nothing to choose. Here the drafter
 still runs every pass (its cost is real) and `DevicePasses` then replaces its tokens on the device, inside
 the same CUDA graphs: position i carries the target's own greedy token (from a Vanilla run of the same
-prompts) with probability a_i and a wrong one otherwise, so a step accepts as a drafter with that acceptance by position would. The length
-head reads a constant, the expected share of the block a step accepts: a head that cannot tell steps
-apart, so AdaFlash's cost rule picks widths from the timings alone. Verification stays the target's:
-every output is still Vanilla's.
+prompts) with probability a_i and a wrong one otherwise, so a step accepts as a drafter with that
+acceptance by position would. The length head reads a constant, the expected share of the block a step
+accepts: a head that cannot tell steps apart, so AdaFlash's cost rule picks widths from the timings
+alone. Verification stays the target's: every output is still Vanilla's.
 """
 
 from __future__ import annotations
@@ -20,17 +20,18 @@ import torch
 from adaflash.models.drafters import Drafter
 
 
-def expected_share(shares: Sequence[float], block: int) -> float:
-    """The share of a block of `block` positions a whole-block step yields on average (tokens / block)."""
+def expected_tokens(shares: Sequence[float], drafts: int) -> float:
+    """Tokens a step yields on average when it verifies the first `drafts` drafted positions, position i
+    accepted with share a_i of the steps that reach it: 1 + a1 + a1·a2 + ..."""
     total, reach = 1.0, 1.0
-    for share in shares[: block - 1]:
+    for share in shares[:drafts]:
         reach *= share
         total += reach
-    return total / block
+    return total
 
 
 class ScriptedAcceptance:
-    """The script (each slot's reference tokens) and the shares; `install` makes a drafter follow them."""
+    """The script (each slot's reference tokens) and the shares; `DevicePasses` applies it to every draft."""
 
     def __init__(self, shares: Sequence[float], references: dict[tuple[int, ...], list[int]], *, slots: int,
                  width: int, vocab: int, device: torch.device) -> None:
@@ -69,5 +70,5 @@ class ScriptedAcceptance:
         hit = torch.rand(drafts.shape, device=drafts.device) < self._shares[:count]
         drafts = torch.where(hit, truth, (truth + 1) % self.vocab).to(drafts.dtype)
         if predicted is not None:
-            predicted = torch.full_like(predicted, expected_share(self.shares, self.block))
+            predicted = torch.full_like(predicted, expected_tokens(self.shares, self.block - 1) / self.block)
         return drafts, predicted

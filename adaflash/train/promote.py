@@ -4,7 +4,7 @@ Why a same-run comparison: τ moves with the prompts, their number, the answer l
 settings, so a figure from another run says little. Both drafters answer the same held-out prompts
 here, one after the other, greedy (every answer is the target's own, so only τ differs), domain by
 domain. The candidate replaces the incumbent when its τ, averaged over the domains, beats the
-incumbent's by at least `min_gain` and no domain loses more than `domain_slack`.
+incumbent's by more than `min_gain` and no domain loses more than `domain_slack`.
 """
 
 from __future__ import annotations
