@@ -57,6 +57,13 @@ for queries, length in ((4, 200), (16, 70), (2, 130)):
                                          attn_mask=allowed.unsqueeze(1), enable_gqa=True).transpose(1, 2)
     result["attn_err"].append(float((out.float() - ref).abs().max()))
     result["bool_err"].append(float((inv.attention(q, k, v, allowed).float() - out.float()).abs().max()))
+    # chunks of keys in programs of their own or one after another, with each row's limit or without: one result
+    limit = (pos.amax(1) + 1).to(torch.int32)
+    for split in ("0", "1"):
+        os.environ["ADAFLASH_ATTN_SPLIT"] = split
+        result.setdefault("split_same", []).append(torch.equal(inv.attention(q, k, v, additive), out)
+                                                   and torch.equal(inv.attention(q, k, v, additive, limit), out))
+    del os.environ["ADAFLASH_ATTN_SPLIT"]
     same = True
     for row in range(b):  # each query alone, over only the keys it may see: the same bits
         if interpreted:  # numpy's matmul rounds a row by its place in the tile: keep the tiles, cut keys and rows
@@ -90,7 +97,7 @@ def _check(device: str, dtype: str, env: dict[str, str] | None = None) -> dict:
 
 def _assert_invariant_and_close(result: dict, tolerance: float) -> None:
     assert all(result["mm_rows"]) and all(result["norm_rows"]) and all(result["attn_rows"]), result
-    assert all(result["unseen_skipped"]), result
+    assert all(result["unseen_skipped"]) and all(result["split_same"]), result
     assert max(result["mm_err"]) < tolerance and max(result["norm_err"]) < 8 * tolerance, result
     assert max(result["attn_err"]) < tolerance and max(result["bool_err"]) < tolerance, result
 
@@ -103,6 +110,19 @@ def test_invariant_kernels_under_the_interpreter():
     are left to the compiled test: numpy's float32 matmul, under tl.dot here, rounds a row by its
     place among the tile's rows (OpenBLAS in numpy 2.4)."""
     _assert_invariant_and_close(_check("cpu", "float16", {"TRITON_INTERPRET": "1"}), 0.01)
+
+
+def test_a_forced_split_of_attention_keys_is_read_from_the_environment(monkeypatch):
+    from adaflash.models import invariant
+    monkeypatch.setenv("ADAFLASH_ATTN_SPLIT", "1")
+    assert invariant.split_keys(10**6, 2) and not invariant.split_keys(1, 1)  # one chunk has nothing to split
+    monkeypatch.setenv("ADAFLASH_ATTN_SPLIT", "0")
+    assert not invariant.split_keys(1, 8)
+    monkeypatch.setenv("ADAFLASH_ATTN_SPLIT", "auto")
+    assert invariant.split_keys(1, 8) and not invariant.split_keys(invariant.SPLIT_BELOW, 8)
+    monkeypatch.setenv("ADAFLASH_ATTN_SPLIT", "yes")
+    with pytest.raises(ValueError, match="ADAFLASH_ATTN_SPLIT='yes'"):
+        invariant.split_keys(1, 8)
 
 
 def test_weights_that_need_gradients_never_take_the_kernels(monkeypatch):

@@ -114,7 +114,10 @@ def _summary(run: RecordedRun, trainer: Any, before: dict[str, Any], final: dict
     from adaflash.train.loop import best_folder
 
     summary = {"run": run.id, "steps": trainer.state.step, "checkpoint": str(trainer.checkpoint), "loss": final.get("loss"),
-               "eval_tau_before": before.get("eval_tau"), "eval_tau_after": final.get("eval_tau")}
+               "eval_tau_before": before.get("eval_tau"), "eval_tau_after": final.get("eval_tau"),
+               "tokens_per_s": final.get("tokens_per_s")}
+    if "peak_memory_gib" in final:
+        summary["peak_memory_gib"] = final["peak_memory_gib"]
     if trainer.state.best_step:
         best = str(best_folder(work.job.out))
         run.log.add_checkpoint(run.id, best, kind=work.method, step=trainer.state.best_step,

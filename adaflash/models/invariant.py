@@ -10,7 +10,10 @@ rows, queries or keys: the GEMM's sum over k runs in the tensor cores' order fro
 tile (so the tile may follow the row count for speed, `mm_tiles`; `mm` checks that a tile gives the
 base tile's bits before it uses it), the norm's by the row's width, attention's by the head size.
 Keys past a query's position are masked to exp(-inf) = 0, so a longer key range (a larger context
-bucket) adds exact zeros.
+bucket) adds exact zeros. Attention reduces a query's keys in chunks of `ATTN_CHUNK` at fixed
+positions, each chunk from its first key up, and merges the chunks from the first: a pass may run the
+chunks one after another in one program or give each a program of its own (decode at long contexts,
+where one program a row would leave the card idle) and a query gets the same bits either way.
 
 Triton compiles a variant of a kernel for each pattern of its integer arguments (and pointers) that
 are 1 or divide by 16, and variants may reduce in different orders (the layout a sum runs in follows
@@ -42,6 +45,8 @@ if triton is not None:
 
 ATTN_ROWS = 16  # attention tile rows (query × head-of-group pairs)
 ATTN_KEYS = 64  # keys per step of attention's online softmax: fixed, so each query's sums run in one order
+ATTN_CHUNK = 128  # keys per chunk: a query's keys are reduced chunk by chunk, the chunks merged from the first
+SPLIT_BELOW = 1024  # a pass of fewer (row, kv head, tile) programs gives each chunk of keys its own
 
 
 def _half(*tensors: torch.Tensor | None) -> bool:
@@ -183,20 +188,48 @@ def aligned_mask(mask: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def split_keys(programs: int, chunks: int) -> bool:
+    """Whether a pass gives each chunk of keys a program of its own (then merges them): when its tiles
+    alone would leave the card's cores idle while each runs a long chain of key steps (decode, short
+    verifies). Either way a query gets the same bits (`_merge` runs in one order over the same
+    chunks), so this is chosen for speed alone. ADAFLASH_ATTN_SPLIT=0 or 1 forces it."""
+    forced = os.environ.get("ADAFLASH_ATTN_SPLIT", "auto").strip().lower()
+    if forced in ("0", "1"):
+        return forced == "1" and chunks > 1
+    if forced != "auto":
+        raise ValueError(f"ADAFLASH_ATTN_SPLIT={forced!r}: expected 0, 1 or auto")
+    return chunks > 1 and programs < SPLIT_BELOW
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+              limit: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q·kᵀ/√d + mask)·v for q [b, n, heads, d], k and v [b, s, kv, d] (heads a multiple of kv),
     mask [b, n, s]: bool (True = may attend) or additive. Returns [b, n, heads, d]; a query that may
-    attend to nothing gets zeros. Check `attention_available` first."""
+    attend to nothing gets zeros. `limit` [b] (int32, optional): no query of row i sees a key at or
+    past limit[i], so those are never read (a causal pass's last position + 1). Check
+    `attention_available` first."""
     b, n, heads, d = q.shape
     s, kv = k.shape[1], k.shape[2]
     groups = heads // kv
     mask = aligned_mask(mask.expand(b, n, s))
     out = torch.empty(b, n, heads, d, device=q.device, dtype=q.dtype)
-    grid = (b, kv, triton.cdiv(n * groups, ATTN_ROWS))
-    _attention_kernel[grid](
-        q, k, v, mask, out, n, s, 1.0 / math.sqrt(d),
-        *q.stride(), *k.stride(), *v.stride(), *mask.stride(), *out.stride(),
-        GROUPS=groups, D=d, BM=ATTN_ROWS, BN=ATTN_KEYS, BOOL_MASK=mask.dtype == torch.bool, num_warps=4, enable_fp_fusion=False)
+    tiles = triton.cdiv(n * groups, ATTN_ROWS)
+    chunks = triton.cdiv(s, ATTN_CHUNK)
+    args = (q, k, v, mask, out if limit is None else limit, n, s, 1.0 / math.sqrt(d),
+            *q.stride(), *k.stride(), *v.stride(), *mask.stride())
+    shapes = dict(GROUPS=groups, D=d, BM=ATTN_ROWS, BN=ATTN_KEYS, CHUNK=ATTN_CHUNK,
+                  BOOL_MASK=mask.dtype == torch.bool, HAS_LIMIT=limit is not None,
+                  num_warps=4, enable_fp_fusion=False)
+    if not split_keys(b * kv * tiles, chunks):
+        _attention_kernel[(b, kv, tiles)](*args, out, *out.stride(), **shapes)
+        return out
+    top = torch.empty(b, kv, tiles * ATTN_ROWS, chunks, device=q.device, dtype=torch.float32)
+    total = torch.empty_like(top)
+    acc = torch.empty(*top.shape, d, device=q.device, dtype=torch.float32)
+    _attention_chunk_kernel[(b, kv, tiles * chunks)](*args, top, total, acc, chunks, **shapes)
+    _attention_merge_kernel[(b, kv, tiles)](top, total, acc, out if limit is None else limit, out, n, s, chunks,
+                                            *out.stride(), GROUPS=groups, D=d, BM=ATTN_ROWS, CHUNK=ATTN_CHUNK,
+                                            HAS_LIMIT=limit is not None, num_warps=4, enable_fp_fusion=False)
     return out
 
 
@@ -235,33 +268,36 @@ if triton is not None:
         y = (xf * rstd).to(x.dtype).to(tl.float32) * w.to(tl.float32)
         tl.store(out_ptr + row * width + cols, y.to(x.dtype), mask=keep)
 
-    @triton.jit(do_not_specialize=["n", "s"])
-    def _attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, n, s, scale,
-                          sqb, sqn, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd,
-                          smb, smn, sms, sob, son, soh, sod,
-                          GROUPS: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                          BOOL_MASK: tl.constexpr):
-        """One kv head of one row, BM (query, head of the group) pairs; keys in BN steps from 0 up with
-        an online softmax, so each query's sums run in one order whatever the key range's length.
+
+    @triton.jit
+    def _row_limit(lim_ptr, b, s, HAS_LIMIT: tl.constexpr):
+        """Keys of row `b` any query may see end before this."""
+        if HAS_LIMIT:
+            return tl.minimum(tl.load(lim_ptr + b), s)
+        return s
+
+    @triton.jit
+    def _pairs(GROUPS: tl.constexpr, BM: tl.constexpr, tile, kv):
+        """A tile's (query, head) pairs: BM of them, the heads of kv head `kv`'s group, query by query."""
+        pair = tile * BM + tl.arange(0, BM)
+        return pair, pair // GROUPS, kv * GROUPS + pair % GROUPS
+
+    @triton.jit
+    def _chunk_state(q, k_ptr, v_ptr, mask_ptr, b, kv, query, live, lo, end, scale,
+                     skb, sks, skh, skd, svb, svs, svh, svd, smb, smn, sms,
+                     D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BOOL_MASK: tl.constexpr):
+        """Online softmax over keys [lo, end) in BN steps from lo up: the running maximum, the sum of
+        weights and the weighted sum of values, unnormalized.
 
         A step whose keys no live query may see reads no keys or values: through the online softmax
-        such a step adds exactly nothing (its weights are exp(-inf) = 0 and the running maximum stays),
-        so skipping it changes no sum, and a row's work ends with its own keys, not the batch's longest."""
-        b = tl.program_id(0)
-        kv = tl.program_id(1)
-        pair = tl.program_id(2) * BM + tl.arange(0, BM)
-        query = pair // GROUPS
-        head = kv * GROUPS + pair % GROUPS
-        live = query < n
+        such a step adds exactly nothing (its weights are exp(-inf) = 0 and the maximum stays)."""
         dims = tl.arange(0, D)
-        q = tl.load(q_ptr + b * sqb + query[:, None] * sqn + head[:, None] * sqh + dims[None, :] * sqd,
-                    mask=live[:, None], other=0.0)
         top = tl.full((BM,), float("-inf"), dtype=tl.float32)
         total = tl.zeros((BM,), dtype=tl.float32)
         acc = tl.zeros((BM, D), dtype=tl.float32)
-        for start in range(0, s, BN):
+        for start in range(lo, end, BN):
             keys = start + tl.arange(0, BN)
-            inside = keys < s
+            inside = keys < end
             bias = tl.load(mask_ptr + b * smb + query[:, None] * smn + keys[None, :] * sms,
                            mask=live[:, None] & inside[None, :], other=0)
             if BOOL_MASK:
@@ -286,6 +322,99 @@ if triton is not None:
                              mask=inside[:, None], other=0.0)
                 acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
                 top = new_top
+        return top, total, acc
+
+    @triton.jit
+    def _merge(top, total, acc, c_top, c_total, c_acc):
+        """The running state of the chunks so far and the next chunk's, as one: the only way chunks
+        combine, in the split pass and the whole one alike, so both give the same bits."""
+        new_top = tl.maximum(top, c_top)
+        shift = tl.where(new_top == float("-inf"), 0.0, new_top)
+        mine = tl.exp(top - shift)
+        theirs = tl.exp(c_top - shift)
+        return new_top, total * mine + c_total * theirs, acc * mine[:, None] + c_acc * theirs[:, None]
+
+    @triton.jit
+    def _store_result(out_ptr, acc, total, b, query, head, live, sob, son, soh, sod, D: tl.constexpr):
+        dims = tl.arange(0, D)
         result = acc / tl.where(total == 0.0, 1.0, total)[:, None]
         tl.store(out_ptr + b * sob + query[:, None] * son + head[:, None] * soh + dims[None, :] * sod,
                  result.to(out_ptr.dtype.element_ty), mask=live[:, None])
+
+    @triton.jit
+    def _load_q(q_ptr, b, query, head, live, sqb, sqn, sqh, sqd, D: tl.constexpr):
+        dims = tl.arange(0, D)
+        return tl.load(q_ptr + b * sqb + query[:, None] * sqn + head[:, None] * sqh + dims[None, :] * sqd,
+                       mask=live[:, None], other=0.0)
+
+    @triton.jit(do_not_specialize=["n", "s"])
+    def _attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, lim_ptr, n, s, scale,
+                          sqb, sqn, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, smb, smn, sms,
+                          out_ptr, sob, son, soh, sod,
+                          GROUPS: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                          CHUNK: tl.constexpr, BOOL_MASK: tl.constexpr, HAS_LIMIT: tl.constexpr):
+        """One kv head of one row, BM (query, head of the group) pairs, its chunks of keys one after another."""
+        b = tl.program_id(0)
+        kv = tl.program_id(1)
+        pair, query, head = _pairs(GROUPS, BM, tl.program_id(2), kv)
+        live = query < n
+        q = _load_q(q_ptr, b, query, head, live, sqb, sqn, sqh, sqd, D)
+        lim = _row_limit(lim_ptr, b, s, HAS_LIMIT)
+        top = tl.full((BM,), float("-inf"), dtype=tl.float32)
+        total = tl.zeros((BM,), dtype=tl.float32)
+        acc = tl.zeros((BM, D), dtype=tl.float32)
+        for lo in range(0, lim, CHUNK):
+            c_top, c_total, c_acc = _chunk_state(q, k_ptr, v_ptr, mask_ptr, b, kv, query, live, lo,
+                                                 tl.minimum(lo + CHUNK, lim), scale, skb, sks, skh, skd,
+                                                 svb, svs, svh, svd, smb, smn, sms, D, BM, BN, BOOL_MASK)
+            top, total, acc = _merge(top, total, acc, c_top, c_total, c_acc)
+        _store_result(out_ptr, acc, total, b, query, head, live, sob, son, soh, sod, D)
+
+    @triton.jit(do_not_specialize=["n", "s", "chunks"])
+    def _attention_chunk_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, lim_ptr, n, s, scale,
+                                sqb, sqn, sqh, sqd, skb, sks, skh, skd, svb, svs, svh, svd, smb, smn, sms,
+                                top_ptr, total_ptr, acc_ptr, chunks,
+                                GROUPS: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                                CHUNK: tl.constexpr, BOOL_MASK: tl.constexpr, HAS_LIMIT: tl.constexpr):
+        """One chunk of keys for one tile: its state, unnormalized, for `_attention_merge_kernel`."""
+        b = tl.program_id(0)
+        kv = tl.program_id(1)
+        tile = tl.program_id(2) // chunks
+        chunk = tl.program_id(2) % chunks
+        pair, query, head = _pairs(GROUPS, BM, tile, kv)
+        live = query < n
+        lim = _row_limit(lim_ptr, b, s, HAS_LIMIT)
+        lo = chunk * CHUNK
+        if lo < lim:
+            q = _load_q(q_ptr, b, query, head, live, sqb, sqn, sqh, sqd, D)
+            c_top, c_total, c_acc = _chunk_state(q, k_ptr, v_ptr, mask_ptr, b, kv, query, live, lo,
+                                                 tl.minimum(lo + CHUNK, lim), scale, skb, sks, skh, skd,
+                                                 svb, svs, svh, svd, smb, smn, sms, D, BM, BN, BOOL_MASK)
+            tiles = tl.num_programs(2) // chunks
+            at = ((b * tl.num_programs(1) + kv) * tiles * BM + pair) * chunks + chunk
+            tl.store(top_ptr + at, c_top)
+            tl.store(total_ptr + at, c_total)
+            tl.store(acc_ptr + at[:, None] * D + tl.arange(0, D)[None, :], c_acc)
+
+    @triton.jit(do_not_specialize=["n", "s", "chunks"])
+    def _attention_merge_kernel(top_ptr, total_ptr, acc_ptr, lim_ptr, out_ptr, n, s, chunks, sob, son, soh, sod,
+                                GROUPS: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, CHUNK: tl.constexpr,
+                                HAS_LIMIT: tl.constexpr):
+        """A tile's chunks merged from the first up, as `_attention_kernel` merges them."""
+        b = tl.program_id(0)
+        kv = tl.program_id(1)
+        tile = tl.program_id(2)
+        pair, query, head = _pairs(GROUPS, BM, tile, kv)
+        live = query < n
+        lim = _row_limit(lim_ptr, b, s, HAS_LIMIT)
+        top = tl.full((BM,), float("-inf"), dtype=tl.float32)
+        total = tl.zeros((BM,), dtype=tl.float32)
+        acc = tl.zeros((BM, D), dtype=tl.float32)
+        base = ((b * tl.num_programs(1) + kv) * tl.num_programs(2) * BM + pair) * chunks
+        for chunk in range(0, tl.cdiv(lim, CHUNK)):
+            at = base + chunk
+            c_top = tl.load(top_ptr + at)
+            c_total = tl.load(total_ptr + at)
+            c_acc = tl.load(acc_ptr + at[:, None] * D + tl.arange(0, D)[None, :])
+            top, total, acc = _merge(top, total, acc, c_top, c_total, c_acc)
+        _store_result(out_ptr, acc, total, b, query, head, live, sob, son, soh, sod, D)

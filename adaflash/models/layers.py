@@ -452,12 +452,14 @@ class Attention(nn.Module):
             k = self.k_norm(k)
         return apply_rope(k, *rope.over(self.num_kv, self.num_kv)), v
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+               limit: torch.Tensor | None = None) -> torch.Tensor:
         """q: [b, q, h, d]; k, v: [b, s, kv, d]; mask [b, q, s]: bool (True = may attend) or additive
-        (`additive_mask`, made once per forward rather than converted by every layer)."""
+        (`additive_mask`, made once per forward rather than converted by every layer). `limit` [b]:
+        where each row's visible keys end, if known (the GPU kernel then reads no key past it)."""
         b, nq = q.shape[:2]
         if invariant.attention_available(self.head_dim, q, k, v):  # bf16/fp16 on a GPU: a query's bits whatever the batch
-            out = invariant.attention(q, k, v, mask)
+            out = invariant.attention(q, k, v, mask, limit)
             return self.o_proj(out.reshape(b, nq, self.num_heads * self.head_dim))
         if mask.shape[1] != nq:
             return self._attend_grouped(q, k, v, mask)
@@ -555,11 +557,11 @@ class DecoderLayer(nn.Module):
         return self.mlp_block(h + attn.attend_causal(q, k, v))
 
     def cached(self, h: torch.Tensor, rope: Rope, mask: torch.Tensor, cache: KVCache, index: int,
-               where: torch.Tensor, rows: torch.Tensor, kv_len: int) -> torch.Tensor:
+               where: torch.Tensor, rows: torch.Tensor, kv_len: int, limit: torch.Tensor | None = None) -> torch.Tensor:
         """The layer over positions whose keys and values join `cache` (layer `index`, at the flat
-        indices `where`), attending to the first `kv_len` cached positions of `rows` under `mask`:
-        the target's forward and the DFlash drafter's block share it."""
+        indices `where`), attending to the first `kv_len` cached positions of `rows` under `mask`
+        (none past `limit`, `Attention.attend`): the target's forward and the DFlash drafter's block share it."""
         attn = self.self_attn
         q = attn.project_q_caching_kv(self.input_layernorm(h), rope, cache, index, where)
         keys, values = cache.read(index, rows, kv_len)
-        return self.mlp_block(h + attn.attend(q, keys, values, mask))
+        return self.mlp_block(h + attn.attend(q, keys, values, mask, limit))

@@ -130,8 +130,10 @@ class TargetModel(nn.Module):
         cache.reserve(kv_len)
         mask = additive_mask(causal_mask(positions, kv_len), h.dtype)
         groups = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
-        if grouped_queries(h.device, *input_ids.shape, groups) \
-                and not invariant.attention_available(self.cfg.head_dim, h):
+        limit = None
+        if invariant.attention_available(self.cfg.head_dim, h):  # causal: a row sees no key past its last position
+            limit = positions.amax(1).add(1).to(torch.int32)
+        elif grouped_queries(h.device, *input_ids.shape, groups):
             mask = fold_mask(mask, groups)
         where = cache.where(rows, positions)
         wanted = {layer: i for i, layer in enumerate(capture)}
@@ -139,7 +141,7 @@ class TargetModel(nn.Module):
         # decode and verify passes: each row's bits whatever the batch (a prompt's prefill runs alone)
         with rows_keep_bits(input_ids.shape[1] <= DECODE_QUERIES):
             for index, layer in enumerate(self.model.layers):
-                h = layer.cached(h, rope, mask, cache, index, where, rows, kv_len)
+                h = layer.cached(h, rope, mask, cache, index, where, rows, kv_len, limit)
                 if index in wanted:
                     captured[wanted[index]] = h
             if logits_index is not None:

@@ -365,6 +365,8 @@ class Trainer:
                 # throughput drops, and this says why
                 last["feature_memo_gb"] = self.memo.used / 1e9
                 last["epoch"] = self.state.epoch
+                if self.device.type == "cuda":  # what a batch size costs: the largest that fits is found by it
+                    last["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
                 if eval_prompts and cfg.eval_every and self.state.step % cfg.eval_every == 0 and rank == 0:
                     last.update(self.evaluate(eval_prompts))
                     self.keep_best(last)
