@@ -136,9 +136,15 @@ def test_serve_limits_and_the_served_name_reach_both_engines(workspace):
     assert config["served_model_name"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and config["header_timeout"] == 5
     assert config["max_connections"] == 100 and config["max_new_tokens_limit"] is None
     assert json.loads(CliRunner().invoke(cli, ["serve", "--dry-run"]).stdout)["max_new_tokens_limit"] == 2048
+    assert config["stream_interval"] == 1
+    assert json.loads(CliRunner().invoke(cli, ["serve", "--dry-run", "--stream-interval", "8"]).stdout)["stream_interval"] == 8
     sglang = CliRunner().invoke(cli, ["serve", "--engine", "sglang", "--method", "vanilla", "--dry-run",
-                                      "--served-model-name", "smol"])
-    assert _flag(shlex.split(sglang.stdout.strip().splitlines()[-1]), "--served-model-name") == "smol"
+                                      "--served-model-name", "smol", "--stream-interval", "8"])
+    launch = shlex.split(sglang.stdout.strip().splitlines()[-1])
+    assert _flag(launch, "--served-model-name") == "smol" and _flag(launch, "--stream-interval") == "8"
+    plain = CliRunner().invoke(cli, ["serve", "--engine", "sglang", "--method", "vanilla", "--dry-run"])
+    assert "--stream-interval" not in plain.stdout  # SGLang's own default stands
+    assert CliRunner().invoke(cli, ["serve", "--dry-run", "--stream-interval", "0"]).exit_code == 2
     refused = CliRunner().invoke(cli, ["serve", "--dry-run", "--header-timeout", "0"])
     assert refused.exit_code == 2 and "--header-timeout" in refused.output
 

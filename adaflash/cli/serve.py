@@ -103,6 +103,7 @@ def _config(model: ModelConfig, method: str, draft: str | None, serve: ServeConf
             "port": serve.port, "engine_config": engine.to_json(),
             "max_new_tokens_limit": serve.max_new_tokens_limit or None, "header_timeout": serve.header_timeout,
             "keepalive_timeout": serve.keepalive_timeout, "max_connections": serve.max_connections,
+            "stream_interval": serve.stream_interval,
             "served_model_name": serve.served_model_name, "device": device, "dtype": model.dtype, "gpus": serve.gpus,
             "cuda_visible_devices": None if gpu_ids is None else ",".join(gpu_ids), "api_key": bool(serve.api_key),
             "adapt": adapting.to_json() if adapting else None}

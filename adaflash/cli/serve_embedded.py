@@ -68,6 +68,7 @@ def serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine
         server = EmbeddedServer(engine, target=config["target"], draft=config["draft"], api_key=api_key,
                                 max_new_tokens_limit=config["max_new_tokens_limit"], hardware=hardware, on_event=on_event,
                                 served_model_name=config["served_model_name"], adapter=adapter,
+                                stream_interval=config["stream_interval"],
                                 limits=ConnectionLimits(header_timeout=config["header_timeout"],
                                                         keepalive_timeout=config["keepalive_timeout"],
                                                         max_connections=config["max_connections"]))

@@ -31,7 +31,8 @@ def serve_sglang(ctx: click.Context, method: str, target: str, draft: str | None
         fail("--admit-batch applies to the embedded engine (SGLang schedules its own prefills)")
     host, port, api_key = serve.host, serve.port, serve.api_key
     extra = [*serve.sglang_args, *(["--disable-overlap-schedule"] if engine_cfg.overlap is False else []),
-             *(["--served-model-name", serve.served_model_name] if serve.served_model_name else [])]
+             *(["--served-model-name", serve.served_model_name] if serve.served_model_name else []),
+             *(["--stream-interval", str(serve.stream_interval)] if serve.stream_interval != 1 else [])]
     try:
         command = build_sglang_command(method, target, draft, host=host, port=port, gpus=serve.gpus, api_key=api_key,
                                        max_batch=engine_cfg.max_batch if given(ctx, "max_batch") else None,

@@ -3,7 +3,10 @@
 The engine is not thread-safe and batches best when it sees every live request, so ONE thread owns
 it and loops "take new requests -> engine.step() -> hand out StepEvents". The asyncio side submits
 requests and posted calls through a queue and waits on a per-request asyncio queue that this thread
-feeds through `loop.call_soon_threadsafe`.
+feeds through `loop.call_soon_threadsafe`: once a step for all its requests, since every call wakes
+the event loop (a write to its self-pipe) and at large batches the event loop, sharing the GIL, is
+what limits a server. `stream_interval` holds a request's tokens back until that many have come
+(its last always goes at once), so a stream writes fewer, larger chunks, as SGLang's flag does.
 
 Fairness: the prompts of one HTTP request form a group, and the engine's own queue is only topped up
 to its free slots, taking one prompt from each waiting group in turn (round-robin). So a request of
@@ -62,14 +65,17 @@ class Handle:
     prompt_ids: list[int] = field(default_factory=list)  # kept only on an adapting server (its training rows)
     adapt: bool = True  # may an adapting server train on it
     tag: str | None = None  # its domain, for τ per tag
+    held: list = field(default_factory=list)  # the engine thread's: events not yet handed out (stream interval)
+    held_tokens: int = 0
 
 
 class EngineLoop:
     """The engine thread: owns the Engine, batches whatever is queued, feeds per-request queues."""
 
-    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, stream_interval: int = 1) -> None:
         self.engine = engine
         self.loop = loop
+        self.stream_interval = stream_interval
         self.inbox: queue.Queue = queue.Queue()
         self.handles: dict[str, Handle] = {}
         self.groups: OrderedDict[int, deque[tuple[Request, Handle]]] = OrderedDict()  # waiting, by HTTP request
@@ -152,18 +158,28 @@ class EngineLoop:
                 continue
             self.steps += 1
             self.heartbeat = now = time.monotonic()
-            produced = 0
-            for event in events:
-                produced += len(event.new_ids)
-                handle = self.handles.get(event.rid)
-                if handle is None:
-                    continue
-                if event.output is not None:
-                    del self.handles[event.rid]
-                self._post(handle.queue.put_nowait, event)
-            self._recent.append((now, produced))
+            self._hand_out(events)
+            self._recent.append((now, sum(len(event.new_ids) for event in events)))
             while self._recent and now - self._recent[0][0] > 30:
                 self._recent.popleft()
+
+    def _hand_out(self, events: list) -> None:
+        """A step's events to their requests' queues, in one call to the event loop."""
+        ready: list[tuple[asyncio.Queue, list]] = []
+        for event in events:
+            handle = self.handles.get(event.rid)
+            if handle is None:
+                continue
+            handle.held.append(event)
+            handle.held_tokens += len(event.new_ids)
+            if event.output is not None:
+                del self.handles[event.rid]
+            elif handle.held_tokens < self.stream_interval:
+                continue
+            ready.append((handle.queue, handle.held))
+            handle.held, handle.held_tokens = [], 0
+        if ready:
+            self._post(_put_all, ready)
 
     def _drain(self, block: bool) -> None:
         try:
@@ -236,6 +252,12 @@ class EngineLoop:
         self.handles.clear()
         self.engine.waiting.clear()
         self.engine.active.clear()
+
+
+def _put_all(ready: list[tuple[asyncio.Queue, list]]) -> None:
+    for target, items in ready:
+        for item in items:
+            target.put_nowait(item)
 
 
 def _take(counts: Counter, key: str) -> None:

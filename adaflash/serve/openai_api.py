@@ -130,17 +130,14 @@ class OpenAIRoutes:
             if reply.chat:
                 await send(reply.chunk(index, "", None, role=True))
             while not events.gone:
-                item = await handle.queue.get()
-                if isinstance(item, Failure):
-                    handle.done = True
-                    await send(item.body())
+                result = await self.server.update(handle)
+                if isinstance(result, Failure):
+                    await send(result.body())
                     return
-                self.server.note(handle, item)
                 finish = None
-                if item.output is not None:
-                    output = self.server.finish(handle, item.output)
-                    outputs.append(output)
-                    text, finish = output.text, finish_reason(output)
+                if result is not None:
+                    outputs.append(result)
+                    text, finish = result.text, finish_reason(result)
                 else:
                     text = self.server.shown(handle)
                 delta = text[len(shown):] if text.startswith(shown) else ""

@@ -77,8 +77,10 @@ class EmbeddedServer:
         limits: ConnectionLimits | None = None,
         served_model_name: str | None = None,
         adapter: Adapter | None = None,
+        stream_interval: int = 1,
     ) -> None:
         self.engine = engine
+        self.stream_interval = stream_interval
         self.adapter = adapter
         self.served_model_name = served_model_name or target
         self.limits = limits or ConnectionLimits()
@@ -127,7 +129,7 @@ class EmbeddedServer:
         return app
 
     async def _startup(self, _app: web.Application) -> None:
-        self.loop_thread = EngineLoop(self.engine, asyncio.get_running_loop())
+        self.loop_thread = EngineLoop(self.engine, asyncio.get_running_loop(), self.stream_interval)
         self.loop_thread.start()
         if self.adapter is not None:
             self.adapter.start(self.loop_thread.call_from_thread)
@@ -274,14 +276,25 @@ class EmbeddedServer:
 
     async def collect(self, handle: Handle) -> Output | Failure:
         """The request's finished Output (or its Failure), once the engine thread hands it over."""
+        while (result := await self.update(handle)) is None:
+            pass
+        return result
+
+    async def update(self, handle: Handle) -> Output | Failure | None:
+        """Every step the engine thread has handed over for `handle` since the last call, noted: its
+        finished Output, its Failure, or None while it decodes. A stream sends one chunk per call, so
+        steps that arrive together (a busy event loop, `--stream-interval`) cost one write."""
+        item = await handle.queue.get()
         while True:
-            item = await handle.queue.get()
             if isinstance(item, Failure):
                 handle.done = True
                 return item
             self.note(handle, item)
             if item.output is not None:
                 return self.finish(handle, item.output)
+            if handle.queue.empty():
+                return None
+            item = handle.queue.get_nowait()
 
     def note(self, handle: Handle, event: StepEvent) -> None:
         handle.steps += 1
@@ -323,21 +336,16 @@ class EmbeddedServer:
 
         async def pump(index: int, handle: Handle) -> None:
             while not events.gone:
-                item = await handle.queue.get()
-                if isinstance(item, Failure):
-                    handle.done = True
-                    body = item.body()
+                result = await self.update(handle)
+                if isinstance(result, Failure):
+                    body = result.body()
                     await send({**body, "index": index} if batch else body)
                     return
-                self.note(handle, item)
-                if item.output is not None:
-                    chunk = self.finish(handle, item.output).to_json()
-                else:
-                    chunk = self._partial(handle)
+                chunk = self._partial(handle) if result is None else result.to_json()
                 if batch:
                     chunk["index"] = index
                 await send(chunk)
-                if item.output is not None:
+                if result is not None:
                     return
 
         await asyncio.gather(*(pump(i, h) for i, h in enumerate(handles)))
