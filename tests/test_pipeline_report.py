@@ -71,12 +71,12 @@ def _synthetic_run(log: RunLog, clock: Clock, swap) -> str:
     metrics(130.0001, {"served_requests": 2, "served_tau_sum": 6.0, "served_tokens": 60, "served_verify": 20}, None,
             "inference", 1)
     metrics(140, {"tau": 3.0, "tokens_per_s": 5, "window_tokens": 50, "window_seconds": 10, "drafter_version": 3,
-                  "samples": 6}, 6, "inference")
+                  "samples": 6, "peak_memory_gib": 17.5}, 6, "inference")
     metrics(150, {"window_tokens": 50, "window_seconds": 10}, 6, "inference")
     # training: world 2, steps over [120, 140]
     metrics(100, {"world_size": 2}, 0, "training")
     for t in (125, 140):
-        metrics(t, {"train_tokens": 400, "train_samples": 3, "step_compute_seconds": 5,
+        metrics(t, {"train_tokens": 400, "train_samples": 3, "step_compute_seconds": 5, "peak_memory_gib": t / 10,
                     "rank0_tokens": 300, "rank0_seconds": 4, "rank0_samples": 2,
                     "rank1_tokens": 100, "rank1_seconds": 5, "rank1_samples": 1}, int(t), "training")
     # versions: v1 swapped 2 s after its publish, v2 superseded by v3 before the worker looked, v4 final
@@ -116,10 +116,11 @@ def test_report_reads_versions_throughput_ranks_swaps_and_integrity(tmp_path, cl
     assert inference["tokens_per_s_beside_training"] == pytest.approx((50 + 50) / (10 + 10))
     assert inference["seconds_beside_training"] == pytest.approx(20)
     assert inference["tokens_per_s_without_training"] == pytest.approx((100 + 50 + 50) / (10 + 10 + 10))
-    assert inference["output_tokens"] == 300
+    assert inference["output_tokens"] == 300 and inference["peak_memory_gib"] == 17.5
 
     training = report["training"]
     assert training["world_size"] == 2 and training["steps"] == 2 and training["samples"] == 6
+    assert training["peak_memory_gib"] == 14.0  # the larger of its steps'
     assert training["tokens_per_s"] == pytest.approx(800 / 10) and training["span_seconds"] == pytest.approx(20)
     assert [(r["rank"], r["tokens"], r["tokens_per_s"]) for r in training["ranks"]] == [
         (0, 600, pytest.approx(75.0)), (1, 200, pytest.approx(20.0))]
@@ -144,6 +145,7 @@ def test_report_reads_versions_throughput_ranks_swaps_and_integrity(tmp_path, cl
     assert "5.000 beside training (20.0s), 6.667 without (30.0s)" in out
     assert "publish → hot swap: mean 2.00s, max 2.00s over 2 version(s)" in out
     assert "world size 2" in out and "75.000" in out
+    assert "peak GPU memory (GiB, each worker's allocator): inference 17.500, training 14.000" in out
     result = runner.invoke(cli, ["--workspace", str(ws), "pipeline", "status", run, "--csv"])
     assert result.stdout.splitlines()[0].startswith("drafter_version,requests,tau,")
     assert len(result.stdout.splitlines()) == 6

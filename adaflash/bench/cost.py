@@ -263,6 +263,8 @@ class CostBench:
         """Load the target (unless `load` was called), fill the caches and time every cell."""
         import torch
 
+        from adaflash.models.memory import peak_memory_gib
+
         spec = self.spec
         if self.result is None:
             self.load()
@@ -280,8 +282,7 @@ class CostBench:
                 result.cells.append(cell)
                 if on_cell:
                     on_cell(cell)
-        if self.on_cuda:
-            result.peak_memory_gib = torch.cuda.max_memory_allocated(self.target.model.device) / 2**30
+        result.peak_memory_gib = peak_memory_gib(self.target.model.device)
         return result
 
 

@@ -235,6 +235,9 @@ def _print_report(report: dict[str, Any]) -> None:
                   title="training tokens/s per rank" + (" (one GPU each)" if report["train_gpus"] != "cpu" else ""))
     click.echo(f"training: {tr['steps']} steps, {tr['samples']} samples, world size {fmt_cell(tr['world_size'])}, "
                f"{fmt_cell(tr['tokens_per_s'])} tokens/s in all")
+    if inf.get("peak_memory_gib") is not None or tr.get("peak_memory_gib") is not None:
+        click.echo(f"peak GPU memory (GiB, each worker's allocator): inference {fmt_cell(inf.get('peak_memory_gib'))}, "
+                   f"training {fmt_cell(tr.get('peak_memory_gib'))}")
     lags = [v["publish_to_swap_s"] for v in report["versions"] if v.get("publish_to_swap_s") is not None]
     if lags:
         click.echo(f"publish → hot swap: mean {sum(lags) / len(lags):.2f}s, max {max(lags):.2f}s over {len(lags)} "

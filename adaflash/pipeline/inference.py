@@ -29,6 +29,7 @@ from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request, SamplingParams
 from adaflash.models.drafter_io import DrafterError, load_drafter
 from adaflash.models.loading import load_target
+from adaflash.models.memory import peak_memory_gib
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.weights import WeightStore
 from adaflash.runlog import RunLog
@@ -217,6 +218,7 @@ class InferenceWorker:
             "buffer_depth": self.produced - consumed,
             "samples": self.produced,
             "drafter_version": self.engine.drafter_version or 0,
+            **({} if (peak := peak_memory_gib(self.engine.device)) is None else {"peak_memory_gib": peak}),
         }, step=self.produced, version=self.engine.drafter_version or 0, job="inference")
         for version, (n, tau_sum, tokens, verify) in sorted(served.items()):
             self.log.log_metrics(self.cfg.run_id, {"served_requests": n, "served_tau_sum": tau_sum,

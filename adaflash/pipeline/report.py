@@ -117,6 +117,7 @@ def _training(records: list[dict[str, Any]]) -> dict[str, Any]:
         "samples": int(sum(r.get("train_samples", 0.0) for r in steps)),
         "tokens": int(tokens),
         "tokens_per_s": tokens / compute if compute else None,
+        "peak_memory_gib": _peak(records),
         "span": span,
         "ranks": [{"rank": r, "samples": int(a["samples"]), "tokens": int(a["tokens"]), "seconds": a["seconds"],
                    "tokens_per_s": a["tokens"] / a["seconds"] if a["seconds"] else None}
@@ -146,7 +147,13 @@ def _inference(records: list[dict[str, Any]], span: tuple[float, float] | None) 
         "seconds_without_training": alone["seconds"],
         "tokens_per_s": total_tokens / total_seconds if total_seconds else None,
         "output_tokens": int(total_tokens),
+        "peak_memory_gib": _peak(records),
     }
+
+
+def _peak(records: list[dict[str, Any]]) -> float | None:
+    """A worker's peak GPU memory (its allocator's), None on a CPU."""
+    return max((r["peak_memory_gib"] for r in records if r.get("peak_memory_gib") is not None), default=None)
 
 
 def check_integrity(swap_dir: str | Path) -> dict[str, Any]:

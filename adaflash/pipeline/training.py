@@ -25,6 +25,7 @@ from adaflash.models.drafter_io import load_drafter
 from adaflash.models.drafters import DFlashDrafter
 from adaflash.models.length_head import LengthHead
 from adaflash.models.loading import load_target
+from adaflash.models.memory import peak_memory_gib
 from adaflash.pipeline.buffer import SwapBuffer
 from adaflash.pipeline.ledger import ConsumeLedger
 from adaflash.pipeline.weights import WeightStore
@@ -247,6 +248,8 @@ class TrainingWorker:
                         "train_tokens_per_s": tokens / max(slowest, 1e-9), "consumed": state.consumed})
         for r, sh in enumerate(shares):
             metrics.update({f"rank{r}_samples": sh[0], f"rank{r}_tokens": sh[1], f"rank{r}_seconds": sh[2]})
+        if (peak := peak_memory_gib(self.target.device)) is not None:
+            metrics["peak_memory_gib"] = peak
         self.last_step_at = now
         self.log.log_metrics(self.cfg.run_id, metrics, step=state.step, job="training")
         ranks = [[int(v) if v >= 0 else int(-2 - v) for v in sh[4:] if v != -1.0] for sh in shares]

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from adaflash.models.drafter_io import init_from_target, load_drafter, new_drafter, save_drafter
 from adaflash.models.drafters import ChainDrafter, DFlashDrafter, Drafter
 from adaflash.models.loading import Target
+from adaflash.models.memory import peak_memory_gib
 from adaflash.train.chain import chain_loss
 from adaflash.train.checkpoint import checkpoint_folder, load_checkpoint, save_checkpoint
 from adaflash.train.data import Sequence, epoch_batches, pad
@@ -365,8 +366,8 @@ class Trainer:
                 # throughput drops, and this says why
                 last["feature_memo_gb"] = self.memo.used / 1e9
                 last["epoch"] = self.state.epoch
-                if self.device.type == "cuda":  # what a batch size costs: the largest that fits is found by it
-                    last["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+                if (peak := peak_memory_gib(self.device)) is not None:  # what a batch size costs
+                    last["peak_memory_gib"] = peak
                 if eval_prompts and cfg.eval_every and self.state.step % cfg.eval_every == 0 and rank == 0:
                     last.update(self.evaluate(eval_prompts))
                     self.keep_best(last)
