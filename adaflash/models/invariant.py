@@ -392,9 +392,9 @@ if triton is not None:
                                                  svb, svs, svh, svd, smb, smn, sms, D, BM, BN, BOOL_MASK)
             tiles = tl.num_programs(2) // chunks
             at = ((b * tl.num_programs(1) + kv) * tiles * BM + pair) * chunks + chunk
-            tl.store(top_ptr + at, c_top)
-            tl.store(total_ptr + at, c_total)
-            tl.store(acc_ptr + at[:, None] * D + tl.arange(0, D)[None, :], c_acc)
+            tl.store(top_ptr + at, c_top, mask=live)  # a decode tile's dead pairs (most of it) write nothing
+            tl.store(total_ptr + at, c_total, mask=live)
+            tl.store(acc_ptr + at[:, None] * D + tl.arange(0, D)[None, :], c_acc, mask=live[:, None])
 
     @triton.jit(do_not_specialize=["n", "s", "chunks"])
     def _attention_merge_kernel(top_ptr, total_ptr, acc_ptr, lim_ptr, out_ptr, n, s, chunks, sob, son, soh, sod,
@@ -413,8 +413,8 @@ if triton is not None:
         base = ((b * tl.num_programs(1) + kv) * tl.num_programs(2) * BM + pair) * chunks
         for chunk in range(0, tl.cdiv(lim, CHUNK)):
             at = base + chunk
-            c_top = tl.load(top_ptr + at)
-            c_total = tl.load(total_ptr + at)
-            c_acc = tl.load(acc_ptr + at[:, None] * D + tl.arange(0, D)[None, :])
+            c_top = tl.load(top_ptr + at, mask=live, other=float("-inf"))
+            c_total = tl.load(total_ptr + at, mask=live, other=0.0)
+            c_acc = tl.load(acc_ptr + at[:, None] * D + tl.arange(0, D)[None, :], mask=live[:, None], other=0.0)
             top, total, acc = _merge(top, total, acc, c_top, c_total, c_acc)
         _store_result(out_ptr, acc, total, b, query, head, live, sob, son, soh, sod, D)
