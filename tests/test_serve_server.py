@@ -115,14 +115,15 @@ async def test_streaming_sends_cumulative_chunks_then_done(server, references):
 
 
 async def test_a_stream_interval_gathers_tokens_into_fewer_chunks(tiny_llama, references):
-    """--stream-interval 4 on a one-token-a-step engine: chunks at 4 and 8 tokens, the last at once."""
+    """--stream-interval 4 on a one-token-a-step engine: the first token at once, then chunks every 4
+    tokens, the last at once."""
     running = _start(tiny_llama, stream_interval=4)
     try:
         body = {**_gen(PROMPTS[0]), "stream": True}
         async with aiohttp.ClientSession() as session, session.post(running.url + "/generate", json=body) as response:
             raw = (await response.read()).decode()
         chunks = [json.loads(e[len("data: "):]) for e in raw.split("\n\n") if e and e != "data: [DONE]"]
-        assert [c["meta_info"]["completion_tokens"] for c in chunks] == [4, 8, MAX_NEW]
+        assert [c["meta_info"]["completion_tokens"] for c in chunks] == [1, 5, 9, MAX_NEW]
         assert chunks[-1]["output_ids"] == references[PROMPTS[0]]
         async with aiohttp.ClientSession() as session, session.post(running.url + "/generate", json=_gen(PROMPTS[0])) as response:
             assert (await response.json())["output_ids"] == references[PROMPTS[0]]  # unstreamed: unchanged

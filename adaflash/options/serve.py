@@ -46,8 +46,8 @@ class ServeConfig(Settings):
                                                           "are closed to make room (default: what the open-files "
                                                           "limit allows)."))
     stream_interval: int = setting(1, Rule(int, low=1, flag="--stream-interval",
-                                           help="Tokens a streamed answer gathers before its next chunk (its last "
-                                                "goes at once): 1 sends every step's; more writes fewer, larger "
+                                           help="Tokens a streamed answer gathers before its next chunk (its first "
+                                                "and last go at once): 1 sends every step's; more writes fewer, larger "
                                                 "chunks, for throughput at high concurrency (SGLang's flag)."))
     sglang_args: tuple[str, ...] = setting((), Rule(str, multiple=True, flag="--sglang-arg",
                                                     help="Extra SGLang arguments, appended verbatim (repeatable; "

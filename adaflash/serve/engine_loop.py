@@ -6,7 +6,7 @@ requests and posted calls through a queue and waits on a per-request asyncio que
 feeds through `loop.call_soon_threadsafe`: once a step for all its requests, since every call wakes
 the event loop (a write to its self-pipe) and at large batches the event loop, sharing the GIL, is
 what limits a server. `stream_interval` holds a request's tokens back until that many have come
-(its last always goes at once), so a stream writes fewer, larger chunks, as SGLang's flag does.
+(its first and its last go at once), so a stream writes fewer, larger chunks, as SGLang's flag does.
 
 Fairness: the prompts of one HTTP request form a group, and the engine's own queue is only topped up
 to its free slots, taking one prompt from each waiting group in turn (round-robin). So a request of
@@ -67,6 +67,7 @@ class Handle:
     tag: str | None = None  # its domain, for τ per tag
     held: list = field(default_factory=list)  # the engine thread's: events not yet handed out (stream interval)
     held_tokens: int = 0
+    handed_tokens: int = 0
 
 
 class EngineLoop:
@@ -174,9 +175,10 @@ class EngineLoop:
             handle.held_tokens += len(event.new_ids)
             if event.output is not None:
                 del self.handles[event.rid]
-            elif handle.held_tokens < self.stream_interval:
-                continue
+            elif not handle.held_tokens or (handle.handed_tokens and handle.held_tokens < self.stream_interval):
+                continue  # the first tokens go at once (time to first token), then every stream_interval
             ready.append((handle.queue, handle.held))
+            handle.handed_tokens += handle.held_tokens
             handle.held, handle.held_tokens = [], 0
         if ready:
             self._post(_put_all, ready)
