@@ -126,3 +126,24 @@ def test_gsm8k_answer_matching():
     assert not gsm8k_correct("about 17 or 19", "18")
     assert not gsm8k_correct("no number here", "3")
     assert gsm8k_correct("-4.0", -4)
+
+
+def test_bench_speaks_the_openai_api_too(live, workspace):
+    """--api openai: the same questions through /v1/completions (what vLLM serves) give the same token
+    counts as through /generate, with TTFT and ITL from the stream; the model comes from /v1/models."""
+    from adaflash.cli.main import cli
+
+    _prepare(workspace)
+    args = ["bench", "--base-url", live.url, "--dataset", "gsm8k", "--num-prompts", "3", "--concurrency", "2",
+            "--max-new-tokens", "5", "--warmup", "0", "--ignore-eos", "--json"]
+    native = json.loads(CliRunner().invoke(cli, args).stdout)
+    result = CliRunner().invoke(cli, [*args, "--api", "openai", "--method", "vanilla"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["api"] == "openai" and record["backend"] == "openai" and record["completed"] == 3
+    assert record["total_output_tokens"] == native["total_output_tokens"] == 3 * 5
+    assert record["median_ttft_ms"] > 0 and record["median_itl_ms"] > 0 and record["method"] == "vanilla"
+    unlabelled = json.loads(CliRunner().invoke(cli, [*args, "--api", "openai", "--no-stream"]).stdout)
+    assert unlabelled["method"] is None and unlabelled["total_output_tokens"] == 15  # no /get_server_info to read
+    wrong = CliRunner().invoke(cli, ["bench", "--base-url", live.url + "/nothing", "--dataset", "gsm8k", "--api", "openai"])
+    assert wrong.exit_code == 2 and "/v1/models answered HTTP 404" in wrong.output

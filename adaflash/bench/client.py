@@ -1,4 +1,5 @@
-"""The benchmark client: streams /generate requests to any SGLang-dialect server under a concurrency cap.
+"""The benchmark client: streams requests to a server under a concurrency cap, in SGLang's /generate
+dialect (ours, SGLang) or the OpenAI one (/v1/completions: vLLM and any other OpenAI-compatible server).
 
 Streaming is what makes TTFT and ITL real (a non-streamed answer only has its total latency).
 A semaphore holds at most `concurrency` requests in flight, like bench_serving's --max-concurrency
@@ -35,6 +36,8 @@ class BenchSettings:
     ignore_eos: bool = False
     api_key: str | None = None
     timeout: float = 6 * 3600.0
+    api: str = "generate"  # or "openai"
+    model: str | None = None  # the OpenAI API's "model" (`bench` takes the server's first in /v1/models)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -48,6 +51,34 @@ def _payload(settings: BenchSettings, prompt: BenchPrompt) -> dict[str, Any]:
     if settings.ignore_eos:
         params["ignore_eos"] = True
     return {"text": prompt.text, "sampling_params": params, "stream": settings.stream}
+
+
+def _openai_payload(settings: BenchSettings, prompt: BenchPrompt) -> dict[str, Any]:
+    """The same request as `_payload` in the OpenAI dialect; `continuous_usage_stats` asks servers that
+    have it (vLLM) for the token count in every chunk, which tells a chunk's tokens apart."""
+    body: dict[str, Any] = {"model": settings.model, "prompt": prompt.text, "max_tokens": settings.max_new_tokens,
+                            "temperature": settings.temperature, "stream": settings.stream}
+    if settings.top_p != 1.0:
+        body["top_p"] = settings.top_p
+    if settings.ignore_eos:
+        body["ignore_eos"] = True
+    if settings.stream:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return body
+
+
+def _apply_openai(result: RequestResult, data: dict[str, Any]) -> bool:
+    """A completion (or one streamed chunk of it) into `result`: text, and token counts where given;
+    whether it carried a token count."""
+    for choice in data.get("choices") or []:
+        result.text += choice.get("text") or ""
+    usage = data.get("usage") or {}
+    if isinstance(usage.get("prompt_tokens"), int):
+        result.prompt_tokens = usage["prompt_tokens"]
+    if isinstance(usage.get("completion_tokens"), int):
+        result.output_tokens = usage["completion_tokens"]
+        return True
+    return False
 
 
 def _apply_meta(result: RequestResult, data: dict[str, Any]) -> None:
@@ -72,14 +103,20 @@ async def send_request(session: aiohttp.ClientSession, settings: BenchSettings, 
     result = RequestResult(prompt.id)
     start = result.start = time.perf_counter()
     last_at, last_tokens = start, 0
+    openai = settings.api == "openai"
+    url, body = (settings.base_url + "/v1/completions", _openai_payload(settings, prompt)) if openai \
+        else (settings.base_url + "/generate", _payload(settings, prompt))
     try:
-        async with session.post(settings.base_url + "/generate", json=_payload(settings, prompt),
-                                headers=settings.headers) as response:
+        async with session.post(url, json=body, headers=settings.headers) as response:
             if response.status != 200:
                 result.error = f"HTTP {response.status}: {(await response.text())[:500]}"
                 return result
             if not settings.stream:
-                _apply_meta(result, await response.json(content_type=None))
+                data = await response.json(content_type=None)
+                if openai:
+                    _apply_openai(result, data)
+                else:
+                    _apply_meta(result, data)
                 result.latency = result.ttft = time.perf_counter() - start
                 result.success = True
                 return result
@@ -97,9 +134,15 @@ async def send_request(session: aiohttp.ClientSession, settings: BenchSettings, 
                     return result
                 now = time.perf_counter()
                 before = result.output_tokens
-                _apply_meta(result, data)
-                tokens = result.output_tokens if "completion_tokens" in (data.get("meta_info") or {}) else (
-                    before + (1 if data.get("text") else 0))
+                if openai:  # without a count, a chunk with text stands for one token
+                    counted = _apply_openai(result, data)
+                    shown = any(c.get("text") for c in data.get("choices") or [])
+                    if not counted and not shown:
+                        continue  # a role or usage-only chunk: no token arrived
+                else:
+                    _apply_meta(result, data)
+                    counted, shown = "completion_tokens" in (data.get("meta_info") or {}), bool(data.get("text"))
+                tokens = result.output_tokens if counted else before + (1 if shown else 0)
                 result.output_tokens = max(tokens, result.output_tokens)
                 if result.ttft == 0.0:
                     if result.output_tokens > 0:
@@ -134,7 +177,8 @@ async def run_requests(settings: BenchSettings, prompts: list[BenchPrompt],
     timeout = aiohttp.ClientTimeout(total=settings.timeout)
     connector = aiohttp.TCPConnector(limit=max(settings.concurrency, 1) + 2)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector, read_bufsize=READ_BUFSIZE) as session:
-        info = await fetch_json(session, settings.base_url + "/get_server_info", settings.headers) or {}
+        info_path = "/get_server_info" if settings.api == "generate" else "/v1/models"
+        info = server_info(await fetch_json(session, settings.base_url + info_path, settings.headers), settings.api)
         semaphore = asyncio.Semaphore(settings.concurrency)
 
         async def limited(prompt: BenchPrompt, report: bool) -> RequestResult:
@@ -150,10 +194,21 @@ async def run_requests(settings: BenchSettings, prompts: list[BenchPrompt],
         started = time.perf_counter()
         results = await asyncio.gather(*(limited(p, True) for p in prompts))
         duration = time.perf_counter() - started
-        after = await fetch_json(session, settings.base_url + "/get_server_info", settings.headers)
+        after = server_info(await fetch_json(session, settings.base_url + info_path, settings.headers), settings.api)
     if after:
         info = {**info, **after}
     return list(results), duration, info
+
+
+def server_info(data: dict[str, Any] | None, api: str) -> dict[str, Any]:
+    """What a server says of itself: /get_server_info as it is, or from an OpenAI server's /v1/models
+    the model it serves (its first), as `model_path`."""
+    if not data:
+        return {}
+    if api == "generate":
+        return data
+    ids = [m.get("id") for m in data.get("data") or [] if isinstance(m, dict) and m.get("id")]
+    return {"model_path": ids[0]} if ids else {}
 
 
 def server_accept_length(info: dict[str, Any]) -> float | None:
@@ -168,7 +223,7 @@ def server_accept_length(info: dict[str, Any]) -> float | None:
 def method_from_info(info: dict[str, Any]) -> str | None:
     if info.get("method"):
         return str(info["method"])
-    if not info:
+    if "speculative_algorithm" not in info:  # no server info (an OpenAI-only server): not ours to guess
         return None
     algorithm = info.get("speculative_algorithm")
     method = method_for_algorithm(None if algorithm is None else str(algorithm))
@@ -216,7 +271,9 @@ def build_record(
         "tag": label,
         "accuracy": acc,
         "hardware": info.get("hardware") or local_hardware(),
-        "backend": "adaflash-embedded" if info.get("engine") == "embedded" else "sglang",
+        "backend": "adaflash-embedded" if info.get("engine") == "embedded" else "sglang" if settings.api == "generate"
+        else "openai",
+        "api": settings.api,
         "base_url": settings.base_url,
         "drafter_version": info.get("drafter_version"),
         "server_accept_length": server_accept_length(info),

@@ -23,20 +23,24 @@ SUMMARY = [("completed", "Successful requests"), ("duration", "Benchmark duratio
            ("median_e2e_latency_ms", "Median E2E latency (ms)"), ("accuracy", "Accuracy")]
 
 
-def _server_info(base_url: str, api_key: str | None) -> dict[str, Any]:
+def _server_info(base_url: str, api_key: str | None, api: str = "generate") -> dict[str, Any]:
     import urllib.error
     import urllib.request
 
+    from adaflash.bench.client import server_info
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    path = "/get_server_info" if api == "generate" else "/v1/models"
     try:
-        request = urllib.request.Request(base_url + "/get_server_info", headers=headers)
+        request = urllib.request.Request(base_url + path, headers=headers)
         with urllib.request.urlopen(request, timeout=30) as response:
             data = json.loads(response.read())
     except urllib.error.HTTPError as err:
-        fail(f"{base_url}/get_server_info answered HTTP {err.code}" + (" (wrong or missing --api-key?)" if err.code == 401 else ""))
+        fail(f"{base_url}{path} answered HTTP {err.code}" + (" (wrong or missing --api-key?)" if err.code == 401 else
+                                                             " (an OpenAI-only server? --api openai)" if err.code == 404 else ""))
     except (urllib.error.URLError, OSError, ValueError) as err:
         fail(f"cannot reach the server at {base_url} ({err}); start one with `adaflash serve`")
-    return data if isinstance(data, dict) else {}
+    return server_info(data if isinstance(data, dict) else None, api)
 
 
 def _prompts(ctx: click.Context, dataset: str, num_prompts: int, seed: int | None, chat: bool, target: str | None):
@@ -108,7 +112,7 @@ class _Progress:
 @click.group(invoke_without_command=True)
 @uses(use(ServeConfig, only=("base_url", "api_key")), use(InputConfig, only=("dataset", "num_prompts")),
       use(SamplingConfig, only=("max_new_tokens", "temperature", "top_p", "chat", "seed")),
-      use(BenchConfig, only=("concurrency", "warmup", "eval_accuracy", "label", "stream", "ignore_eos")),
+      use(BenchConfig, only=("concurrency", "warmup", "eval_accuracy", "label", "stream", "ignore_eos", "api")),
       use(ModelConfig, only=("method", "target", "draft"), notes={"method": "Metadata [default: from /get_server_info].",
                                                                  "draft": "Metadata [default: from /get_server_info]."}),
       Output(("table", "json"), help="table, or json: the recorded result."), command="bench")
@@ -129,12 +133,13 @@ def bench(ctx: click.Context, serve: ServeConfig, inputs: InputConfig, sampling:
     from adaflash.bench.client import BenchSettings
 
     concurrency = one_level(bench)
-    info = _server_info(serve.url, serve.api_key)
+    info = _server_info(serve.url, serve.api_key, bench.api)
     meta = _metadata(model, info)
     name, prompts = _prompts(ctx, inputs.dataset, inputs.num_prompts, sampling.seed, sampling.chat, meta["target"])
     settings = BenchSettings(serve.url, concurrency=concurrency, max_new_tokens=sampling.max_new_tokens,
                              temperature=sampling.temperature, top_p=sampling.top_p, warmup=warmup_count(bench),
-                             stream=bench.stream, ignore_eos=bench.ignore_eos, api_key=serve.api_key)
+                             stream=bench.stream, ignore_eos=bench.ignore_eos, api_key=serve.api_key, api=bench.api,
+                             model=info.get("model_path") if bench.api == "openai" else None)
     run_id, record = _measure(ctx, settings, prompts, name, meta, bench, sampling, output == "json")
     if output == "json":
         click.echo(json.dumps({"run_id": run_id, **record}, indent=2, default=str))

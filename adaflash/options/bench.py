@@ -46,6 +46,10 @@ class BenchConfig(Settings):
                                               help="Score answers against the references (GSM8K: last number)."))
     stream: bool = setting(True, Rule(bool, flag="--stream/--no-stream", help="Stream answers (real TTFT and ITL)."))
     ignore_eos: bool = setting(False, Rule(bool, flag="--ignore-eos", help="Always generate --max-new-tokens tokens."))
+    api: str = setting("generate", Rule(str, choices=("generate", "openai"), flag="--api",
+                                        help="The server's dialect: generate = SGLang's /generate (ours, SGLang); "
+                                             "openai = /v1/completions (any OpenAI-compatible server, vLLM's too; "
+                                             "τ only where the server reports it)."))
     draft_dir: str | None = setting(None, Rule(str, optional=True, flag="--draft-dir", metavar="DIR",
                                                help="A folder with one drafter per method: DIR/dflash, DIR/adaflash "
                                                     "(or adaflash-online, adaflash-init), DIR/eagle3, DIR/mtp "
