@@ -103,6 +103,24 @@ async def test_chat_applies_the_template_and_streams_deltas_that_add_up(server, 
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
 
 
+async def test_continuous_usage_stats_count_every_chunk(server, tiny_target):
+    """stream_options.continuous_usage_stats (vLLM's, honoured with include_usage): each text chunk says
+    its request's tokens so far, rising to the last chunk's total; without include_usage, none do."""
+    body = {"prompt": "Hello there", **GREEDY, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    status, raw = await _post(server.url + "/v1/completions", body)
+    assert status == 200, raw
+    chunks = _events(raw)
+    counts = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
+    assert counts == sorted(counts) and counts[-1] == MAX_NEW and len(counts) >= 2
+    prompt_tokens = len(tiny_target.encode("Hello there"))
+    assert all(c["usage"]["prompt_tokens"] == prompt_tokens for c in chunks)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == MAX_NEW
+    body["stream_options"] = {"continuous_usage_stats": True}
+    status, raw = await _post(server.url + "/v1/completions", body)
+    assert status == 200 and all("usage" not in c for c in _events(raw))
+
+
 async def test_a_stop_string_ends_the_answer_and_no_delta_takes_text_back(server, engine_alone, tiny_target):
     full = tiny_target.decode(engine_alone("Hello there"))
     stop = full[len(full) // 2: len(full) // 2 + 4]
@@ -131,6 +149,8 @@ BAD = [
     ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_object"}}, 400,
      "response_format={'type': 'json_object'} is not supported"),
     ("/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "only with \"stream\": true"),
+    ("/v1/completions", {"prompt": "a", "stream": True, "stream_options": {"continuous_usage_stats": "yes"}}, 400,
+     "'stream_options.continuous_usage_stats' must be a boolean"),
 ]
 
 

@@ -109,7 +109,7 @@ class OpenAIRoutes:
         reply = Reply(chat, self.model_id)
         try:
             if parsed.stream:
-                return await self._stream(request, handles, reply, parsed.include_usage)
+                return await self._stream(request, handles, reply, parsed.include_usage, parsed.usage_every_chunk)
             results = await asyncio.gather(*(self.server.collect(h) for h in handles))
         finally:
             self.server.release(handles)
@@ -120,7 +120,7 @@ class OpenAIRoutes:
         return web.json_response(reply.whole(outputs))
 
     async def _stream(self, request: web.Request, handles: list[Handle], reply: Reply,
-                      include_usage: bool) -> web.StreamResponse:
+                      include_usage: bool, usage_every_chunk: bool = False) -> web.StreamResponse:
         events = await EventStream.open(request)
         send = events.send
         outputs: list[Output] = []
@@ -143,7 +143,12 @@ class OpenAIRoutes:
                 delta = text[len(shown):] if text.startswith(shown) else ""
                 shown += delta
                 if delta or finish:
-                    await send(reply.chunk(index, delta, finish))
+                    chunk = reply.chunk(index, delta, finish)
+                    if usage_every_chunk:
+                        done = len(handle.ids)
+                        chunk["usage"] = {"prompt_tokens": handle.prompt_tokens, "completion_tokens": done,
+                                          "total_tokens": handle.prompt_tokens + done}
+                    await send(chunk)
                 if finish:
                     return
 

@@ -46,6 +46,9 @@ class OpenAIInput:
     model: str | None
     adapt: bool = True  # the native API's fields, sent by SDKs as extra body fields
     tag: str | None = None
+    # stream_options.continuous_usage_stats (vLLM's), with include_usage: every chunk carries its
+    # request's counts so far, which tells a chunk of several tokens (a speculative step) from one
+    usage_every_chunk: bool = False
 
 
 def parse_completion(body: Any, *, max_new_tokens_limit: int | None = None) -> OpenAIInput:
@@ -63,7 +66,8 @@ def parse_completion(body: Any, *, max_new_tokens_limit: int | None = None) -> O
     for index, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             check_unicode(prompt, f"'prompt'[{index}]" if len(prompts) > 1 else "'prompt'")
-    return OpenAIInput(prompts, None, *_common(body, COMPLETION_MAX_TOKENS, max_new_tokens_limit), *adapt_fields(body))
+    return OpenAIInput(prompts, None, *_common(body, COMPLETION_MAX_TOKENS, max_new_tokens_limit), *adapt_fields(body),
+                       usage_every_chunk=_usage_every_chunk(body))
 
 
 def parse_chat(body: Any, *, max_new_tokens_limit: int | None = None) -> OpenAIInput:
@@ -74,7 +78,8 @@ def parse_chat(body: Any, *, max_new_tokens_limit: int | None = None) -> OpenAII
         if body.get("max_tokens") is not None and body["max_tokens"] != body["max_completion_tokens"]:
             raise BadRequest("give 'max_completion_tokens' or 'max_tokens', not both")
         body = {**body, "max_tokens": body["max_completion_tokens"]}
-    return OpenAIInput(None, messages, *_common(body, CHAT_MAX_TOKENS, max_new_tokens_limit), *adapt_fields(body))
+    return OpenAIInput(None, messages, *_common(body, CHAT_MAX_TOKENS, max_new_tokens_limit), *adapt_fields(body),
+                       usage_every_chunk=_usage_every_chunk(body))
 
 
 def _token(value: Any) -> bool:
@@ -123,6 +128,15 @@ def _message(raw: Any, index: int) -> dict[str, str]:
         raise BadRequest(f"{where}.content must be a string or a list of text parts")
     check_unicode(content, f"{where}.content")
     return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _usage_every_chunk(body: dict[str, Any]) -> bool:
+    """stream_options.continuous_usage_stats, as vLLM reads it: only with include_usage."""
+    options = body.get("stream_options") or {}
+    every = options.get("continuous_usage_stats", False) if isinstance(options, dict) else False
+    if not isinstance(every, bool):
+        raise BadRequest(f"'stream_options.continuous_usage_stats' must be a boolean, got {every!r}")
+    return every and bool(options.get("include_usage", False))
 
 
 def _common(body: dict[str, Any], default_tokens: int,
