@@ -123,12 +123,35 @@ async def test_a_stream_interval_gathers_tokens_into_fewer_chunks(tiny_llama, re
         async with aiohttp.ClientSession() as session, session.post(running.url + "/generate", json=body) as response:
             raw = (await response.read()).decode()
         chunks = [json.loads(e[len("data: "):]) for e in raw.split("\n\n") if e and e != "data: [DONE]"]
-        assert [c["meta_info"]["completion_tokens"] for c in chunks] == [1, 5, 9, MAX_NEW]
+        counts = [c["meta_info"]["completion_tokens"] for c in chunks]
+        # handed out at 1, 5, 9 and 10 tokens; hand-outs that reach a busy event loop together share a chunk
+        assert counts[0] == 1 and counts[-1] == MAX_NEW and set(counts[:-1]) <= {1, 5, 9} and counts == sorted(counts)
         assert chunks[-1]["output_ids"] == references[PROMPTS[0]]
         async with aiohttp.ClientSession() as session, session.post(running.url + "/generate", json=_gen(PROMPTS[0])) as response:
             assert (await response.json())["output_ids"] == references[PROMPTS[0]]  # unstreamed: unchanged
     finally:
         running.stop()
+
+
+def test_the_engine_thread_hands_out_by_the_stream_interval():
+    """What reaches the event loop, step by step, at interval 3: the first tokens at once, then every
+    3 tokens (a step may bring several), the finish at once; each step in one call."""
+    from adaflash.engine.engine import StepEvent
+    from adaflash.engine.params import Output
+    from adaflash.serve.engine_loop import EngineLoop, Handle
+
+    loop = EngineLoop.__new__(EngineLoop)  # the hand-out alone: no engine, no thread
+    loop.stream_interval, calls = 3, []
+    loop._post = lambda fn, ready: calls.append([(q, [len(e.new_ids) for e in events]) for q, events in ready])
+    a, b = Handle("a", "qa", 0.0), Handle("b", "qb", 0.0)
+    loop.handles = {"a": a, "b": b}
+    done = Output(rid="a", output_ids=[], text="", meta_info={}, prompt_text="", prompt_ids=[])
+    steps = [[StepEvent("a", [1]), StepEvent("b", [])], [StepEvent("a", [2]), StepEvent("b", [7, 8])],
+             [StepEvent("a", [3, 4])], [StepEvent("a", [5], done), StepEvent("b", [9])]]
+    for events in steps:
+        loop._hand_out(events)
+    assert calls == [[("qa", [1])], [("qb", [0, 2])], [("qa", [1, 2])], [("qa", [1])]]
+    assert "a" not in loop.handles and b.held_tokens == 1  # b's 9th token waits for two more
 
 
 BAD = [
