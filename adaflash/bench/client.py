@@ -177,8 +177,8 @@ async def run_requests(settings: BenchSettings, prompts: list[BenchPrompt],
     timeout = aiohttp.ClientTimeout(total=settings.timeout)
     connector = aiohttp.TCPConnector(limit=max(settings.concurrency, 1) + 2)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector, read_bufsize=READ_BUFSIZE) as session:
-        info_path = "/get_server_info" if settings.api == "generate" else "/v1/models"
-        info = server_info(await fetch_json(session, settings.base_url + info_path, settings.headers), settings.api)
+        about = settings.base_url + info_path(settings.api)
+        info = server_info(await fetch_json(session, about, settings.headers), settings.api)
         semaphore = asyncio.Semaphore(settings.concurrency)
 
         async def limited(prompt: BenchPrompt, report: bool) -> RequestResult:
@@ -194,10 +194,15 @@ async def run_requests(settings: BenchSettings, prompts: list[BenchPrompt],
         started = time.perf_counter()
         results = await asyncio.gather(*(limited(p, True) for p in prompts))
         duration = time.perf_counter() - started
-        after = server_info(await fetch_json(session, settings.base_url + info_path, settings.headers), settings.api)
+        after = server_info(await fetch_json(session, about, settings.headers), settings.api)
     if after:
         info = {**info, **after}
     return list(results), duration, info
+
+
+def info_path(api: str) -> str:
+    """Where a server of the dialect says what it serves (`server_info` reads the answer)."""
+    return "/get_server_info" if api == "generate" else "/v1/models"
 
 
 def server_info(data: dict[str, Any] | None, api: str) -> dict[str, Any]:

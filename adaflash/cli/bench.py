@@ -27,10 +27,10 @@ def _server_info(base_url: str, api_key: str | None, api: str = "generate") -> d
     import urllib.error
     import urllib.request
 
-    from adaflash.bench.client import server_info
+    from adaflash.bench.client import info_path, server_info
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    path = "/get_server_info" if api == "generate" else "/v1/models"
+    path = info_path(api)
     try:
         request = urllib.request.Request(base_url + path, headers=headers)
         with urllib.request.urlopen(request, timeout=30) as response:

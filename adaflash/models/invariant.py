@@ -215,11 +215,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     out = torch.empty(b, n, heads, d, device=q.device, dtype=q.dtype)
     tiles = triton.cdiv(n * groups, ATTN_ROWS)
     chunks = triton.cdiv(s, ATTN_CHUNK)
-    args = (q, k, v, mask, out if limit is None else limit, n, s, 1.0 / math.sqrt(d),
-            *q.stride(), *k.stride(), *v.stride(), *mask.stride())
-    shapes = dict(GROUPS=groups, D=d, BM=ATTN_ROWS, BN=ATTN_KEYS, CHUNK=ATTN_CHUNK,
-                  BOOL_MASK=mask.dtype == torch.bool, HAS_LIMIT=limit is not None,
+    lim = out if limit is None else limit  # without a limit the pointer is never read
+    common = dict(GROUPS=groups, D=d, BM=ATTN_ROWS, CHUNK=ATTN_CHUNK, HAS_LIMIT=limit is not None,
                   num_warps=4, enable_fp_fusion=False)
+    args = (q, k, v, mask, lim, n, s, 1.0 / math.sqrt(d), *q.stride(), *k.stride(), *v.stride(), *mask.stride())
+    shapes = dict(common, BN=ATTN_KEYS, BOOL_MASK=mask.dtype == torch.bool)
     if not split_keys(b * kv * tiles, chunks):
         _attention_kernel[(b, kv, tiles)](*args, out, *out.stride(), **shapes)
         return out
@@ -227,9 +227,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     total = torch.empty_like(top)
     acc = torch.empty(*top.shape, d, device=q.device, dtype=torch.float32)
     _attention_chunk_kernel[(b, kv, tiles * chunks)](*args, top, total, acc, chunks, **shapes)
-    _attention_merge_kernel[(b, kv, tiles)](top, total, acc, out if limit is None else limit, out, n, s, chunks,
-                                            *out.stride(), GROUPS=groups, D=d, BM=ATTN_ROWS, CHUNK=ATTN_CHUNK,
-                                            HAS_LIMIT=limit is not None, num_warps=4, enable_fp_fusion=False)
+    _attention_merge_kernel[(b, kv, tiles)](top, total, acc, lim, out, n, s, chunks, *out.stride(), **common)
     return out
 
 

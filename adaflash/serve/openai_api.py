@@ -145,9 +145,7 @@ class OpenAIRoutes:
                 if delta or finish:
                     chunk = reply.chunk(index, delta, finish)
                     if usage_every_chunk:
-                        done = len(handle.ids)
-                        chunk["usage"] = {"prompt_tokens": handle.prompt_tokens, "completion_tokens": done,
-                                          "total_tokens": handle.prompt_tokens + done}
+                        chunk["usage"] = token_counts(handle.prompt_tokens, len(handle.ids))
                     await send(chunk)
                 if finish:
                     return
@@ -197,6 +195,10 @@ def finish_reason(output: Output) -> str:
 
 
 def usage(outputs: list[Output]) -> dict[str, int]:
-    prompt = sum(int(o.meta_info["prompt_tokens"]) for o in outputs)
-    completion = sum(int(o.meta_info["completion_tokens"]) for o in outputs)
+    return token_counts(sum(int(o.meta_info["prompt_tokens"]) for o in outputs),
+                        sum(int(o.meta_info["completion_tokens"]) for o in outputs))
+
+
+def token_counts(prompt: int, completion: int) -> dict[str, int]:
+    """An OpenAI `usage` object."""
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
