@@ -76,7 +76,10 @@ def _trainer(work: DraftTraining, rank: int, world: int) -> tuple[Any, Any, Any,
         loss_cfg = LossConfig(t.loss or "ce", t.alpha, t.kl_temperature, t.clip, t.gamma, t.greedy_chain)
         if t.greedy_chain and plain_method_for(work.method).kind != "block":
             raise ValueError(f"--greedy-chain trains DFlash blocks; {work.method} drafters learn a chain of their own drafts")
-        tgt = load_target(work.target, device=_device(work.device, rank, world), dtype="float32")
+        # auto: bf16 on a GPU, where the trainer runs under bf16 autocast anyway: the frozen target takes half
+        # the memory (16 GB, not 32, at 8B) and its features and teacher come from the residual stream a bf16
+        # server has; float32 on a CPU, where the trainer runs in float32
+        tgt = load_target(work.target, device=_device(work.device, rank, world), dtype="auto")
         setup_distributed(tgt.device)
         sequences = load_sequences(work.data, tgt, work.max_len, work.limit)
         cfg = TrainConfig(method=work.method, out=out, init=work.init, epochs=t.epochs, steps=t.steps, lr=t.lr,

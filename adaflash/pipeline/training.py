@@ -145,7 +145,8 @@ class TrainingWorker:
     def __init__(self, cfg: TrainingConfig) -> None:
         self.cfg = cfg
         self.rank, self.world = rank_world()
-        self.target = load_target(cfg.target, device=_rank_device(cfg.device), dtype="float32", with_tokenizer=False)
+        # bf16 on a GPU (the trainer runs under bf16 autocast there), float32 on a CPU: as train draft
+        self.target = load_target(cfg.target, device=_rank_device(cfg.device), dtype="auto", with_tokenizer=False)
         setup_distributed(self.target.device)
         self.log = RunLog.open(cfg.workspace) if self.rank == 0 else None
         self.buffer, self.store = SwapBuffer(cfg.swap_dir), WeightStore(cfg.swap_dir)
