@@ -112,7 +112,7 @@ def test_tokens_past_the_width_are_expected_geometrically():
     full_block = (1 - 0.5 ** 8) / (1 - 0.5)  # E_8 at acceptance ½: the head predicts it as a share of 8
     verified = rule.choose(torch.tensor([full_block / 8] * 2), k=7)
     rule.record(2, int(verified[0]) + 1, 1.0, rows=[(3, 3), (1, 3)])
-    assert list(rule.choose_steps[2]) == [(6, 1.0, pytest.approx(6 + 0.9375, abs=2e-3))]
+    assert list(rule.choose_steps[2]) == [(rule.steps, 6, 1.0, pytest.approx(6 + 0.9375, abs=2e-3))]
 
 
 def test_a_change_of_the_better_mode_restarts_the_retries():
@@ -129,6 +129,42 @@ def test_a_change_of_the_better_mode_restarts_the_retries():
     # from step 61 the head's choice is the better mode: whole blocks come back only as its retries,
     # 4, 12 and 28 steps (½, 1½, 3½ periods of 8) after the change
     assert [i for i in range(60, 120) if modes[i]] == [60, 65, 73, 89]
+
+
+@pytest.mark.parametrize("stale, recovers", [(256, True), (10**9, False)])
+def test_a_slow_stretch_on_whole_block_steps_does_not_hold_the_head_choosing(stale, recovers):
+    """Whole blocks are the better mode (0.8 s a step against the head's 1.0) until a slow stretch (12 steps
+    three times as long) falls on whole-block steps: the head's choice then looks better and wins.
+    Once the stretch is over, whole blocks run only as the head's retries; their times from the stretch
+    stop counting after `stale` steps, and whole blocks win again. Kept for ever, they hold the head."""
+    rule = trained(CostRule(block=4, min_length=2, tries=3, refresh=64, mode_tries=4, stale=stale), 1,
+                   lambda w: 0.5 + 0.1 * w)
+    modes = []
+    for step in range(900):
+        slow = 3.0 if 100 <= step < 112 else 1.0
+        whole = rule.whole_blocks(1)
+        modes.append(whole)
+        rule.record(1, 4 if whole else 3, (0.8 if whole else 1.0) * slow, rows=[(0, 3 if whole else 2)])
+    assert all(modes[60:100]) and sum(modes[115:165]) <= 2  # whole blocks, then the head (but for a retry)
+    assert (sum(modes[700:]) > 190) is recovers  # whole blocks again, but for the head's retries
+
+
+def test_head_read_steps_from_a_faster_stretch_are_measured_again_before_they_take_over():
+    """The head's choice wins while whole blocks cost 1.0 s (to its 0.5), then whole blocks do (0.4 s)
+    and hold. When the machine slows to half its speed, the head's last steps, from the fast stretch,
+    still promise more than the whole blocks' fresh ones: the head runs `mode_tries` steps again, which
+    show it slower too, and whole blocks keep their place."""
+    rule = trained(CostRule(block=4, min_length=2, tries=3, refresh=0, mode_tries=4, stale=50), 1,
+                   lambda w: 0.5 + 0.1 * w)
+    modes, better = [], []
+    for step in range(300):
+        whole_s, choose_s = (1.0, 0.5) if step < 40 else (0.4, 0.5) if step < 150 else (0.8, 1.0)
+        whole = rule.whole_blocks(1)
+        modes.append(whole)
+        better.append(rule._best[1][0] if 1 in rule._best else None)
+        rule.record(1, 4 if whole else 3, whole_s if whole else choose_s, rows=[(0, 3 if whole else 2)])
+    assert better[20] == "choose" and set(better[100:]) == {"whole"}
+    assert 1 <= modes[150:].count(False) <= rule.mode_tries  # measured again, once
 
 
 def test_stale_widths_are_retimed_ever_less_often_while_whole_blocks_win():

@@ -35,7 +35,9 @@ every draft it verified) over the median time of a whole-block step. Comparing w
 steps yielded instead confounds the mode with the prompts it happened to run on: a row's acceptance
 swings far more from prompt to prompt than a verify width moves it, so that comparison kept the
 head choosing on many steps where it bought nothing (each head-read step is dearer than a
-whole-block one), costing throughput at the same τ.
+whole-block one), costing throughput at the same τ. Both are weighed on recent steps only
+(`mode_rate`): the mode that is not the better one runs only as retries, and its old steps, from a time
+when the machine ran faster or slower, must not decide.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class CostRule:
 
     def __init__(self, block: int, min_length: int, *, max_batch: int = 1024, tries: int = 3, window: int = 16,
                  refresh: int = 64, slack: float = 0.02, mode_tries: int = 16, mode_window: int = 64,
-                 whole_backoff: int = 8, recheck: int = 16) -> None:
+                 whole_backoff: int = 8, recheck: int = 16, stale: int = 256) -> None:
         self.block = block
         self.max_batch = max_batch
         self.min_length = max(1, min(min_length, block))
@@ -65,18 +67,19 @@ class CostRule:
         self.refresh = refresh
         self.whole_backoff = whole_backoff
         self.recheck = recheck
+        self.stale = stale  # whole-block step times older than this many steps no longer count
         self.slack = slack  # the whole block stays "no dearer" within this fraction (timing noise)
         self.samples: dict[tuple[int, int], deque[float]] = {}
         self._medians: dict[tuple[int, int], float] = {}  # of each key's samples, refreshed when read
         self._stale: set[tuple[int, int]] = set()  # keys recorded since their median was taken
         self.last_seen: dict[tuple[int, int], int] = {}
         self.steps = 0
-        # per batch bucket, recent head-read steps as (tokens, seconds, tokens whole blocks would have
-        # given them), and the seconds of recent whole-block steps
+        # per batch bucket, recent head-read steps as (step, tokens, seconds, tokens whole blocks would
+        # have given them), and recent whole-block steps as (step, seconds)
         self.mode_tries = mode_tries
         self.mode_window = mode_window
-        self.choose_steps: dict[int, deque[tuple[int, float, float]]] = {}
-        self.whole_seconds: dict[int, deque[float]] = {}
+        self.choose_steps: dict[int, deque[tuple[int, int, float, float]]] = {}
+        self.whole_seconds: dict[int, deque[tuple[int, float]]] = {}
         self._chosen: torch.Tensor | None = None  # per row, the acceptance `choose` read for the coming step
         self.mode_seen: dict[tuple[int, str], int] = {}
         self._whole_since: dict[int, int] = {}  # per batch bucket: the step whole blocks became the settled mode
@@ -114,11 +117,11 @@ class CostRule:
         if rows is None or planned is None or planned[0] != bucket_ or planned[1] == "probe":
             return
         if planned[1] == "whole":
-            self._recent(self.whole_seconds, bucket_, self.window).append(seconds)
+            self._recent(self.whole_seconds, bucket_, self.window).append((self.steps, seconds))
         else:
             tokens = sum(accepted + 1 for accepted, _ in rows)
             self._recent(self.choose_steps, bucket_, self.mode_window).append(
-                (tokens, seconds, tokens + self._past_width(rows, chosen)))
+                (self.steps, tokens, seconds, tokens + self._past_width(rows, chosen)))
         self.mode_seen[planned] = self.steps
 
     def _recent(self, table: dict, bucket_: int, size: int) -> deque:
@@ -145,19 +148,30 @@ class CostRule:
         """What `whole_blocks` decided for the coming step: "probe", "whole" or "choose"."""
         return self._planned[1] if self._planned is not None else None
 
-    def mode_rate(self, batch: int, mode: str) -> float | None:
+    def mode_rate(self, batch: int, mode: str, *, fresh: bool = False) -> float | None:
         """Tokens per second of the recent head-read steps (`mode` "choose"), or what whole blocks would
-        have made of those same steps ("whole"), once each mode has had its tries."""
+        have made of those same steps ("whole") in the median time of a recent whole-block step; None
+        until each mode has had its tries.
+
+        Recent: of the last `stale` steps, but at least the latest `mode_tries` head-read steps however
+        old (`fresh`: None unless they are of the last `stale` steps); whole-block steps strictly so. Why:
+        the mode that is not the better one runs only as its retries, so its steps grow old, and a stretch
+        when the machine ran faster or slower than now then decides the comparison. Step times on a
+        shared 2-core CPU moved by a third over minutes: a slow stretch that fell on whole-block steps kept
+        the head read on every later step of a run (each dearer than a whole block), and head-read steps
+        from a fast stretch took over from whole blocks that were the better mode."""
         bucket_ = self._batch(batch)
-        steps = self.choose_steps.get(bucket_)
-        if steps is None or len(steps) < self.mode_tries:
+        kept = list(self.choose_steps.get(bucket_, ()))
+        recent = [step for step in kept if self.steps - step[0] <= self.stale]
+        if len(recent) < self.mode_tries and (fresh or len(kept) < self.mode_tries):
             return None
+        steps = recent if len(recent) >= self.mode_tries else kept[-self.mode_tries:]
         if mode == "choose":
-            return sum(t for t, _, _ in steps) / max(sum(s for _, s, _ in steps), 1e-12)
-        whole = self.whole_seconds.get(bucket_)
-        if whole is None or len(whole) < self.tries:
+            return sum(t for _, t, _, _ in steps) / max(sum(s for _, _, s, _ in steps), 1e-12)
+        whole = [seconds for step, seconds in self.whole_seconds.get(bucket_, ()) if self.steps - step <= self.stale]
+        if len(whole) < self.tries:
             return None
-        return sum(w for _, _, w in steps) / (len(steps) * max(statistics.median(whole), 1e-12))
+        return sum(w for _, _, _, w in steps) / (len(steps) * max(statistics.median(whole), 1e-12))
 
     def cost(self, batch: int) -> dict[int, float] | None:
         """Median step seconds per width at this batch size, once every width has its tries."""
@@ -261,6 +275,8 @@ class CostRule:
                 return None, mode
         best = max(rates, key=lambda mode: rates[mode] or 0.0)
         held = self._best.get(bucket_)
+        if best == "choose" and held is not None and held[0] != best and self.mode_rate(bucket_, best, fresh=True) is None:
+            return held[0], best  # the head's steps are measured again before they take over from whole blocks
         if held is None or held[0] != best:
             held = self._best[bucket_] = (best, self.steps)
         if self._retry_due(self.steps - held[1]):
