@@ -64,14 +64,14 @@ def _near_tie_prompts() -> list[str]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_products_give_each_row_its_bits_in_any_batch(dtype, threads):
     """Every weight shape of SmolLM2 (fused q/k/v, o, fused gate/up, down, lm_head): a row multiplied among
-    1 to 300 rows gets the bits it gets alone, as decode and verify passes need (measured, not assumed:
+    1 to 530 rows gets the bits it gets alone, as decode and verify passes need (measured, not assumed:
     MKL's float32 GEMM rounds a row of 4 or more otherwise than a pair, so `linear` chunks the rows)."""
     from adaflash.models.layers import linear, rows_keep_bits
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    counts = [*range(1, 41), 47, 64, 100, 144, 288]
+    counts = [*range(1, 41), 47, 64, 100, 144, 288, 512, 513, 530]  # past each dtype's chunk (3, 32 or 512)
     with torch.no_grad(), rows_keep_bits():
         for out_features, in_features in ((960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)):
             weight = (torch.randn(out_features, in_features) * 0.05).to(dtype)
@@ -175,6 +175,17 @@ def test_bf16_if_native_takes_bf16_only_where_the_cpu_has_a_bf16_unit(monkeypatc
         assert loading.pick_dtype("cpu", "auto") == torch.float32
     with pytest.raises(ValueError, match="'bf17': expected .*bf16-if-native"):
         loading.pick_dtype("cpu", "bf17")
+
+
+def test_bf16_products_take_many_rows_at_once_only_where_that_was_measured_to_keep_bits():
+    """AVX512-BF16 without AMX: 512 rows a product; with AMX (its tile kernels round SmolLM2's lm_head
+    otherwise from 33 rows) or without a bf16 unit: 32. `test_products_give_each_row_its_bits_in_any_batch`
+    holds this machine to its count."""
+    from adaflash.models.cpu_flags import bf16_row_chunk, cpu_flags
+
+    epyc = cpu_flags("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n")
+    sapphire = cpu_flags("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    assert (bf16_row_chunk(epyc), bf16_row_chunk(sapphire), bf16_row_chunk(frozenset())) == (512, 32, 32)
 
 
 def test_the_commands_that_decode_default_to_bf16_where_the_cpu_has_a_bf16_unit(tiny_llama, monkeypatch):

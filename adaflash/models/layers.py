@@ -19,6 +19,7 @@ from torch import nn
 from adaflash.models import invariant
 from adaflash.models.cache import KVCache
 from adaflash.models.cpu_attention import cpu_row_invariant_attention
+from adaflash.models.cpu_flags import bf16_row_chunk, cpu_flags
 from adaflash.models.kernels import fused_rope_available, rope_heads, silu_mul
 
 
@@ -124,9 +125,8 @@ def rows_keep_bits(on: bool = True) -> Iterator[None]:
 # whatever the rows beside it (lossless batching: a request's tokens must not depend on the batch). Measured,
 # not taken from the kernels' documentation (tests/test_cpu_lossless.py checks it on the machine that runs
 # the tests): MKL's float32 GEMM rounds a row of 4 or more rows otherwise than the same row with one other;
-# oneDNN's bf16 GEMM keeps a row's bits from 2 rows to at least 32 for every SmolLM2 weight shape (on an
-# AVX512-BF16 EPYC for any count; on a CPU with AMX, the 49,152-row lm_head changes them from 33 rows).
-CPU_ROW_CHUNK = {torch.float32: 3, torch.bfloat16: 32, torch.float16: 32}
+# bf16 by the CPU (`bf16_row_chunk`: 512 with AVX512-BF16, 32 with AMX or without a bf16 unit).
+CPU_ROW_CHUNK = {torch.float32: 3, torch.bfloat16: bf16_row_chunk(cpu_flags()), torch.float16: 32}
 SKINNY_ROWS = 16  # outside `rows_keep_bits`, products of up to this many rows take `_cpu_rows`' layout
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from adaflash.models.cpu_flags import NATIVE_BF16_FLAGS, cpu_flags
 from adaflash.models.registry import resolve_target
 from adaflash.models.target import TargetModel, load_target_model
 
@@ -35,23 +36,9 @@ def pick_dtype(device: str, dtype: str | None = None) -> torch.dtype:
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
-NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86's two; Arm's BF16 extension
-
-
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether the CPU's flags (Linux `/proc/cpuinfo`: x86 `flags`, Arm `Features`) name a bf16 unit;
-    False where they cannot be read."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    return bool(flags & NATIVE_BF16_FLAGS)
+    """Whether the CPU's flags (`cpuinfo`, or this machine's) name a bf16 unit; False where they cannot be read."""
+    return bool(cpu_flags(cpuinfo) & NATIVE_BF16_FLAGS)
 
 
 def local_folder(spec: str) -> Path:
