@@ -26,7 +26,7 @@ def test_probes_every_width_its_tries_before_choosing():
         n = int(rule.choose(torch.tensor([0.9]), k=3)[0])
         chosen.append(n + 1)
         rule.record(1, n + 1, 1.0)
-    assert sorted(chosen) == [2, 2, 3, 3, 4, 4]
+    assert chosen == [2, 3, 4, 2, 3, 4]  # round robin: a drift of the machine moves every width alike
     assert rule.cost(1) == {2: 1.0, 3: 1.0, 4: 1.0}
     assert rule.cost(2) is None and rule.probe(2) == 2  # each batch size learns its own costs ...
     trained(rule, 3, lambda w: 2.0)

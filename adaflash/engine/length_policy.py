@@ -188,12 +188,14 @@ class CostRule:
         return table
 
     def probe(self, batch: int) -> int | None:
-        """A width to try now: one still short of its tries, or the stalest when a re-timing is due."""
+        """A width to try now: the least tried of those still short of their tries (round robin, so a
+        machine that speeds up or slows down meanwhile moves every width's times alike, not the last
+        widths' alone), or the stalest when a re-timing is due."""
         batch = self._batch(batch)
-        for width in self.widths():
-            seen = self.samples.get((batch, width))
-            if seen is None or len(seen) < self.tries:
-                return width
+        counts = {width: len(self.samples.get((batch, width), ())) for width in self.widths()}
+        short = [width for width, count in counts.items() if count < self.tries]
+        if short:
+            return min(short, key=lambda width: (counts[width], width))
         if self._retime_due(batch):
             return min(self.widths(), key=lambda w: self.last_seen.get((batch, w), 0))
         return None
