@@ -167,6 +167,20 @@ def test_head_read_steps_from_a_faster_stretch_are_measured_again_before_they_ta
     assert 1 <= modes[150:].count(False) <= rule.mode_tries  # measured again, once
 
 
+@pytest.mark.parametrize("choose_seconds, better", [(0.98, "whole"), (0.95, "choose")])
+def test_the_head_takes_over_from_whole_blocks_only_by_a_margin(choose_seconds, better):
+    """Whole blocks hold; the head's recent steps yield 2% more tokens per second (within a noisy machine's
+    drift): whole blocks stay. 5% more: the head takes over."""
+    from collections import deque
+
+    rule = trained(CostRule(block=4, min_length=2, tries=1, mode_tries=4, margin=0.03), 1, lambda w: 0.5 + 0.1 * w)
+    now = rule.steps
+    rule._best[1] = ("whole", now)
+    rule.choose_steps[1] = deque((now, 1, choose_seconds, 1.0) for _ in range(4))
+    rule.whole_seconds[1] = deque((now, 1.0) for _ in range(4))
+    assert rule._modes(1)[0] == better
+
+
 def test_stale_widths_are_retimed_ever_less_often_while_whole_blocks_win():
     """Each re-timing verifies a shorter width than the step would (and on a GPU may capture a graph on
     the clock): while whole blocks win it comes after 1, 2, 4, ... periods of refresh x whole_backoff

@@ -58,7 +58,7 @@ class CostRule:
 
     def __init__(self, block: int, min_length: int, *, max_batch: int = 1024, tries: int = 3, window: int = 16,
                  refresh: int = 64, slack: float = 0.02, mode_tries: int = 16, mode_window: int = 64,
-                 whole_backoff: int = 8, recheck: int = 16, stale: int = 256) -> None:
+                 whole_backoff: int = 8, recheck: int = 16, stale: int = 256, margin: float = 0.03) -> None:
         self.block = block
         self.max_batch = max_batch
         self.min_length = max(1, min(min_length, block))
@@ -68,6 +68,7 @@ class CostRule:
         self.whole_backoff = whole_backoff
         self.recheck = recheck
         self.stale = stale  # whole-block step times older than this many steps no longer count
+        self.margin = margin  # how much more the head's steps must yield to take over from whole blocks
         self.slack = slack  # the whole block stays "no dearer" within this fraction (timing noise)
         self.samples: dict[tuple[int, int], deque[float]] = {}
         self._medians: dict[tuple[int, int], float] = {}  # of each key's samples, refreshed when read
@@ -275,8 +276,11 @@ class CostRule:
         for mode, rate in rates.items():
             if rate is None:  # the head's choice tried first: the whole blocks' rate is weighed on its steps
                 return None, mode
-        best = max(rates, key=lambda mode: rates[mode] or 0.0)
         held = self._best.get(bucket_)
+        # the head's choice must beat whole blocks by `margin` to take over from them: whole blocks cost
+        # nothing beside DFlash, so a tie in noisy timings goes their way
+        lead = 1 + self.margin if held is not None and held[0] == "whole" else 1.0
+        best = "choose" if rates["choose"] > rates["whole"] * lead else "whole"
         if best == "choose" and held is not None and held[0] != best and self.mode_rate(bucket_, best, fresh=True) is None:
             return held[0], best  # the head's steps are measured again before they take over from whole blocks
         if held is None or held[0] != best:
