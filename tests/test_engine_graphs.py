@@ -11,14 +11,7 @@ from adaflash.engine.graphs import GraphRunner, bucket
 from adaflash.engine.params import Request, SamplingParams
 from adaflash.engine.passes import PREFILL_MIN_WIDTH
 from adaflash.models.loading import load_target
-from tests.test_engine_lossless import (
-    PROMPTS,
-    drafter_for,
-    generate_with_swap,
-    make_requests,
-    oracle_engine,
-    vanilla,
-)
+from tests.test_engine_lossless import drafter_for, generate_with_swap, make_requests, oracle_engine, vanilla
 
 
 def test_bucket_is_the_next_power_of_two_within_bounds():
@@ -396,28 +389,3 @@ def test_fused_accept_commit_matches_accept_and_commit():
         expected[rows[:, None], lens[:, None] + torch.arange(1, w + 1)] = emitted
         assert torch.equal(tokens.cpu(), expected)
         assert torch.equal(lengths.cpu()[rows], lens + accepted + 1) and torch.equal(draft_lengths, lengths)
-
-
-@pytest.mark.parametrize("method", ["vanilla", "dflash"])
-def test_an_admission_too_wide_for_one_replayed_prefill_runs_as_several(tiny_target, method, monkeypatch):
-    """Prompts whose padded prefill passes the replay bound, while a power of two of them fits it, are
-    prefilled in groups of that size (each one a graph on a GPU) rather than in one eager pass, and
-    every output stays exact: five prompts run as 2 + 2 + 1."""
-    import adaflash.engine.passes as passes_module
-
-    prompts = [f"{p} ({i})" for i, p in enumerate(PROMPTS + PROMPTS[:1])]
-    requests = lambda: make_requests(tiny_target, prompts=prompts, max_new_tokens=12, ignore_eos=True)  # noqa: E731
-    reference = vanilla(tiny_target, requests())
-    widest = max(len(r.prompt_ids) for r in requests())
-    w_pad = bucket(widest, 512, floor=PREFILL_MIN_WIDTH)
-    monkeypatch.setattr(passes_module, "PREFILL_TOKENS", 2 * w_pad)  # two prompts a pass, not five
-    drafter = None if method == "vanilla" else drafter_for(method, tiny_target)
-    engine = Engine(tiny_target, method, drafter, config=EngineConfig(max_batch=8, max_len=512, pad_shapes=True))
-    assert engine.passes.prefill_group(5, widest) == 2 and engine.passes.prefill_group(2, widest) == 2
-    widths = []
-    forward = engine.passes.model.forward
-    monkeypatch.setattr(engine.passes.model, "forward",
-                        lambda ids, *a, **kw: widths.append(tuple(ids.shape)) or forward(ids, *a, **kw))
-    outputs = engine.generate(requests())
-    assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
-    assert [shape for shape in widths if shape[1] == w_pad] == [(2, w_pad), (2, w_pad), (1, w_pad)]

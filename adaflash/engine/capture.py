@@ -48,16 +48,12 @@ def _zeros(passes: DevicePasses, b: int, w: int | None = None) -> torch.Tensor:
 
 
 def _capture_admissions(passes: DevicePasses, rows: torch.Tensor, top: int) -> None:
-    """The prefills of each padded width (in groups where all rows are too wide for one graph,
-    `DevicePasses.prefill_group`), then the drafter's extend over the same width."""
+    """The prefills of each padded width, then the drafter's extend over the same width."""
     b, width = rows.shape[0], PREFILL_MIN_WIDTH
-    while width <= top:
-        group = passes.prefill_group(b, width)
-        if (dims := passes.prefill_dims(group, width)) is None:
-            break
+    while width <= top and (dims := passes.prefill_dims(b, width)) is not None:
         width = dims[1]
         passes.prefill(_zeros(passes, b, width), rows, _zeros(passes, b) + 1)
-        if passes.drafter is not None and group == b:  # a grouped admission extends the drafter eagerly
+        if passes.drafter is not None:
             passes.extend_drafter(rows, _zeros(passes, b), _zeros(passes, b) + 1, 0, width, lane="admit")
         width *= 2  # past max_len (the widest bucket) it is past `top` too
 

@@ -136,10 +136,6 @@ class DevicePasses:
         the graph, and a prompt's features are tens of megabytes.
         """
         b, width = ids.shape
-        group = self.prefill_group(b, width)
-        if group < b:  # too many tokens for one replayed pass, not for a few: replay them in turn
-            return torch.cat([self.prefill(ids[i:i + group], rows[i:i + group], length[i:i + group])
-                              for i in range(0, b, group)])
         dims = self.prefill_dims(b, width)
         b_pad, w_pad = dims if dims is not None else (b, width)
         if self.drafter is not None:
@@ -168,18 +164,6 @@ class DevicePasses:
             return None
         b_pad, w_pad = bucket(b, self.max_batch), bucket(width, self.max_len, floor=PREFILL_MIN_WIDTH)
         return (b_pad, w_pad) if b_pad * w_pad <= PREFILL_TOKENS else None
-
-    def prefill_group(self, b: int, width: int) -> int:
-        """Prompts one prefill pass takes: all `b`, unless they are too many tokens for one graph but
-        a power of two of them fit one (an eager pass of a small model costs many graph replays'
-        time). A row's bits do not depend on the rows prefilled beside it (batch-invariant kernels)."""
-        if not self.padded or self.prefill_dims(b, width) is not None:
-            return b
-        w_pad = bucket(width, self.max_len, floor=PREFILL_MIN_WIDTH)
-        group = 1
-        while group * 2 * w_pad <= PREFILL_TOKENS:
-            group *= 2
-        return group if group * w_pad <= PREFILL_TOKENS else b
 
     def admit(self, rows: torch.Tensor, length: torch.Tensor, first: torch.Tensor, width: int) -> None:
         """Store each prompt's first sampled token, then give the drafter the features `prefill` kept
