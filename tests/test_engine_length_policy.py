@@ -131,13 +131,13 @@ def test_a_change_of_the_better_mode_restarts_the_retries():
     assert [i for i in range(60, 120) if modes[i]] == [60, 65, 73, 89]
 
 
-@pytest.mark.parametrize("stale, recovers", [(256, True), (10**9, False)])
-def test_a_slow_stretch_on_whole_block_steps_does_not_hold_the_head_choosing(stale, recovers):
+@pytest.mark.parametrize("horizon, recovers", [(256, True), (10**9, False)])
+def test_a_slow_stretch_on_whole_block_steps_does_not_hold_the_head_choosing(horizon, recovers):
     """Whole blocks are the better mode (0.8 s a step against the head's 1.0) until a slow stretch (12 steps
     three times as long) falls on whole-block steps: the head's choice then looks better and wins.
     Once the stretch is over, whole blocks run only as the head's retries; their times from the stretch
-    stop counting after `stale` steps, and whole blocks win again. Kept for ever, they hold the head."""
-    rule = trained(CostRule(block=4, min_length=2, tries=3, refresh=64, mode_tries=4, stale=stale), 1,
+    stop counting after `horizon` steps, and whole blocks win again. Kept for ever, they hold the head."""
+    rule = trained(CostRule(block=4, min_length=2, tries=3, refresh=64, mode_tries=4, horizon=horizon), 1,
                    lambda w: 0.5 + 0.1 * w)
     modes = []
     for step in range(900):
@@ -154,7 +154,7 @@ def test_head_read_steps_from_a_faster_stretch_are_measured_again_before_they_ta
     and hold. When the machine slows to half its speed, the head's last steps, from the fast stretch,
     still promise more than the whole blocks' fresh ones: the head runs `mode_tries` steps again, which
     show it slower too, and whole blocks keep their place."""
-    rule = trained(CostRule(block=4, min_length=2, tries=3, refresh=0, mode_tries=4, stale=50), 1,
+    rule = trained(CostRule(block=4, min_length=2, tries=3, refresh=0, mode_tries=4, horizon=50), 1,
                    lambda w: 0.5 + 0.1 * w)
     modes, better = [], []
     for step in range(300):

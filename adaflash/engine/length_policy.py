@@ -58,7 +58,7 @@ class CostRule:
 
     def __init__(self, block: int, min_length: int, *, max_batch: int = 1024, tries: int = 3, window: int = 16,
                  refresh: int = 64, slack: float = 0.02, mode_tries: int = 16, mode_window: int = 64,
-                 whole_backoff: int = 8, recheck: int = 16, stale: int = 256, margin: float = 0.03) -> None:
+                 whole_backoff: int = 8, recheck: int = 16, horizon: int = 256, margin: float = 0.03) -> None:
         self.block = block
         self.max_batch = max_batch
         self.min_length = max(1, min(min_length, block))
@@ -67,7 +67,7 @@ class CostRule:
         self.refresh = refresh
         self.whole_backoff = whole_backoff
         self.recheck = recheck
-        self.stale = stale  # whole-block step times older than this many steps no longer count
+        self.horizon = horizon  # older mode steps: whole blocks' no longer count, the head's are measured again
         self.margin = margin  # how much more the head's steps must yield to take over from whole blocks
         self.slack = slack  # the whole block stays "no dearer" within this fraction (timing noise)
         self.samples: dict[tuple[int, int], deque[float]] = {}
@@ -154,8 +154,8 @@ class CostRule:
         have made of those same steps ("whole") in the median time of a recent whole-block step; None
         until each mode has had its tries.
 
-        Recent: of the last `stale` steps, but at least the latest `mode_tries` head-read steps however
-        old (`fresh`: None unless they are of the last `stale` steps); whole-block steps strictly so. Why:
+        Recent: of the last `horizon` steps, but at least the latest `mode_tries` head-read steps however
+        old (`fresh`: None unless they are of the last `horizon` steps); whole-block steps strictly so. Why:
         the mode that is not the better one runs only as its retries, so its steps grow old, and a stretch
         when the machine ran faster or slower than now then decides the comparison. Step times on a
         shared 2-core CPU moved by a third over minutes: a slow stretch that fell on whole-block steps kept
@@ -163,13 +163,13 @@ class CostRule:
         from a fast stretch took over from whole blocks that were the better mode."""
         bucket_ = self._batch(batch)
         kept = list(self.choose_steps.get(bucket_, ()))
-        recent = [step for step in kept if self.steps - step[0] <= self.stale]
+        recent = [step for step in kept if self.steps - step[0] <= self.horizon]
         if len(recent) < self.mode_tries and (fresh or len(kept) < self.mode_tries):
             return None
         steps = recent if len(recent) >= self.mode_tries else kept[-self.mode_tries:]
         if mode == "choose":
             return sum(t for _, t, _, _ in steps) / max(sum(s for _, _, s, _ in steps), 1e-12)
-        whole = [seconds for step, seconds in self.whole_seconds.get(bucket_, ()) if self.steps - step <= self.stale]
+        whole = [seconds for step, seconds in self.whole_seconds.get(bucket_, ()) if self.steps - step <= self.horizon]
         if len(whole) < self.tries:
             return None
         return sum(w for _, _, _, w in steps) / (len(steps) * max(statistics.median(whole), 1e-12))
