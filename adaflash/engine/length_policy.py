@@ -149,30 +149,38 @@ class CostRule:
         """What `whole_blocks` decided for the coming step: "probe", "whole" or "choose"."""
         return self._planned[1] if self._planned is not None else None
 
-    def mode_rate(self, batch: int, mode: str, *, fresh: bool = False) -> float | None:
+    def mode_rate(self, batch: int, mode: str) -> float | None:
         """Tokens per second of the recent head-read steps (`mode` "choose"), or what whole blocks would
         have made of those same steps ("whole") in the median time of a recent whole-block step; None
         until each mode has had its tries.
 
-        Recent: of the last `horizon` steps, but at least the latest `mode_tries` head-read steps however
-        old (`fresh`: None unless they are of the last `horizon` steps); whole-block steps strictly so. Why:
-        the mode that is not the better one runs only as its retries, so its steps grow old, and a stretch
-        when the machine ran faster or slower than now then decides the comparison. Step times on a
-        shared 2-core CPU moved by a third over minutes: a slow stretch that fell on whole-block steps kept
-        the head read on every later step of a run (each dearer than a whole block), and head-read steps
+        Recent: of the last `horizon` steps (`_head_steps`); whole-block steps strictly so. Why: the mode
+        that is not the better one runs only as its retries, so its steps grow old, and a stretch when
+        the machine ran faster or slower than now then decides the comparison. Step times on a shared
+        2-core CPU moved by a third over minutes: a slow stretch that fell on whole-block steps kept the
+        head read on every later step of a run (each dearer than a whole block), and head-read steps
         from a fast stretch took over from whole blocks that were the better mode."""
         bucket_ = self._batch(batch)
-        kept = list(self.choose_steps.get(bucket_, ()))
-        recent = [step for step in kept if self.steps - step[0] <= self.horizon]
-        if len(recent) < self.mode_tries and (fresh or len(kept) < self.mode_tries):
+        head = self._head_steps(bucket_)
+        if head is None:
             return None
-        steps = recent if len(recent) >= self.mode_tries else kept[-self.mode_tries:]
+        steps = head[0]
         if mode == "choose":
             return sum(t for _, t, _, _ in steps) / max(sum(s for _, _, s, _ in steps), 1e-12)
         whole = [seconds for step, seconds in self.whole_seconds.get(bucket_, ()) if self.steps - step <= self.horizon]
         if len(whole) < self.tries:
             return None
         return sum(w for _, _, _, w in steps) / (len(steps) * max(statistics.median(whole), 1e-12))
+
+    def _head_steps(self, bucket_: int) -> tuple[list[tuple[int, int, float, float]], bool] | None:
+        """(the head-read steps a mode is weighed on, whether they are all of the last `horizon` steps):
+        those of the last `horizon` steps, or, with fewer than `mode_tries` of them, the latest
+        `mode_tries` however old; None before the head has had its tries."""
+        kept = list(self.choose_steps.get(bucket_, ()))
+        recent = [step for step in kept if self.steps - step[0] <= self.horizon]
+        if len(recent) >= self.mode_tries:
+            return recent, True
+        return (kept[-self.mode_tries:], False) if len(kept) >= self.mode_tries else None
 
     def cost(self, batch: int) -> dict[int, float] | None:
         """Median step seconds per width at this batch size, once every width has its tries."""
@@ -281,7 +289,7 @@ class CostRule:
         # nothing beside DFlash, so a tie in noisy timings goes their way
         lead = 1 + self.margin if held is not None and held[0] == "whole" else 1.0
         best = "choose" if rates["choose"] > rates["whole"] * lead else "whole"
-        if best == "choose" and held is not None and held[0] != best and self.mode_rate(bucket_, best, fresh=True) is None:
+        if best == "choose" and held is not None and held[0] != best and not self._head_steps(bucket_)[1]:
             return held[0], best  # the head's steps are measured again before they take over from whole blocks
         if held is None or held[0] != best:
             held = self._best[bucket_] = (best, self.steps)
