@@ -250,6 +250,10 @@ for m in (1, 4, 40, 300):
     out["chosen"].append(list(tile))
     out["same_sums"].append(torch.equal(sums(x[:m], tile), sums(x[:m], base)))
     out["own_tile_same"].append(torch.equal(sums(x[:m], inv.mm_tiles(m, 1024, 1024)), sums(x[:m], base)))
+    out.setdefault("own_tile", []).append(list(inv.mm_tiles(m, 1024, 1024)))
+# a tile of the base tile's shape with other warps and stages sums as it does (the interpreter ignores both)
+inv.mm_tiles = lambda m, n, k: base[:3] + (8, 2)
+out["same_shape_tile"] = list(inv._tile_for(x[:300], w, None))
 print(json.dumps(out))
 """
 
@@ -257,12 +261,15 @@ print(json.dumps(out))
 @interpreted_loops
 def test_a_gemm_tile_chosen_by_row_count_is_used_only_where_it_sums_as_the_base_tile():
     """Under the interpreter a deeper tile (BK 256, a decode step's few rows) adds in another order than
-    the base tile and a wider one (BN 128, hundreds of rows) does not: `mm` checks a tile's float32 sums
-    against the base tile's before it uses it, so every row count keeps the base tile's bits."""
+    the base tile (whether a wider one does depends on numpy's BLAS): `mm` checks a tile's float32 sums
+    against the base tile's before it uses it, so every row count keeps the base tile's bits, and a tile
+    that sums alike is used."""
     result = run_json_script(TILES, env={"TRITON_INTERPRET": "1"})
     assert result["own_tile_same"][:2] == [False, False], result  # the deep tile really sums otherwise here
     assert all(result["same_sums"]), result
-    assert result["chosen"][0] == result["base"] and result["chosen"][3] != result["base"], result
+    for chosen, own, same in zip(result["chosen"], result["own_tile"], result["own_tile_same"]):
+        assert chosen == (own if same else result["base"]), result
+    assert result["same_shape_tile"] == result["base"][:3] + [8, 2], result
 
 
 @pytest.mark.parametrize("keys", [1, 16, 17, 303])
