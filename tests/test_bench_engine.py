@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -541,5 +542,9 @@ def test_scripted_acceptance_sets_tau_and_keeps_vanillas_tokens(workspace, tiny_
         assert cells["vanilla"]["acceptance_script"] is None
         if shares == "1,1,0":
             assert dflash["accept_by_position"][:3] == [1.0, 1.0, 0.0]
+        # AdaFlash's cost rule shows the step times it chose from, one per verify width (min-length 2 to 4)
+        costs = re.search(r"adaflash@b2: ms a step by verify width at batch 2 \(cost rule\): (.*)", result.output)
+        assert costs is not None, result.output
+        assert [int(part.split(":")[0]) for part in costs.group(1).split(", ")] == [2, 3, 4]
     result = _invoke(*base, "--acceptance", "1,1")
     assert result.exit_code == 2 and "give one per drafted position" in result.output

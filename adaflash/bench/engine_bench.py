@@ -284,6 +284,7 @@ class EngineBench:
                 else:
                     engine = self._ready_engine(method, batch)
                     outputs, duration, gaps, passes = self._timed(engine, list(range(len(self.prompts))))
+                    self._say_costs(engine, method, batch)
                     self._profile(engine, method, batch)
                     del engine
                     _free(self.target.device)
@@ -330,6 +331,7 @@ class EngineBench:
                 self.log.log_metrics(self.run_id, {"prompts_done": answered}, step=answered)
         passes = {method: _passes(engine, before[method]) for method, engine in engines.items()}
         for method, engine in engines.items():
+            self._say_costs(engine, method, batch)
             self._profile(engine, method, batch)
         del engines
         _free(self.target.device)
@@ -351,6 +353,18 @@ class EngineBench:
                 break
         _sync(self.target.device)
         clock.stop()
+
+    def _say_costs(self, engine: Any, method: str, batch: int) -> None:
+        """AdaFlash's cost rule: the median step time it measured for each verify width, by batch bucket,
+        the table its choices came from (warm-up steps included)."""
+        rule = getattr(engine, "cost_rule", None)
+        if rule is None:
+            return
+        for bucket in sorted({key[0] for key in rule.samples}, reverse=True):
+            table = rule.cost(bucket)
+            if table:
+                widths = ", ".join(f"{width}: {seconds * 1e3:.2f}" for width, seconds in table.items())
+                self.say(f"{method}@b{batch}: ms a step by verify width at batch {bucket} (cost rule): {widths}")
 
     def _profile(self, engine: Any, method: str, batch: int) -> None:
         """With `--profile DIR`: the engine's steps, kernel by kernel, after its measured run (off the clock)."""
