@@ -427,7 +427,8 @@ def test_profile_writes_each_cells_kernels_after_its_measured_run(workspace, tin
                                                                   monkeypatch):
     """--profile DIR: every (method, batch) cell's engine, after its measured run, records --profile-steps steps
     with torch.profiler: a table of its ops by their own time and a Chrome trace, named by run, method and
-    batch; the measured rows are the same as without it. Too few tokens left to profile is a named error."""
+    batch, and the same for its first step, the prefill; the measured rows are the same as without it. Too
+    few tokens left to profile is a named error."""
     import time
 
     from adaflash.bench import profiling
@@ -455,6 +456,11 @@ def test_profile_writes_each_cells_kernels_after_its_measured_run(workspace, tin
         trace = json.loads((out / f"{run_id}-{method}-b2.trace.json").read_text())
         assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
         assert f"{method} @ batch 2: profiled 3 steps -> {out / f'{run_id}-{method}-b2.top.txt'}" in result.stderr
+        # the first step, the admission of both prompts, on its own: a prefill's ops
+        prefill = (out / f"{run_id}-{method}-b2-prefill.top.txt").read_text()
+        assert prefill.startswith(f"{run_id}-{method}-b2: the first engine step, the prefill of 2 prompts")
+        assert "aten::" in prefill
+        assert f"the prefill of 2 prompts -> {out / f'{run_id}-{method}-b2-prefill.top.txt'}" in result.stderr
     assert clocks == [True, True]
     short = _invoke(*args, "--max-new-tokens", "2", "--profile", str(out), "--profile-steps", "4")
     assert short.exit_code == 2 and f"--profile {out}: " in short.output and "nothing left to profile" in short.output

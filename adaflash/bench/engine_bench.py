@@ -380,7 +380,8 @@ class EngineBench:
                                   on_cuda=str(self.target.device).startswith("cuda"))
         except (OSError, ValueError) as err:
             raise EngineBenchError(f"--profile {self.spec.profile}: {err}") from None
-        self.say(f"{method} @ batch {batch}: profiled {done.steps} steps -> {done.table} (trace {done.trace.name})")
+        self.say(f"{method} @ batch {batch}: profiled {done.steps} steps -> {done.table} (trace {done.trace.name}); "
+                 f"the prefill of {done.admitted} prompts -> {done.prefill_table}")
 
     def _record(self, method: str, batch: int, metrics: dict[str, Any], outputs: list[list[int]],
                 reference: list[list[int]] | None, reference_name: str | None, backend: str) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 Why: the bench's pass timings say how long a step takes; a speculative step's extra time over
 Vanilla's is tens of small kernels, and only a profile names them. It runs after the measured run,
 on the same warmed engine (its CUDA graphs captured), so nothing measured changes: the prompts are
-queued again, the batch fills for `warm_steps`, then `steps` engine steps are recorded with
-torch.profiler, and the rest is aborted.
+queued again, the first step (the admission: the prefill of as many prompts as the batch takes) is
+recorded on its own, the batch fills for `warm_steps`, then `steps` engine steps are recorded with
+torch.profiler, and the rest is aborted. The prefill gets its own table because at large batches it
+takes a third or more of the wall time, in kernels of other shapes than a decode step's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class Profiled:
     trace: Path  # Chrome trace: chrome://tracing or https://ui.perfetto.dev
     table: Path  # the top kernels (ops) by self time, as torch.profiler tabulates them
     steps: int
+    prefill_table: Path  # the same for the first step, the admission's prefill
+    admitted: int  # prompts that step prefilled
 
 
 def new_profiler(on_cuda: bool) -> Any:
@@ -51,7 +55,15 @@ def profile_engine(engine: Any, requests: list[Any], out: Path, name: str, *, st
 
     for request in requests:
         engine.add(request)
-    for _ in range(warm_steps):
+    waiting = len(engine.waiting)
+    with new_profiler(on_cuda) as prof:
+        engine.step()
+        if on_cuda:
+            torch.cuda.synchronize()
+    admitted = waiting - len(engine.waiting)
+    _, prefill_table = write_profile(prof, out, f"{name}-prefill", f"{name}: the first engine step, the prefill of "
+                                     f"{admitted} prompts", on_cuda=on_cuda)
+    for _ in range(warm_steps - 1):
         if not engine.has_work():
             break
         engine.step()
@@ -69,4 +81,4 @@ def profile_engine(engine: Any, requests: list[Any], out: Path, name: str, *, st
                          "give more prompts or --max-new-tokens")
     trace, table = write_profile(prof, out, name, f"{name}: {recorded} engine steps after {warm_steps} warm-up "
                                  f"steps; totals are over all {recorded}", on_cuda=on_cuda)
-    return Profiled(trace, table, recorded)
+    return Profiled(trace, table, recorded, prefill_table, admitted)

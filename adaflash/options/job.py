@@ -51,7 +51,8 @@ class ProfileConfig(Settings):
     profile: str | None = setting(None, Rule(str, optional=True, flag="--profile", metavar="DIR",
                                              help="Record steps with torch.profiler (off the clock) into this folder: "
                                                   "*.top.txt (the kernels, or on a CPU the ops, by their own time) "
-                                                  "and a Chrome trace."))
+                                                  "and a Chrome trace; bench engine also its first step, the prefill "
+                                                  "(*-prefill.top.txt)."))
     profile_steps: int = setting(8, Rule(int, low=1, flag="--profile-steps", per_command=(("bench engine", 32),),
                                          help="Steps each profile records (bench engine: after as many that fill "
                                               "the batch)."))
