@@ -77,8 +77,8 @@ def mm_tiles(m: int, n: int, k: int) -> MmConfig:
     over k runs in the tensor cores' order, 16 at a time from 0 up, whatever the tile), which `mm`
     checks once per shape.
 
-    Qwen3-8B's projections at one row: 139 µs a layer with 5 stages against 152 with 3; at 32 rows
-    154 against 173 with the 64-row tile. SmolLM2's at 4,096-65,536 rows (a prefill, a verify of 8
+    Qwen3-8B's projections at one row: 138 µs a layer with 5 stages against 152 with 3; at 32 rows
+    154 against 174 with the 64-row tile. SmolLM2's at 4,096-65,536 rows (a prefill, a verify of 8
     at batch 512): 1.3-1.8x faster with 128 x 128 tiles; below that the base tile is as fast."""
     if k < 1024 or n < 1024:  # narrow models (SmolLM2): launch-bound at a decode step's rows
         return (128, 128, 64, 8, 3) if m >= 4096 else base_tiles(n, k)
