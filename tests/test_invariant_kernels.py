@@ -193,13 +193,27 @@ from adaflash.models import invariant
 from adaflash.models.loading import load_target
 from tests.test_engine_lossless import make_requests, oracle_engine, vanilla
 
+from adaflash.engine.passes import DevicePasses
+
 on = [False]
 invariant.fusable = lambda t: on[0] and not (torch.is_grad_enabled() and t.requires_grad)  # a CPU, interpreted
 calls = {}
 eager_head = []  # the output layer's rows once decoding starts: interpreted, each call of it takes 3 s
+in_prefill = [False]
+tiles = set()  # (inside the engine's prefill, attention tile rows) of the engine's attention calls
+real_prefill = DevicePasses.prefill
+def prefill(self, *args):
+    in_prefill[0] = True
+    try:
+        return real_prefill(self, *args)
+    finally:
+        in_prefill[0] = False
+DevicePasses.prefill = prefill
 for name in ("mm", "rms_norm", "attention"):
     def counted(*args, _f=getattr(invariant, name), _n=name):
         calls[_n] = calls.get(_n, 0) + 1
+        if _n == "attention" and eager_head:
+            tiles.add((in_prefill[0], invariant._TILE_ROWS.get()))
         if _n == "mm" and args[1].shape[0] in eager_head:
             calls["eager_head"] = calls.get("eager_head", 0) + 1
             return torch.nn.functional.linear(*args)
@@ -217,7 +231,8 @@ reference = vanilla(target, make_requests(target, n=2, max_new_tokens=6, ignore_
 engine = oracle_engine(target, make_requests(target, n=2), reference, "dflash")
 outputs = engine.generate(make_requests(target, n=2, max_new_tokens=6, ignore_eos=True))
 print(json.dumps({"same": [o.output_ids for o in outputs] == [o.output_ids for o in reference], "error": error,
-                  "tau": [o.meta_info["spec_accept_length"] for o in outputs], "calls": calls}))
+                  "tau": [o.meta_info["spec_accept_length"] for o in outputs], "calls": calls,
+                  "tiles": sorted(tiles)}))
 """
 
 
@@ -226,7 +241,7 @@ def test_the_engine_runs_on_the_invariant_kernels_under_the_interpreter(tiny_lla
     """The wiring a CPU cannot see otherwise: an fp16 target whose every GEMM, norm and attention goes
     through the kernels (the interpreter standing in for the GPU) gives torch's logits to fp16 rounding,
     and decodes Vanilla's tokens with drafts accepted, cache views, GQA and masks as the engine hands
-    them over. While decoding, the 49,152-wide output layer runs torch's GEMM: the logits check above
+    them over, its prefills on wider attention tiles than its decode and verify passes. While decoding, the 49,152-wide output layer runs torch's GEMM: the logits check above
     took it through the kernel, and interpreted it costs 3 s a call, two thirds of the test."""
     result = run_json_script(ENGINE_CHECK, str(tiny_llama), env={"TRITON_INTERPRET": "1"})
     assert result["same"] and result["error"] < 0.01, result
@@ -234,6 +249,9 @@ def test_the_engine_runs_on_the_invariant_kernels_under_the_interpreter(tiny_lla
     layers = 4  # the tiny target's: every layer's projections, norms and attention, each pass
     assert result["calls"]["attention"] >= 2 * layers and result["calls"]["rms_norm"] >= 4 * layers, result
     assert result["calls"]["mm"] >= 4 * layers and result["calls"]["eager_head"] >= 2, result
+    # prompts prefill with wide attention tiles, decode and verify passes (and the drafter) with narrow ones
+    from adaflash.models.invariant import ATTN_ROWS, PREFILL_ROWS
+    assert result["tiles"] == [[False, ATTN_ROWS], [True, PREFILL_ROWS]], result
 
 
 TILES = r"""

@@ -25,6 +25,7 @@ from adaflash.engine.sampling import accept
 from adaflash.engine.scripted import ScriptedAcceptance
 from adaflash.models.cache import KVCache
 from adaflash.models.drafters import DFlashDrafter, Drafter
+from adaflash.models.invariant import prefill_tiles
 from adaflash.models.kernels import accept_commit, fused_accept_available
 from adaflash.models.layers import greedy_ids
 from adaflash.models.target import TargetModel
@@ -143,8 +144,9 @@ class DevicePasses:
 
         def run(ids_p: torch.Tensor, rows_p: torch.Tensor, length_p: torch.Tensor) -> torch.Tensor:
             positions = torch.arange(w_pad, device=ids_p.device).expand(b_pad, w_pad)
-            logits, feats = self.model(ids_p, positions, self.cache, rows_p, capture=self.capture,
-                                       logits_index=length_p - 1, kv_len=w_pad)
+            with prefill_tiles():
+                logits, feats = self.model(ids_p, positions, self.cache, rows_p, capture=self.capture,
+                                           logits_index=length_p - 1, kv_len=w_pad)
             self.cache.lens[rows_p] = length_p
             self.tokens[rows_p, :w_pad] = ids_p
             if feats:

@@ -35,6 +35,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
@@ -47,6 +50,27 @@ ATTN_ROWS = 16  # attention tile rows (query × head-of-group pairs)
 ATTN_KEYS = 64  # keys per step of attention's online softmax: fixed, so each query's sums run in one order
 ATTN_CHUNK = 64  # keys per chunk: a query's keys are reduced chunk by chunk, the chunks merged from the first
 SPLIT_BELOW = 2048  # a decode pass of fewer (row, kv head) programs gives each chunk of keys its own
+PREFILL_ROWS = 64  # attention tile rows in a prompt's prefill (`prefill_tiles`)
+_TILE_ROWS: ContextVar[int] = ContextVar("attention_tile_rows", default=ATTN_ROWS)
+
+
+@contextmanager
+def prefill_tiles() -> Iterator[None]:
+    """Within it, attention gives each program `PREFILL_ROWS` (query, head) pairs: the target's prefill
+    passes, and nothing else, run inside it.
+
+    Why: a program reads its row's keys and values again for every tile of queries, and a prefill has
+    hundreds of queries a row (an H200 spent 27% of a 65,536-token prefill in attention with 16-pair
+    tiles). Why only there: a tile's size may change how a query's sums are laid out, so a decode step
+    and a verify pass, whose queries must match bit for bit, keep `ATTN_ROWS`; a prompt's positions are
+    only ever computed by a prefill, and every prefill (any padding, any companions, replayed or eager)
+    takes the same tile, so a prompt's keys and first token keep their bits whatever is admitted with it."""
+    token = _TILE_ROWS.set(PREFILL_ROWS)
+    try:
+        yield
+    finally:
+        _TILE_ROWS.reset(token)
+
 
 
 def _half(*tensors: torch.Tensor | None) -> bool:
@@ -218,14 +242,15 @@ def split_keys(programs: int, chunks: int, queries: int = 1) -> bool:
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-              limit: torch.Tensor | None = None, *, tile_rows: int = ATTN_ROWS,
+              limit: torch.Tensor | None = None, *, tile_rows: int | None = None,
               tile_major: bool = False) -> torch.Tensor:
     """softmax(q·kᵀ/√d + mask)·v for q [b, n, heads, d], k and v [b, s, kv, d] (heads a multiple of kv),
     mask [b, n, s]: bool (True = may attend) or additive. Returns [b, n, heads, d]; a query that may
     attend to nothing gets zeros. `limit` [b] (int32, optional): no query of row i sees a key at or
-    past limit[i], so those are never read (a causal pass's last position + 1). `tile_rows`, `tile_major`:
-    (query, head) pairs a program takes, and whether a row's tiles run next to each other (for speed
-    measurements). Check `attention_available` first."""
+    past limit[i], so those are never read (a causal pass's last position + 1). `tile_rows`: (query, head)
+    pairs a program takes [default: `ATTN_ROWS`, `PREFILL_ROWS` inside `prefill_tiles`]; `tile_major`:
+    a row's tiles run next to each other (for speed measurements). Check `attention_available` first."""
+    tile_rows = tile_rows or _TILE_ROWS.get()
     b, n, heads, d = q.shape
     s, kv = k.shape[1], k.shape[2]
     groups = heads // kv
