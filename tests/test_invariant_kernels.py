@@ -303,3 +303,40 @@ def test_attention_masks_reach_the_kernel_with_rows_at_multiples_of_16(keys):
     assert aligned.stride(0) % 16 == 0 and aligned.stride(1) % 16 == 0 and aligned.stride(2) == 1
     assert torch.equal(aligned, mask)
     assert aligned_mask(aligned).data_ptr() == aligned.data_ptr()  # already aligned: no copy
+
+
+TILES_OF_ATTENTION = r"""
+import json, torch
+from adaflash.models import invariant as inv
+from adaflash.models.layers import additive_mask
+from adaflash.models.target import causal_mask
+torch.manual_seed(0)
+b, n, heads, kv, d = 2, 40, 6, 2, 16
+q, k, v = (torch.randn(b, n, h, d).half() for h in (heads, kv, kv))
+positions = torch.arange(n).expand(b, n)
+mask = additive_mask(causal_mask(positions, n), torch.float16)
+limit = positions.amax(1).add(1).to(torch.int32)
+exact = torch.softmax((q.float().transpose(1, 2) @ k.float().repeat_interleave(3, 2).permute(0, 2, 3, 1)) / d ** 0.5
+                      + mask.float()[:, None], -1) @ v.float().repeat_interleave(3, 2).transpose(1, 2)
+exact = exact.transpose(1, 2)
+out = {}
+for rows in (16, 64):
+    for major in (False, True):
+        got = inv.attention(q, k, v, mask, limit, tile_rows=rows, tile_major=major)
+        out[f"{rows}{'T' if major else ''}"] = float((got.float() - exact).abs().max())
+with inv.prefill_tiles():
+    inside = inv._TILE_ROWS.get()
+out["inside"], out["outside"] = inside, inv._TILE_ROWS.get()
+print(json.dumps(out))
+"""
+
+
+@interpreted_loops
+def test_attention_takes_any_tile_of_query_pairs_and_either_grid_order():
+    """A prefill's wider tiles and a tile-major grid (a row's tiles launched side by side) compute the
+    same attention as the decode tile, within fp16 rounding of float32 math; `prefill_tiles` sets the
+    wider tile only inside it."""
+    result = run_json_script(TILES_OF_ATTENTION, env={"TRITON_INTERPRET": "1"})
+    assert all(result[key] < 2e-3 for key in ("16", "16T", "64", "64T")), result
+    from adaflash.models.invariant import ATTN_ROWS, PREFILL_ROWS
+    assert (result["inside"], result["outside"]) == (PREFILL_ROWS, ATTN_ROWS) and PREFILL_ROWS > ATTN_ROWS, result
