@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Wheels the GPU image lacks (it has torch, transformers, safetensors, psutil, nvidia-ml-py, rich, click) and
+# prompt files from the GSM8K test split, into git-ignored folders that a device call carries.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+           --platform manylinux1_x86_64 --platform any)
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
+  -d .whl gguf "sqlite-utils>=4,<5" sqlite-fts4 click-default-group tabulate python-dateutil pluggy tomli-w \
+  aiohttp multidict yarl frozenlist aiosignal aiohappyeyeballs propcache attrs prometheus-client six click accelerate
+mkdir -p .dev/prompts
+GSM8K="${ADAFLASH_GSM8K_DIR:-../shared/data/gsm8k}/test.jsonl" python3 - <<'PY'
+import json, os
+rows = [json.loads(line) for line in open(os.environ["GSM8K"])]
+for name, part in (("gsm1024", rows[:1024]), ("gsm256", rows[1024:1280])):
+    with open(f".dev/prompts/{name}.jsonl", "w") as out:
+        out.writelines(json.dumps({"prompt": row["question"]}) + "\n" for row in part)
+PY
+du -sh .whl .dev/prompts
