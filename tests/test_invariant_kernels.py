@@ -21,6 +21,7 @@ CHECKS = r"""
 import json, os, sys, torch
 import torch.nn.functional as F
 from adaflash.models import invariant as inv
+from adaflash.models import invariant_attention as att
 
 device, dtype = sys.argv[1], getattr(torch, sys.argv[2])
 interpreted = os.environ.get("TRITON_INTERPRET") == "1"
@@ -52,41 +53,41 @@ for queries, length in ((4, 200), (16, 70), (2, 130)):
     pos = torch.randint(0, length - queries, (b, 1), device=device) + torch.arange(queries, device=device)
     allowed = torch.arange(s, device=device)[None, None, :] <= pos[:, :, None]
     additive = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill_(~allowed, float("-inf"))
-    out = inv.attention(q, k, v, additive)
+    out = att.attention(q, k, v, additive)
     ref = F.scaled_dot_product_attention(q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
                                          attn_mask=allowed.unsqueeze(1), enable_gqa=True).transpose(1, 2)
     result["attn_err"].append(float((out.float() - ref).abs().max()))
-    result["bool_err"].append(float((inv.attention(q, k, v, allowed).float() - out.float()).abs().max()))
+    result["bool_err"].append(float((att.attention(q, k, v, allowed).float() - out.float()).abs().max()))
     # chunks of keys in programs of their own or one after another, with each row's limit or without: one result
     limit = (pos.amax(1) + 1).to(torch.int32)
     for split in ("0", "1"):
         os.environ["ADAFLASH_ATTN_SPLIT"] = split
-        result.setdefault("split_same", []).append(torch.equal(inv.attention(q, k, v, additive), out)
-                                                   and torch.equal(inv.attention(q, k, v, additive, limit), out))
+        result.setdefault("split_same", []).append(torch.equal(att.attention(q, k, v, additive), out)
+                                                   and torch.equal(att.attention(q, k, v, additive, limit), out))
     del os.environ["ADAFLASH_ATTN_SPLIT"]
     same = True
     for row in range(b):  # each query alone, over only the keys it may see: the same bits
         if interpreted:  # numpy's matmul rounds a row by its place in the tile: keep the tiles, cut keys and rows
             see = int(pos[row].max()) + 1
-            alone = inv.attention(q[row:row + 1], k[row:row + 1, :see], v[row:row + 1, :see],
+            alone = att.attention(q[row:row + 1], k[row:row + 1, :see], v[row:row + 1, :see],
                                   additive[row:row + 1, :, :see])
             same = same and torch.equal(alone, out[row:row + 1])
             continue
         for i in range(queries):
             see = int(pos[row, i]) + 1
-            alone = inv.attention(q[row:row + 1, i:i + 1], k[row:row + 1, :see], v[row:row + 1, :see],
+            alone = att.attention(q[row:row + 1, i:i + 1], k[row:row + 1, :see], v[row:row + 1, :see],
                                   additive[row:row + 1, i:i + 1, :see])
             same = same and torch.equal(alone, out[row:row + 1, i:i + 1])
     result["attn_rows"].append(same)
     # key steps no query of a row may see are never read: NaN there changes nothing (0 x NaN would)
     unseen_k, unseen_v = k.clone(), v.clone()
     for row in range(b):
-        first_unseen = -(-(int(pos[row].max()) + 1) // inv.ATTN_KEYS) * inv.ATTN_KEYS
+        first_unseen = -(-(int(pos[row].max()) + 1) // att.ATTN_KEYS) * att.ATTN_KEYS
         unseen_k[row, first_unseen:] = float("nan")
         unseen_v[row, first_unseen:] = float("nan")
-    result.setdefault("unseen_skipped", []).append(torch.equal(inv.attention(q, unseen_k, unseen_v, additive), out)
-                                                   and torch.equal(inv.attention(q, unseen_k, unseen_v, allowed),
-                                                                   inv.attention(q, k, v, allowed)))
+    result.setdefault("unseen_skipped", []).append(torch.equal(att.attention(q, unseen_k, unseen_v, additive), out)
+                                                   and torch.equal(att.attention(q, unseen_k, unseen_v, allowed),
+                                                                   att.attention(q, k, v, allowed)))
 print(json.dumps(result))
 """
 
@@ -113,7 +114,7 @@ def test_invariant_kernels_under_the_interpreter():
 
 
 def test_a_forced_split_of_attention_keys_is_read_from_the_environment(monkeypatch):
-    from adaflash.models import invariant
+    from adaflash.models import invariant_attention as invariant
     monkeypatch.setenv("ADAFLASH_ATTN_SPLIT", "1")
     assert invariant.split_keys(10**6, 2) and not invariant.split_keys(1, 1)  # one chunk has nothing to split
     monkeypatch.setenv("ADAFLASH_ATTN_SPLIT", "0")
@@ -129,14 +130,14 @@ def test_a_forced_split_of_attention_keys_is_read_from_the_environment(monkeypat
 def test_weights_that_need_gradients_never_take_the_kernels(monkeypatch):
     """The kernels have no backward: a drafter in training (weights requiring grad, inputs not) must
     run torch's ops. Checked with the device test lifted, so a CPU sees the gate's logic."""
-    from adaflash.models import invariant, kernels
+    from adaflash.models import invariant, invariant_attention, kernels
     monkeypatch.setattr(invariant, "fusable", lambda t: not (torch.is_grad_enabled() and t.requires_grad))
     x = torch.randn(2, 64, dtype=torch.bfloat16)
     weight = torch.nn.Parameter(torch.randn(8, 64, dtype=torch.bfloat16))
     assert not invariant.mm_available(x, weight) and not invariant.rms_norm_available(x, weight[0])
     with torch.no_grad():
         assert invariant.mm_available(x, weight) and invariant.rms_norm_available(x, weight[0])
-        assert invariant.attention_available(64, x) and not invariant.attention_available(48, x)
+        assert invariant_attention.attention_available(64, x) and not invariant_attention.attention_available(48, x)
         assert not invariant.mm_available(x.float(), weight) and not invariant.mm_available(x.half(), weight)
     assert kernels.fusable(x) is False  # the real gate: a CPU tensor
 
@@ -189,7 +190,7 @@ def test_bf16_speculative_decoding_gives_vanilla_tokens_on_smollm2(smollm2_folde
 
 ENGINE_CHECK = r"""
 import json, sys, torch
-from adaflash.models import invariant
+from adaflash.models import invariant, invariant_attention
 from adaflash.models.loading import load_target
 from tests.test_engine_lossless import make_requests, oracle_engine, vanilla
 
@@ -209,16 +210,16 @@ def prefill(self, *args):
     finally:
         in_prefill[0] = False
 DevicePasses.prefill = prefill
-for name in ("mm", "rms_norm", "attention"):
-    def counted(*args, _f=getattr(invariant, name), _n=name):
+for module, name in ((invariant, "mm"), (invariant, "rms_norm"), (invariant_attention, "attention")):
+    def counted(*args, _f=getattr(module, name), _n=name):
         calls[_n] = calls.get(_n, 0) + 1
         if _n == "attention" and eager_head:
-            tiles.add((in_prefill[0], invariant._TILE_ROWS.get()))
+            tiles.add((in_prefill[0], invariant_attention._TILE_ROWS.get()))
         if _n == "mm" and args[1].shape[0] in eager_head:
             calls["eager_head"] = calls.get("eager_head", 0) + 1
             return torch.nn.functional.linear(*args)
         return _f(*args)
-    setattr(invariant, name, counted)
+    setattr(module, name, counted)
 target = load_target(sys.argv[1], device="cpu", dtype="float16")
 ids = torch.tensor([target.encode("Natalia sold clips to 48 of her friends in April.")])
 def logits():
@@ -250,7 +251,7 @@ def test_the_engine_runs_on_the_invariant_kernels_under_the_interpreter(tiny_lla
     assert result["calls"]["attention"] >= 2 * layers and result["calls"]["rms_norm"] >= 4 * layers, result
     assert result["calls"]["mm"] >= 4 * layers and result["calls"]["eager_head"] >= 2, result
     # prompts prefill with wide attention tiles, decode and verify passes (and the drafter) with narrow ones
-    from adaflash.models.invariant import ATTN_ROWS, PREFILL_ROWS
+    from adaflash.models.invariant_attention import ATTN_ROWS, PREFILL_ROWS
     assert result["tiles"] == [[False, ATTN_ROWS], [True, PREFILL_ROWS]], result
 
 
@@ -296,7 +297,7 @@ def test_attention_masks_reach_the_kernel_with_rows_at_multiples_of_16(keys):
     in other orders: a mask whose row stride is the key count gave a query other bits at 303 keys (a
     DFlash verify) than at 288 (Vanilla's step) on an H100. `aligned_mask` keeps the strides at
     multiples of 16 and the values as they were."""
-    from adaflash.models.invariant import aligned_mask
+    from adaflash.models.invariant_attention import aligned_mask
 
     mask = torch.randn(2, 3, keys).to(torch.bfloat16)
     aligned = aligned_mask(mask)
@@ -307,7 +308,7 @@ def test_attention_masks_reach_the_kernel_with_rows_at_multiples_of_16(keys):
 
 TILES_OF_ATTENTION = r"""
 import json, torch
-from adaflash.models import invariant as inv
+from adaflash.models import invariant_attention as inv
 from adaflash.models.layers import additive_mask
 from adaflash.models.target import causal_mask
 torch.manual_seed(0)
@@ -338,5 +339,5 @@ def test_attention_takes_any_tile_of_query_pairs_and_either_grid_order():
     wider tile only inside it."""
     result = run_json_script(TILES_OF_ATTENTION, env={"TRITON_INTERPRET": "1"})
     assert all(result[key] < 2e-3 for key in ("16", "16T", "64", "64T")), result
-    from adaflash.models.invariant import ATTN_ROWS, PREFILL_ROWS
+    from adaflash.models.invariant_attention import ATTN_ROWS, PREFILL_ROWS
     assert (result["inside"], result["outside"]) == (PREFILL_ROWS, ATTN_ROWS) and PREFILL_ROWS > ATTN_ROWS, result

@@ -25,7 +25,7 @@ from adaflash.engine.sampling import accept
 from adaflash.engine.scripted import ScriptedAcceptance
 from adaflash.models.cache import KVCache
 from adaflash.models.drafters import DFlashDrafter, Drafter
-from adaflash.models.invariant import prefill_tiles
+from adaflash.models.invariant_attention import prefill_tiles
 from adaflash.models.kernels import accept_commit, fused_accept_available
 from adaflash.models.layers import greedy_ids
 from adaflash.models.target import TargetModel

@@ -6,7 +6,7 @@ Each runs only on a CUDA tensor outside autograd, with Triton importable and not
 separate kernels by a couple of units in bf16's last place. Vanilla and the speculative methods
 run the same kernels, so their comparison is unchanged; float32 runs eager and stays exact.
 `accept_commit` is integer bookkeeping, exact by construction, in every dtype. The batch-invariant
-GEMM, RMSNorm and attention are in `invariant.py`.
+GEMM and RMSNorm are in `invariant.py`, attention in `invariant_attention.py`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adaflash.models import invariant
+from adaflash.models import invariant, invariant_attention
 from adaflash.models.cache import KVCache
 from adaflash.models.cpu_attention import cpu_row_invariant_attention
 from adaflash.models.cpu_flags import bf16_row_chunk, cpu_flags
@@ -315,9 +315,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool mask (True = may attend) as the 0 / -inf bias attention adds. On a GPU its rows start at
-    multiples of 16 elements, as the batch-invariant attention takes it (`invariant.aligned_mask`)."""
+    multiples of 16 elements, as the batch-invariant attention takes it (`invariant_attention.aligned_mask`)."""
     keys = mask.shape[-1]
-    width = invariant.aligned_width(keys) if mask.is_cuda else keys
+    width = invariant_attention.aligned_width(keys) if mask.is_cuda else keys
     bias = torch.zeros(*mask.shape[:-1], width, dtype=dtype, device=mask.device)[..., :keys]
     return bias.masked_fill_(~mask, float("-inf"))
 
@@ -458,8 +458,8 @@ class Attention(nn.Module):
         (`additive_mask`, made once per forward rather than converted by every layer). `limit` [b]:
         where each row's visible keys end, if known (the GPU kernel then reads no key past it)."""
         b, nq = q.shape[:2]
-        if invariant.attention_available(self.head_dim, q, k, v):  # bf16/fp16 on a GPU: a query's bits whatever the batch
-            out = invariant.attention(q, k, v, mask, limit)
+        if invariant_attention.attention_available(self.head_dim, q, k, v):  # bf16/fp16 on a GPU: a query's bits whatever the batch
+            out = invariant_attention.attention(q, k, v, mask, limit)
             return self.o_proj(out.reshape(b, nq, self.num_heads * self.head_dim))
         if mask.shape[1] != nq:
             return self._attend_grouped(q, k, v, mask)

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from adaflash.models import invariant
+from adaflash.models import invariant_attention
 from adaflash.models.cache import KVCache
 from adaflash.models.cpu_attention import DECODE_QUERIES
 from adaflash.models.layers import (
@@ -131,7 +131,7 @@ class TargetModel(nn.Module):
         mask = additive_mask(causal_mask(positions, kv_len), h.dtype)
         groups = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
         limit = None
-        if invariant.attention_available(self.cfg.head_dim, h):  # causal: a row sees no key past its last position
+        if invariant_attention.attention_available(self.cfg.head_dim, h):  # causal: a row sees no key past its last position
             limit = positions.amax(1).add(1).to(torch.int32)
         elif grouped_queries(h.device, *input_ids.shape, groups):
             mask = fold_mask(mask, groups)

@@ -6,7 +6,7 @@ from functools import partial
 import torch
 import triton
 
-from adaflash.models import invariant
+from adaflash.models import invariant_attention as invariant
 from adaflash.models.layers import additive_mask
 from adaflash.models.target import causal_mask
 
