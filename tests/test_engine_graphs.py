@@ -389,3 +389,42 @@ def test_fused_accept_commit_matches_accept_and_commit():
         expected[rows[:, None], lens[:, None] + torch.arange(1, w + 1)] = emitted
         assert torch.equal(tokens.cpu(), expected)
         assert torch.equal(lengths.cpu()[rows], lens + accepted + 1) and torch.equal(draft_lengths, lengths)
+
+
+def test_prefill_groups_cut_an_admission_by_length_where_padding_costs_more_than_a_pass():
+    """Long prompts no longer make every short one in their admission pay their width: the prompts go
+    into passes by length, cut where a width bucket changes, when the padding saved outweighs a pass."""
+    from adaflash.engine.admission import PASS_POSITIONS, prefill_groups
+
+    exact = lambda rows, longest: rows * longest  # noqa: E731  (eager passes run at the longest prompt's width)
+    lengths = [90] * 200 + [170] * 20 + [40] * 10
+    groups = prefill_groups(lengths, exact)
+    assert [sorted(lengths[i] for i in g) for g in groups] == [[40] * 10 + [90] * 200, [170] * 20]
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    # splitting saves more padded positions than a pass costs, and the cut is the cheapest
+    assert exact(230, 170) - (exact(210, 90) + exact(20, 170)) > PASS_POSITIONS
+    assert prefill_groups([20] * 10 + [200] * 2, exact) == [list(range(12))]  # a small admission stays whole
+    assert prefill_groups([7], exact) == [[0]]
+
+
+@pytest.mark.parametrize("method", ["vanilla", "dflash"])
+def test_an_admission_prefilled_in_passes_by_length_stays_lossless(tiny_target, method, monkeypatch):
+    """Prompts of far apart lengths admitted together, each pass padded to its own longest and replayed as
+    graphs would be: every answer is the one it gets alone, and the first tokens reach their own rows."""
+    from adaflash.engine import admission
+
+    monkeypatch.setattr(admission, "PASS_POSITIONS", 0)  # split wherever a width bucket changes
+    base = make_requests(tiny_target)
+    prompts = [base[0].prompt_ids[:5], base[1].prompt_ids * 3, base[2].prompt_ids, base[3].prompt_ids[:9]]
+    requests = lambda: [Request(ids, SamplingParams(max_new_tokens=12, ignore_eos=True), rid=f"q{i}")  # noqa: E731
+                        for i, ids in enumerate(prompts)]
+    reference = [vanilla(tiny_target, [r])[0].output_ids for r in requests()]
+    drafter = None if method == "vanilla" else drafter_for(method, tiny_target)
+    engine = Engine(tiny_target, method, drafter, config=EngineConfig(max_batch=4, max_len=512, pad_shapes=True))
+    engine.graphs = _ReplayingRunner()
+    widths = []
+    prefill = engine.passes.prefill
+    engine.passes.prefill = lambda ids, rows, length: widths.append(ids.shape) or prefill(ids, rows, length)
+    outputs = engine.generate(requests())
+    assert [o.output_ids for o in outputs] == reference
+    assert len(widths) >= 2 and len({shape[1] for shape in widths}) >= 2, widths  # passes of their own widths

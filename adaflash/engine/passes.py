@@ -167,6 +167,11 @@ class DevicePasses:
         b_pad, w_pad = bucket(b, self.max_batch), bucket(width, self.max_len, floor=PREFILL_MIN_WIDTH)
         return (b_pad, w_pad) if b_pad * w_pad <= PREFILL_TOKENS else None
 
+    def prefill_positions(self, b: int, width: int) -> int:
+        """Positions a prefill of `b` prompts, the longest `width` tokens, computes, padding included."""
+        dims = self.prefill_dims(b, width)
+        return dims[0] * dims[1] if dims is not None else b * width
+
     def admit(self, rows: torch.Tensor, length: torch.Tensor, first: torch.Tensor, width: int) -> None:
         """Store each prompt's first sampled token, then give the drafter the features `prefill` kept
         of the prompts (`width` wide as given to it).
