@@ -28,6 +28,12 @@ PREFILL_TOKENS = 65536
 PASS_POSITIONS = 4096
 
 
+if TYPE_CHECKING:
+    from adaflash.engine.engine import StepEvent
+    from adaflash.engine.passes import DevicePasses
+    from adaflash.engine.scripted import ScriptedAcceptance
+
+
 def prefill_groups(lengths: list[int], positions: Callable[[int, int], int]) -> list[list[int]]:
     """The admitted prompts (indices into `lengths`) split into prefill passes by length: each pass pads
     to its own longest, so a few long prompts no longer make every short one pay their width. Sorted by
@@ -55,11 +61,6 @@ def prefill_groups(lengths: list[int], positions: Callable[[int, int], int]) -> 
 
 def _width_bucket(length: int) -> int:
     return 1 << max(length - 1, 0).bit_length()
-
-if TYPE_CHECKING:
-    from adaflash.engine.engine import StepEvent
-    from adaflash.engine.passes import DevicePasses
-    from adaflash.engine.scripted import ScriptedAcceptance
 
 
 class Admitting:
