@@ -210,11 +210,14 @@ def prefill(self, *args):
     finally:
         in_prefill[0] = False
 DevicePasses.prefill = prefill
+def launch(*args, _f=invariant_attention._launch):
+    if eager_head and args[-1] != torch.float32:  # the engine's passes, not a tile's float32 probe
+        tiles.add((in_prefill[0], args[5]))
+    return _f(*args)
+invariant_attention._launch = launch
 for module, name in ((invariant, "mm"), (invariant, "rms_norm"), (invariant_attention, "attention")):
     def counted(*args, _f=getattr(module, name), _n=name):
         calls[_n] = calls.get(_n, 0) + 1
-        if _n == "attention" and eager_head:
-            tiles.add((in_prefill[0], invariant_attention._TILE_ROWS.get()))
         if _n == "mm" and args[1].shape[0] in eager_head:
             calls["eager_head"] = calls.get("eager_head", 0) + 1
             return torch.nn.functional.linear(*args)
@@ -233,7 +236,7 @@ engine = oracle_engine(target, make_requests(target, n=2), reference, "dflash")
 outputs = engine.generate(make_requests(target, n=2, max_new_tokens=6, ignore_eos=True))
 print(json.dumps({"same": [o.output_ids for o in outputs] == [o.output_ids for o in reference], "error": error,
                   "tau": [o.meta_info["spec_accept_length"] for o in outputs], "calls": calls,
-                  "tiles": sorted(tiles)}))
+                  "tiles": sorted(tiles), "verify_tile_agrees": list(invariant_attention._SAME_BITS.values())}))
 """
 
 
@@ -250,9 +253,13 @@ def test_the_engine_runs_on_the_invariant_kernels_under_the_interpreter(tiny_lla
     layers = 4  # the tiny target's: every layer's projections, norms and attention, each pass
     assert result["calls"]["attention"] >= 2 * layers and result["calls"]["rms_norm"] >= 4 * layers, result
     assert result["calls"]["mm"] >= 4 * layers and result["calls"]["eager_head"] >= 2, result
-    # prompts prefill with wide attention tiles, decode and verify passes (and the drafter) with narrow ones
-    from adaflash.models.invariant_attention import ATTN_ROWS, PREFILL_ROWS
-    assert result["tiles"] == [[False, ATTN_ROWS], [True, PREFILL_ROWS]], result
+    # prompts prefill with wide attention tiles, decode and verify passes (and the drafter) with narrow ones:
+    # a verify's wider tile only where its probe gave the decode tile's bits
+    from adaflash.models.invariant_attention import ATTN_ROWS, PREFILL_ROWS, VERIFY_ROWS
+    outside = {rows for inside, rows in result["tiles"] if not inside}
+    assert {rows for inside, rows in result["tiles"] if inside} == {PREFILL_ROWS}, result
+    assert ATTN_ROWS in outside and outside <= {ATTN_ROWS, VERIFY_ROWS}, result
+    assert (VERIFY_ROWS in outside) == any(result["verify_tile_agrees"]), result
 
 
 TILES = r"""
@@ -321,23 +328,31 @@ exact = torch.softmax((q.float().transpose(1, 2) @ k.float().repeat_interleave(3
                       + mask.float()[:, None], -1) @ v.float().repeat_interleave(3, 2).transpose(1, 2)
 exact = exact.transpose(1, 2)
 out = {}
-for rows in (16, 64):
+for rows in (16, 32, 64):
     for major in (False, True):
         got = inv.attention(q, k, v, mask, limit, tile_rows=rows, tile_major=major)
         out[f"{rows}{'T' if major else ''}"] = float((got.float() - exact).abs().max())
 with inv.prefill_tiles():
-    inside = inv._TILE_ROWS.get()
-out["inside"], out["outside"] = inside, inv._TILE_ROWS.get()
+    out["inside"] = inv._TILE_ROWS.get()
+out["verify"] = inv._pass_tile(q, k, v, mask, limit)  # 40 queries x 3 heads a kv head: the wider tile if it agrees
+probe = [inv._launch(q[:1], k[:1], v[:1], mask[:1], limit[:1], rows, False, torch.float32) for rows in (32, 16)]
+out["agrees"] = bool(torch.equal(*probe))
+out["decode"] = inv._pass_tile(q[:, -1:], k, v, mask[:, -1:], limit)  # 3 pairs a kv head: one narrow tile
+inv.invariant.TILES_FIXED = True
+out["fixed"] = inv._pass_tile(q, k, v, mask, limit)
 print(json.dumps(out))
 """
 
 
 @interpreted_loops
 def test_attention_takes_any_tile_of_query_pairs_and_either_grid_order():
-    """A prefill's wider tiles and a tile-major grid (a row's tiles launched side by side) compute the
-    same attention as the decode tile, within fp16 rounding of float32 math; `prefill_tiles` sets the
-    wider tile only inside it."""
+    """A prefill's and a verify's wider tiles and a tile-major grid (a row's tiles launched side by side)
+    compute the same attention as the decode tile, within fp16 rounding of float32 math; `prefill_tiles`
+    sets the prefill tile inside it; a pass of many queries takes the verify tile exactly when its probe
+    gives the decode tile's float32 bits, a decode step and ADAFLASH_MM_TILES=base the decode tile."""
     result = run_json_script(TILES_OF_ATTENTION, env={"TRITON_INTERPRET": "1"})
-    assert all(result[key] < 2e-3 for key in ("16", "16T", "64", "64T")), result
-    from adaflash.models.invariant_attention import ATTN_ROWS, PREFILL_ROWS
-    assert (result["inside"], result["outside"]) == (PREFILL_ROWS, ATTN_ROWS) and PREFILL_ROWS > ATTN_ROWS, result
+    assert all(result[key] < 2e-3 for key in ("16", "16T", "32", "32T", "64", "64T")), result
+    from adaflash.models.invariant_attention import ATTN_ROWS, PREFILL_ROWS, VERIFY_ROWS
+    assert result["inside"] == PREFILL_ROWS and PREFILL_ROWS > VERIFY_ROWS > ATTN_ROWS, result
+    assert result["verify"] == (VERIFY_ROWS if result["agrees"] else ATTN_ROWS), result
+    assert result["decode"] == result["fixed"] == ATTN_ROWS, result

@@ -90,7 +90,7 @@ def _tile_for(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     m, k = rows.shape
     n = weight.shape[0]
     base = base_tiles(n, k)
-    if _TILES_FIXED:
+    if TILES_FIXED:
         return base
     tile = mm_tiles(m, n, k)
     if tile == base:
@@ -110,15 +110,16 @@ def _tile_for(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def _tiles_fixed() -> bool:
-    """ADAFLASH_MM_TILES=base runs every GEMM with its base tile: to compare speed, or around a GPU whose
-    tiles would round otherwise (`mm` already falls back there)."""
+    """ADAFLASH_MM_TILES=base runs every GEMM with its base tile, and a verify's attention with a decode
+    step's: to compare speed, or around a GPU whose tiles would round otherwise (`mm` and attention
+    already fall back there)."""
     value = os.environ.get("ADAFLASH_MM_TILES", "auto").strip().lower()
     if value not in ("auto", "base"):
         raise ValueError(f"ADAFLASH_MM_TILES={value!r}: expected auto or base")
     return value == "base"
 
 
-_TILES_FIXED = _tiles_fixed()
+TILES_FIXED = _tiles_fixed()
 
 
 def mm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
