@@ -33,7 +33,7 @@ def capture_all(passes: DevicePasses, max_context: int | None = None, *, steps: 
         kv *= 2
     kvs.append(top)
     widest = passes.widest
-    widths = sorted({bucket(w, widest) for w in range(1, widest + 1)})
+    widths = sorted({w if passes.exact_widths else bucket(w, widest) for w in range(1, widest + 1)})
     for b in sorted({bucket(b, passes.max_batch) for b in range(1, passes.max_batch + 1)}):
         scratch = torch.full((b,), passes.scratch, dtype=torch.long, device=passes.device)
         for in_order in (False, True) if idle else (False,):

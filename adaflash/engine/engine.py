@@ -97,6 +97,7 @@ class Engine(Admitting, VerifyLengths):
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.passes = DevicePasses(self.model, max_batch=cfg.max_batch, max_len=self.max_len,
                                    cuda_graphs=cfg.cuda_graphs, pad_shapes=cfg.pad_shapes)
+        self.passes.exact_widths = self._reads_head()
         # Fewest prompts worth a prefill while rows are decoding (None: max_batch // 8 on padded shapes, else 1).
         # On a GPU a prefill costs about the same for one prompt as for a dozen (a padded pass, or eager
         # ops when too wide for a graph), and more than a decode step, so admitting each prompt the

@@ -68,6 +68,9 @@ class DevicePasses:
         model.rotary.fix_table(max_len + 1, model.dtype)
         self.tokens = torch.zeros(max_batch + 1, max_len + 1, dtype=torch.long, device=self.device)
         self.drafter: Drafter | None = None
+        # Verify widths below the whole block replayed at their own width, not a power of two: where the
+        # length head picks widths, a verify of 5 padded to 8 would cost what the whole block does.
+        self.exact_widths = False
         self.script: ScriptedAcceptance | None = None  # a benchmark's scripted drafts (engine/scripted.py)
         self.capture: list[int] = []
         self.feats: torch.Tensor | None = None
@@ -263,7 +266,8 @@ class DevicePasses:
         """
         if not self.padded:
             return b, width, base + width
-        b_pad, w_pad = bucket(b, self.max_batch), bucket(width, max(self.widest, width))
+        b_pad = bucket(b, self.max_batch)
+        w_pad = width if self.exact_widths and width <= self.widest else bucket(width, max(self.widest, width))
         return b_pad, w_pad, self.kv_bucket(base + w_pad)
 
     def _pad_rows(self, rows: torch.Tensor, size: int) -> torch.Tensor:

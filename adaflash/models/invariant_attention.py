@@ -34,6 +34,7 @@ ATTN_ROWS = 16  # attention tile rows (query × head-of-group pairs)
 ATTN_KEYS = 64  # keys per step of attention's online softmax: fixed, so each query's sums run in one order
 ATTN_CHUNK = 64  # keys per chunk: a query's keys are reduced chunk by chunk, the chunks merged from the first
 SPLIT_BELOW = 2048  # a decode pass of fewer (row, kv head) programs gives each chunk of keys its own
+SPLIT_VERIFY_BELOW = 64  # a pass of several queries a row, of fewer (row, kv head, tile) programs, likewise
 PREFILL_ROWS = 64  # attention tile rows in a prompt's prefill (`prefill_tiles`)
 VERIFY_ROWS = 32  # attention tile rows of a pass of several queries a row, where it gives ATTN_ROWS' bits
 _TILE_ROWS: ContextVar[int | None] = ContextVar("attention_tile_rows", default=None)
@@ -84,8 +85,8 @@ def aligned_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 def split_keys(programs: int, chunks: int, queries: int = 1) -> bool:
-    """Whether a pass gives each chunk of keys a program of its own (then merges them): a decode pass
-    (one query a row) whose programs alone would leave the card's cores idle while each runs a long
+    """Whether a pass gives each chunk of keys a program of its own (then merges them): a pass whose
+    programs alone would leave the card's cores idle while each runs a long
     chain of key steps. Either way a query gets the same bits (`_merge` runs in one order over the
     same chunks), so this is chosen for speed alone. ADAFLASH_ATTN_SPLIT=0 or 1 forces it.
 
@@ -93,13 +94,16 @@ def split_keys(programs: int, chunks: int, queries: int = 1) -> bool:
     (1,280-key cache, rows of 100-600 keys) took 13.3, 40.2 and 76.4 µs split against 22.3, 53.6 and
     86.4 whole, Qwen3-8B's 9.4 against 25.8 at batch 1 and 62.5 against 74.4 at batch 64; verify passes
     gained nothing (8 queries at batch 256: 86.2 against 87.1) or lost (Qwen3-8B, 16 queries at batch 8:
-    36.8 against 32.4)."""
+    36.8 against 32.4, 256 programs). A verify pass of under `SPLIT_VERIFY_BELOW` programs (batch 1 to
+    a few) splits too: a handful of programs on a card of 132 cores walk every key alone, and at 8B on an
+    H100 a verify of 2 at batch 1 cost 0.73 ms more than the split decode step (7.24 against 6.51 ms), about
+    what 36 layers of unsplit attention cost at batch 1 above."""
     forced = os.environ.get("ADAFLASH_ATTN_SPLIT", "auto").strip().lower()
     if forced in ("0", "1"):
         return forced == "1" and chunks > 1
     if forced != "auto":
         raise ValueError(f"ADAFLASH_ATTN_SPLIT={forced!r}: expected 0, 1 or auto")
-    return chunks > 1 and queries == 1 and programs < SPLIT_BELOW
+    return chunks > 1 and programs < (SPLIT_BELOW if queries == 1 else SPLIT_VERIFY_BELOW)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,

@@ -15,5 +15,10 @@ rows = [json.loads(line) for line in open(os.environ["GSM8K"])]
 for name, part in (("gsm1024", rows[:1024]), ("gsm256", rows[1024:1280])):
     with open(f".dev/prompts/{name}.jsonl", "w") as out:
         out.writelines(json.dumps({"prompt": row["question"]}) + "\n" for row in part)
+train = [json.loads(line) for line in open(os.environ["GSM8K"].replace("test.jsonl", "train.jsonl"))][:4096]
+with open(".dev/prompts/gsm_train4096.jsonl", "w") as out:
+    out.writelines(json.dumps({"prompt": row["question"]}) + "\n" for row in train)
 PY
+suite="${ADAFLASH_WORKSPACE:-adaflash-workspace}/data/suite_test.jsonl"
+[ -f "$suite" ] && cp "$suite" .dev/prompts/ || echo "no $suite: run 'adaflash data prepare suite' for real.sh"
 du -sh .whl .dev/prompts
