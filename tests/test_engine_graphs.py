@@ -291,7 +291,8 @@ def test_verify_widths_the_head_picks_replay_at_their_own_width(tiny_target):
     """Where the length head picks widths, a verify below the whole block replays at its own width (a
     verify of 3 padded to 4 costs what 4 do; at 8B on an H100 a step verifying 5 of a block of 8 cost as
     much as the whole block): the up-front capture holds every width, the steps use only captured
-    graphs and keep Vanilla's tokens. Without the head (DFlash) widths stay powers of two."""
+    graphs and keep Vanilla's tokens. Without the head (DFlash), and for a sampled verify, widths stay
+    powers of two."""
     reference = vanilla(tiny_target, make_requests(tiny_target, n=3, max_new_tokens=16, ignore_eos=True))
     ada = Engine(tiny_target, "adaflash", drafter_for("adaflash", tiny_target),
                  config=EngineConfig(max_batch=3, max_len=256, pad_shapes=True, length_policy="rate", length_rate=1.5))
@@ -300,15 +301,17 @@ def test_verify_widths_the_head_picks_replay_at_their_own_width(tiny_target):
     captured = set(ada.graphs.keys)
     widest = ada.passes.widest
     assert widest >= 3 and {key[2] for key in captured if key[0] == "greedy_step"} == set(range(1, widest + 1))
+    # a sampled verify's graphs hold a step's logits: their widths stay powers of two
+    assert {key[2] for key in captured if key[0] == "verify"} == {bucket(w, widest) for w in range(1, widest + 1)}
     ada.graphs.keys.clear()
     outputs = ada.generate(make_requests(tiny_target, n=3, max_new_tokens=16, ignore_eos=True))
     assert [o.output_ids for o in outputs] == [o.output_ids for o in reference]
     used = {key for key in ada.graphs.keys if key[0] == "greedy_step"}
     assert used <= captured and any(key[2] & (key[2] - 1) for key in used), used  # a width no power of two
-    assert ada.passes._dims(2, 3, 100)[1] == 3
+    assert ada.passes._dims(2, 3, 100, exact=True)[1] == 3 and ada.passes._dims(2, 3, 100)[1] == 4  # sampled: 4
     dflash = Engine(tiny_target, "dflash", drafter_for("dflash", tiny_target),
                     config=EngineConfig(max_batch=3, max_len=256, pad_shapes=True))
-    assert dflash.passes._dims(2, 3, 100)[1] == 4
+    assert dflash.passes._dims(2, 3, 100, exact=True)[1] == 4
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

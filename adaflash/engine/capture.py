@@ -69,7 +69,8 @@ def _capture_decode(passes: DevicePasses, rows: torch.Tensor, kvs: list[int], to
                 continue
             # Greedy requests take the fused step; sampled ones verify, then extend.
             passes.greedy_step(rows, zeros(), zeros(w - 1), zeros(), zeros() + kv - w, kv - w, in_order=in_order)
-            passes.verify(rows, zeros(w), zeros() + kv - w, kv - w, in_order=in_order)
+            if w == bucket(w, widest):  # a sampled verify's widths stay powers of two (`DevicePasses._dims`)
+                passes.verify(rows, zeros(w), zeros() + kv - w, kv - w, in_order=in_order)
             if passes.drafter is not None:
                 passes.extend_drafter(rows, zeros() + kv - w, zeros() + 1, kv - w, w, in_order=in_order)
         if passes.drafter is not None:

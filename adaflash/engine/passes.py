@@ -258,16 +258,19 @@ class DevicePasses:
     def kv_bucket(self, length: int) -> int:
         return bucket(length, self.cache.max_len, floor=128) if self.padded else length
 
-    def _dims(self, b: int, width: int, base: int) -> tuple[int, int, int]:
+    def _dims(self, b: int, width: int, base: int, *, exact: bool = False) -> tuple[int, int, int]:
         """(batch, width, kv length) of a pass whose rows start at most at `base`.
 
         Padded to buckets when replaying graphs, so a few graphs serve every step; exact on CPU,
-        where padding would cost real work.
+        where padding would cost real work. `exact`: a greedy step or an extend, which keep their own
+        width below the whole block under `exact_widths` (a sampled verify, whose graphs hold a step's
+        logits, keeps powers of two).
         """
         if not self.padded:
             return b, width, base + width
         b_pad = bucket(b, self.max_batch)
-        w_pad = width if self.exact_widths and width <= self.widest else bucket(width, max(self.widest, width))
+        own = exact and self.exact_widths and width <= self.widest
+        w_pad = width if own else bucket(width, max(self.widest, width))
         return b_pad, w_pad, self.kv_bucket(base + w_pad)
 
     def _pad_rows(self, rows: torch.Tensor, size: int) -> torch.Tensor:
@@ -306,7 +309,7 @@ class DevicePasses:
         """
         assert self.drafter is not None and self.feats is not None
         b = rows.shape[0]
-        b_pad, w_pad, kv = self._dims(b, width, base) if graph else (b, width, base + width)
+        b_pad, w_pad, kv = self._dims(b, width, base, exact=True) if graph else (b, width, base + width)
         rows_p = self._pad_rows(rows, b_pad)
         positions = self._positions(start, b_pad, w_pad)
         inputs = [rows_p, positions, *self._context_inputs(rows_p, positions), self._pad(count, b_pad, fill=1)]
@@ -400,7 +403,7 @@ class DevicePasses:
         launches, not the math, are what a speculative step costs more than a Vanilla one.
         """
         b, width = rows.shape[0], drafts.shape[1] + 1
-        b_pad, w_pad, kv = self._dims(b, width, longest)
+        b_pad, w_pad, kv = self._dims(b, width, longest, exact=True)
         if self.drafter is not None:
             self.ensure_feats(longest + w_pad + 1)
         self.cache.reserve(kv)
