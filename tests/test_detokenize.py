@@ -64,3 +64,22 @@ def test_windows_decode_a_few_tokens_not_the_whole_answer(tiny_target):
     assert max(calls) <= 8, max(calls)  # windows, where the whole answer is hundreds of tokens
     with pytest.raises(ValueError, match="shrank"):
         so_far.update(ids[:3])
+
+
+def test_the_targets_decode_is_transformers_decode(tiny_target, monkeypatch):
+    """Target.decode goes to the fast tokenizer's backend directly, and gives transformers' text for the
+    same ids: random ids, special tokens among them (left out), characters split across byte tokens. A
+    tokenizer that cleans up spaces keeps transformers' decode."""
+    tokenizer = tiny_target.tokenizer
+    assert getattr(tokenizer, "backend_tokenizer", None) is not None and not tokenizer.clean_up_tokenization_spaces
+    rng = random.Random(3)
+    special = list(tokenizer.all_special_ids)
+    cases = [tiny_target.encode(text) for text in TEXTS] + [special + tiny_target.encode(TEXTS[1]) + special]
+    cases += [[rng.choice(special) if rng.random() < 0.1 else rng.randrange(len(tokenizer)) for _ in range(rng.randint(0, 30))]
+              for _ in range(300)]
+    for ids in cases:
+        assert tiny_target.decode(ids) == tokenizer.decode(ids, skip_special_tokens=True), ids
+    calls = []
+    monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces", True)
+    monkeypatch.setattr(type(tokenizer), "decode", lambda self, ids, **kw: calls.append(ids) or "cleaned")
+    assert tiny_target.decode(cases[0]) == "cleaned" and calls == [cases[0]]

@@ -93,7 +93,16 @@ class Target:
         return list(self.ensure_tokenizer()(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
-        return self.ensure_tokenizer().decode(ids, skip_special_tokens=True)
+        """The text of `ids`, special tokens left out. A fast tokenizer that cleans up no spaces decodes
+        through its Rust backend directly: the same text (transformers' decode adds only that clean-up
+        and argument checks), without ~2 µs of Python a call, which a server streaming 64 answers pays
+        twice a token (`detokenize.TextSoFar`), beside the engine, on one interpreter lock."""
+        tokenizer = self.ensure_tokenizer()
+        if type(ids) is list and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+            backend = getattr(tokenizer, "backend_tokenizer", None)
+            if backend is not None:
+                return backend.decode(ids, skip_special_tokens=True)
+        return tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def load_target(spec: str, *, device: str | None = None, dtype: str | None = None,
