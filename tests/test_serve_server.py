@@ -114,6 +114,26 @@ async def test_streaming_sends_cumulative_chunks_then_done(server, references):
     assert all(chunks[i + 1]["output_ids"][: len(c["output_ids"])] == c["output_ids"] for i, c in enumerate(chunks[:-1]))
 
 
+async def test_a_streamed_batch_tags_every_chunk_with_its_prompt(server, references, tiny_target):
+    """A list of prompts streamed in one request: every chunk, partial or last, carries its prompt's
+    `index`, the ids so far, their text and the meta_info fields; each prompt's chunks grow to its
+    answer alone."""
+    body = {**_gen(PROMPTS[1:3]), "stream": True}
+    async with aiohttp.ClientSession() as session, session.post(server.url + "/generate", json=body) as response:
+        raw = (await response.read()).decode()
+    chunks = [json.loads(e[len("data: "):]) for e in raw.split("\n\n") if e and e != "data: [DONE]"]
+    for index, prompt in enumerate(PROMPTS[1:3]):
+        mine = [c for c in chunks if c["index"] == index]
+        assert len(mine) >= 2 and mine[-1]["output_ids"] == references[prompt]
+        for chunk in mine[:-1]:
+            ids = chunk["output_ids"]
+            assert ids == references[prompt][: len(ids)] and chunk["text"] == tiny_target.decode(ids).rstrip("\ufffd")
+            assert set(chunk["meta_info"]) == {"id", "prompt_tokens", "completion_tokens", "spec_verify_ct",
+                                               "finish_reason", "e2e_latency"}
+            assert chunk["meta_info"]["completion_tokens"] == len(ids) and chunk["meta_info"]["finish_reason"] is None
+    assert {c["index"] for c in chunks} == {0, 1}
+
+
 async def test_a_stream_interval_gathers_tokens_into_fewer_chunks(tiny_llama, references):
     """--stream-interval 4 on a one-token-a-step engine: the first token at once, then chunks every 4
     tokens, the last at once."""
