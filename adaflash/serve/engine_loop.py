@@ -55,7 +55,8 @@ class Handle:
     arrived: float
     prompt_tokens: int = 0
     ids: list[int] = field(default_factory=list)
-    ids_json: str = ""  # `ids` as JSON list items, extended as they come (a stream's chunks carry every id)
+    ids_json: str = ""  # a stream's `ids` as JSON list items, its first `ids_json_count`: each chunk carries every id
+    ids_json_count: int = 0
     steps: int = 0
     first_at: float | None = None
     last_at: float | None = None  # when its latest tokens arrived (inter-token latency)
