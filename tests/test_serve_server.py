@@ -384,3 +384,13 @@ def test_a_client_that_leaves_frees_its_slot(tiny_llama):
         asyncio.run(check())
     finally:
         running.stop()
+
+
+async def test_a_streams_chunks_carry_its_rid_whatever_its_characters(server):
+    rid = 'a "quoted" rid, ü \\ and \u2028'
+    body = {**_gen(PROMPTS[0]), "rid": rid, "stream": True}
+    async with aiohttp.ClientSession() as session, session.post(server.url + "/generate", json=body) as response:
+        raw = (await response.read()).decode()
+    chunks = [json.loads(e[len("data: "):]) for e in raw.split("\n\n") if e and e != "data: [DONE]"]
+    assert len(chunks) >= 2 and all(c["meta_info"]["id"] == rid for c in chunks)
+    assert all(isinstance(c["meta_info"]["e2e_latency"], float) for c in chunks)

@@ -9,7 +9,7 @@ import time
 from adaflash.engine.engine import StepEvent
 from adaflash.models.loading import load_target
 from adaflash.models.registry import builtin_folder
-from adaflash.serve.engine_loop import Handle
+from adaflash.serve.engine_loop import Handle, Mailbox
 from adaflash.serve.event_stream import EventStream
 from adaflash.serve.metrics import ServerMetrics
 from adaflash.serve.server import EmbeddedServer
@@ -31,7 +31,7 @@ def chunk_server(target) -> EmbeddedServer:
 
 async def us_a_chunk(target, steps: int = 128, streams: int = 64) -> float:
     server, ids = chunk_server(target), target.encode(TEXT * 4)
-    handles = [Handle(str(i), asyncio.Queue(), time.perf_counter(), 100) for i in range(streams)]
+    handles = [Handle(str(i), Mailbox(), time.perf_counter(), 100) for i in range(streams)]
 
     async def pump(handle: Handle, out: EventStream) -> None:
         while await server.update(handle) is None:

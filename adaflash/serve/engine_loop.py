@@ -2,7 +2,7 @@
 
 The engine is not thread-safe and batches best when it sees every live request, so ONE thread owns
 it and loops "take new requests -> engine.step() -> hand out StepEvents". The asyncio side submits
-requests and posted calls through a queue and waits on a per-request asyncio queue that this thread
+requests and posted calls through a queue and waits on a per-request mailbox (`Mailbox`) that this thread
 feeds through `loop.call_soon_threadsafe`: once a step for all its requests, since every call wakes
 the event loop (a write to its self-pipe) and at large batches the event loop, sharing the GIL, is
 what limits a server. `stream_interval` holds a request's tokens back until that many have come
@@ -46,17 +46,57 @@ class Failure:
                           code=self.status)
 
 
+class Mailbox:
+    """A request's events, put by the engine thread's calls on the event loop and taken all at once by its
+    handler. asyncio.Queue does the same a put and a get at a time, about 1 µs more an event, which a
+    server streaming 64 answers pays 64 times a step on the thread that shares the interpreter lock with
+    the engine. Used on the event loop's thread only."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list = []
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        self._wake()
+
+    def put_all(self, items: list) -> None:
+        self._items.extend(items)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def take(self) -> list:
+        """Every event put since the last take; waits for one if there is none."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._items = self._items, []
+        return items
+
+    def empty(self) -> bool:
+        return not self._items
+
+
 @dataclass
 class Handle:
     """One request in flight, seen from the asyncio side."""
 
     rid: str
-    queue: asyncio.Queue
+    queue: Mailbox
     arrived: float
     prompt_tokens: int = 0
     ids: list[int] = field(default_factory=list)
     ids_json: str = ""  # a stream's `ids` as JSON list items, its first `ids_json_count`: each chunk carries every id
     ids_json_count: int = 0
+    rid_json: str = ""  # the rid as JSON, for a stream's chunks
     steps: int = 0
     first_at: float | None = None
     last_at: float | None = None  # when its latest tokens arrived (inter-token latency)
@@ -73,7 +113,7 @@ class Handle:
 
 
 class EngineLoop:
-    """The engine thread: owns the Engine, batches whatever is queued, feeds per-request queues."""
+    """The engine thread: owns the Engine, batches whatever is queued, feeds per-request mailboxes."""
 
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, stream_interval: int = 1) -> None:
         self.engine = engine
@@ -168,7 +208,7 @@ class EngineLoop:
 
     def _hand_out(self, events: list) -> None:
         """A step's events to their requests' queues, in one call to the event loop."""
-        ready: list[tuple[asyncio.Queue, list]] = []
+        ready: list[tuple[Mailbox, list]] = []
         for event in events:
             handle = self.handles.get(event.rid)
             if handle is None:
@@ -258,10 +298,9 @@ class EngineLoop:
         self.engine.active.clear()
 
 
-def _put_all(ready: list[tuple[asyncio.Queue, list]]) -> None:
+def _put_all(ready: list[tuple[Mailbox, list]]) -> None:
     for target, items in ready:
-        for item in items:
-            target.put_nowait(item)
+        target.put_all(items)
 
 
 def _take(counts: Counter, key: str) -> None:
