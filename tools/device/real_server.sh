@@ -10,4 +10,4 @@ t timeout 200 $A bench engine --target smollm2-135m --methods vanilla,dflash,ada
 t timeout 330 $A bench matrix --target smollm2-135m --methods vanilla,dflash,adaflash $D --gpus 0 \
   --datasets $P/gsm1024.jsonl $Q --concurrency 64,256 --warmup 64 --context-length 1280 --json \
   > "$OUT/server.json" 2> "$OUT/server.log"
-cp /tmp/ws/runlog.sqlite "$OUT/"; for f in $(find /tmp/ws -name "*.log" | head -3); do tail -40 "$f" > "$OUT/serve-$(basename "$f")"; done
+cp /tmp/ws/runlog.sqlite "$OUT/"; for f in $(find /tmp/ws -name "*.log"); do echo "== $f"; tail -40 "$f"; done > "$OUT/serve-logs.txt"  # 8 files come back at most

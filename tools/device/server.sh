@@ -11,4 +11,4 @@ t timeout 170 $A bench matrix --target /tmp/s135 --methods vanilla,dflash --draf
 t timeout 220 $A bench engine --target /tmp/s135 --prompts $P/gsm1024.jsonl $Q --device cuda --json \
   --methods vanilla,dflash,adaflash --draft dflash=/tmp/ds --draft adaflash=/tmp/ds --acceptance $ACC \
   --order interleaved --batch-sizes 64,256 > "$OUT/scripted.json" 2> "$OUT/scripted.log"
-cp /tmp/ws/runlog.sqlite "$OUT/"; for f in $(find /tmp/ws -name "*.log" | head -3); do tail -40 "$f" > "$OUT/serve-$(basename "$f")"; done
+cp /tmp/ws/runlog.sqlite "$OUT/"; for f in $(find /tmp/ws -name "*.log"); do echo "== $f"; tail -40 "$f"; done > "$OUT/serve-logs.txt"  # 8 files come back at most
