@@ -2,7 +2,8 @@
 lock costs a server whose GPU step takes GPU_MS. The engine's passes return at once after sleeping GPU_MS
 (the lock is free meanwhile, as it is while a real step runs); the server is `adaflash serve`'s, in this
 process, and `adaflash bench --stream` drives it from another at concurrency BATCH, each pinned to a core of its
-own where there are two. Runs on a CPU; a busy or shared machine gives noisy figures.
+own where there are two. Runs on a CPU; a busy or shared machine gives noisy throughputs, and the event loop's
+CPU time a streamed token (sockets included) is the steadier figure.
 Usage: server_gil.py [GPU_MS] [BATCH] [TARGET] [WAVES] (a small model folder, e.g. `adaflash models synth qwen3-tiny`)."""
 
 import json
@@ -71,6 +72,8 @@ def server_tok_s(engine, target: str, prompts: int, batch: int) -> float:
 
     engine.step = timed_step
     running = RunningServer(EmbeddedServer(engine, target=target))
+    http_cpu = time.pthread_getcpuclockid(running._thread.ident)  # the event loop's thread: CPU time, not wall
+    http_started = time.clock_gettime(http_cpu)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             data = Path(tmp) / "p.jsonl"
@@ -80,9 +83,12 @@ def server_tok_s(engine, target: str, prompts: int, batch: int) -> float:
                                   "--dataset", str(data), "--num-prompts", str(prompts), "--concurrency", str(batch),
                                   "--max-new-tokens", str(NEW_TOKENS), "--no-chat", "--warmup", "0",
                                   "--target", target, "--json"], capture_output=True, text=True, check=True)
+        http_seconds = time.clock_gettime(http_cpu) - http_started
     finally:
         running.stop()
     result = json.loads(out.stdout)
+    print(f"server: its event loop's thread spent {http_seconds / result['total_output_tokens'] * 1e6:.1f} us of "
+          "CPU a streamed token (sockets, HTTP and requests included)")
     print(f"server: {busy[1]} steps, {busy[0] / busy[1] * 1e3:.2f} ms a step inside engine.step, "
           f"{result['duration'] - busy[0]:.2f} s of {result['duration']:.2f} outside it; median TPOT "
           f"{result['median_tpot_ms']:.2f} ms, mean TTFT {result['mean_ttft_ms']:.1f} ms")
