@@ -105,7 +105,6 @@ class TokenTimes:
         self.buckets = buckets
         self.counts = [0] * (len(buckets) + 1)  # by bucket, the last past every bound (+Inf)
         self.tokens = 0
-        self.gaps = 0
         self.seconds = 0.0
 
     def add(self, count: int, each: float | None) -> None:
@@ -113,7 +112,6 @@ class TokenTimes:
         self.tokens += count
         if each is not None:
             self.counts[bisect_left(self.buckets, each)] += count  # le: a gap equal to a bound falls in it
-            self.gaps += count
             self.seconds += each * count
 
 
