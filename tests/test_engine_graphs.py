@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -455,3 +457,32 @@ def test_an_admission_prefilled_in_passes_by_length_stays_lossless(tiny_target, 
     outputs = engine.generate(requests())
     assert [o.output_ids for o in outputs] == reference
     assert len(widths) >= 2 and len({shape[1] for shape in widths}) >= 2, widths  # passes of their own widths
+
+
+def test_a_fused_step_brings_back_the_length_heads_prediction(tiny_target):
+    """`draft_and_step(predict=True)` ends each row with the head's prediction for the block it drafted, the
+    one a head-read draft gives, scaled to an integer; the tokens before it are the plain step's."""
+    from adaflash.engine.passes import PREDICTION_SCALE
+
+    drafter = drafter_for("adaflash", tiny_target)
+
+    def fresh():
+        engine = Engine(tiny_target, "adaflash", copy.deepcopy(drafter),
+                        config=EngineConfig(max_batch=2, max_len=256, pad_shapes=True, length_policy="cost"))
+        engine.add(Request(tiny_target.encode(tiny_target.render("Name three colours.")),
+                           SamplingParams(max_new_tokens=8, ignore_eos=True)))
+        engine._prefill()
+        seq = engine.active[0]
+        args = (torch.tensor([0]), torch.tensor([seq.pending]), torch.tensor([seq.length]), seq.length)
+        return engine.passes, args
+
+    seen = []
+    with torch.no_grad():
+        passes, args = fresh()
+        passes.draft(*args, steps=None, choose=lambda pred, k: seen.append(float(pred[0])))
+        with_head = passes.draft_and_step(*args, steps=3, predict=True)
+        passes, args = fresh()
+        plain_step = passes.draft_and_step(*args, steps=3)
+    assert with_head.shape[1] == plain_step.shape[1] + 1
+    assert torch.equal(with_head[:, :-1], plain_step)
+    assert int(with_head[0, -1]) == round(seen[0] * PREDICTION_SCALE)

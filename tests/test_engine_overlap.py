@@ -130,8 +130,8 @@ def test_a_row_that_fills_its_context_is_not_stepped_again(tiny_target, monkeypa
     assert engine.context_margin == max_len - fits - len(prompt)
     reach, launch = [], engine._launch
 
-    def spy(seqs, landed):
-        flight = launch(seqs, landed)
+    def spy(seqs, landed, *plan):
+        flight = launch(seqs, landed, *plan)
         after = landed.after if landed is not None else {}
         reach.append(max(after.get(s.slot, (0, s.length))[1] for s in seqs) + flight.packed.shape[1] - 2)
         return flight
@@ -186,3 +186,39 @@ def test_a_flight_records_no_autograd_graph(tiny_target):
     assert engine._flight is not None
     cache = engine.draft_cache
     assert not cache.k.requires_grad and not cache.v.requires_grad, "the drafter's cache would hold every step's graph"
+
+
+def test_the_cost_rule_sizes_overlapped_steps_from_the_predictions_steps_bring_back(tiny_target, monkeypatch):
+    """Where a shorter verify pays, the cost rule picks the batch's width before the launch, from the length
+    head's predictions the steps before brought back with their tokens: no step waits for its own draft,
+    every one overlaps, and every row stays Vanilla's."""
+    reference = plain(tiny_target, requests_for(tiny_target))
+    engine = Engine(tiny_target, "adaflash", drafter_for("adaflash", tiny_target),
+                    config=EngineConfig(max_batch=3, max_len=512, pad_shapes=True, length_policy="cost"))
+    rule = engine._cost_rule()
+    record = rule.record
+    # a step's cost grows with its width (as at 8B, batch 64): shorter verifies pay
+    monkeypatch.setattr(rule, "record", lambda batch, width, seconds, rows=None: record(batch, width, 0.01 * width, rows))
+    chosen, land, choose = [], engine._land, rule.choose
+
+    def reads(pred, k):
+        chosen.append(pred.tolist())
+        return choose(pred, k)
+
+    def landed():
+        flight = engine._flight
+        out = land()
+        if flight is not None and flight.predicted:
+            assert all(s.predicted is not None and 0 < s.predicted < 1 for s in out.seqs)
+        return out
+
+    monkeypatch.setattr(rule, "choose", reads)
+    monkeypatch.setattr(engine, "_land", landed)
+    monkeypatch.setattr(engine, "_draft_then_verify", lambda *a, **k: pytest.fail("a step waited for its own draft"))
+    outputs = engine.generate(requests_for(tiny_target))
+    assert {o.rid: o.output_ids for o in outputs} == {rid: o.output_ids for rid, o in reference.items()}
+    assert engine.step_counts["choose"] > engine.step_counts["whole"] > 0
+    widths = {w for (_, w), seen in rule.samples.items() if seen}
+    assert widths == set(rule.widths())  # every width was timed, in overlapped steps
+    # the head's own predictions (in (0, 1)) steered the widths, once the rows had brought one back
+    assert any(all(0 < p < 1 for p in pred) for pred in chosen)

@@ -16,8 +16,10 @@ from adaflash.engine.passes import PREFILL_MIN_WIDTH, DevicePasses, LengthChoose
 
 @torch.no_grad()
 def capture_all(passes: DevicePasses, max_context: int | None = None, *, steps: int | None = None,
-                choose: LengthChooser | None = None, idle: bool = False) -> int:
-    """Capture every graph up to `max_context`; `steps` and `choose` must be the ones decoding uses.
+                choose: LengthChooser | None = None, ahead: bool = False, idle: bool = False) -> int:
+    """Capture every graph up to `max_context`; `steps` and `choose` must be the ones decoding uses,
+    `ahead` whether the cost rule sizes overlapped steps (`VerifyLengths._sizes_ahead`): then the fused
+    steps of every width, with the length head, too.
 
     Inputs point at the scratch slot, so no sequence is touched; when no slot is live (`idle`), the
     passes over slots 0..b-1 in order are captured too (`DevicePasses.rows_for`). Returns the number
@@ -38,7 +40,8 @@ def capture_all(passes: DevicePasses, max_context: int | None = None, *, steps: 
         scratch = torch.full((b,), passes.scratch, dtype=torch.long, device=passes.device)
         for in_order in (False, True) if idle else (False,):
             rows = torch.arange(b, device=passes.device) if in_order else scratch
-            _capture_decode(passes, rows, kvs, top, widths, steps=steps, choose=choose, in_order=in_order)
+            _capture_decode(passes, rows, kvs, top, widths, steps=steps, choose=choose, ahead=ahead,
+                            in_order=in_order)
         _capture_admissions(passes, scratch, top)
     return len(passes.graphs)
 
@@ -59,7 +62,7 @@ def _capture_admissions(passes: DevicePasses, rows: torch.Tensor, top: int) -> N
 
 
 def _capture_decode(passes: DevicePasses, rows: torch.Tensor, kvs: list[int], top: int, widths: list[int], *,
-                    steps: int | None, choose: LengthChooser | None, in_order: bool) -> None:
+                    steps: int | None, choose: LengthChooser | None, ahead: bool, in_order: bool) -> None:
     """The decode passes of one batch bucket."""
     b, widest = rows.shape[0], passes.widest
     zeros = lambda w=None: _zeros(passes, b, w)  # noqa: E731
@@ -79,6 +82,9 @@ def _capture_decode(passes: DevicePasses, rows: torch.Tensor, kvs: list[int], to
                 passes.draft(rows, zeros(), zeros() + base, base, steps=steps, choose=choose, in_order=in_order)
             passes.draft(rows, zeros(), zeros() + base, base, steps=steps, choose=None, in_order=in_order)
             # its key pairs the drafter's context bucket with the verify's kv bucket: both pairings
+            fused = [(steps, False)] + [(w - 1, True) for w in widths if w > 1] if ahead else [(steps, False)]
             for longest in (base, kv):
                 if longest + widest <= top:
-                    passes.draft_and_step(rows, zeros(), zeros() + longest, longest, steps=steps, in_order=in_order)
+                    for drafts, predict in fused:
+                        passes.draft_and_step(rows, zeros(), zeros() + longest, longest, steps=drafts,
+                                              predict=predict, in_order=in_order)

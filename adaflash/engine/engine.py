@@ -33,7 +33,7 @@ from adaflash.engine.config import EngineConfig
 from adaflash.engine.flight import Flight, Landed
 from adaflash.engine.graphs import GraphRunner
 from adaflash.engine.params import Output, Request
-from adaflash.engine.passes import DevicePasses, LengthChooser
+from adaflash.engine.passes import PREDICTION_SCALE, DevicePasses, LengthChooser
 from adaflash.engine.sampling import accept, sample_for
 from adaflash.engine.scripted import ScriptedAcceptance
 from adaflash.engine.sequence import RunningSeq
@@ -171,7 +171,8 @@ class Engine(Admitting, VerifyLengths):
     def capture_graphs(self, max_context: int | None = None) -> int:
         """Capture every decode graph a server can meet, so no request pays for a capture."""
         return capture_all(self.passes, max_context, steps=self._draft_steps(),
-                           choose=self._choose_lengths if self._reads_head() else None, idle=not self.active)
+                           choose=self._choose_lengths if self._reads_head() else None, ahead=self._sizes_ahead(),
+                           idle=not self.active)
 
     # -- drafter management -----------------------------------------------------------------
     def swap_drafter(self, drafter: Drafter, version: int | None = None) -> None:
@@ -269,7 +270,7 @@ class Engine(Admitting, VerifyLengths):
         decoding = self._decoding(landed)
         chooser = self._length_chooser(len(decoding)) if decoding else None  # once a step: it plans
         if decoding and self._overlappable(decoding, chooser):
-            self._flight = self._launch(decoding, landed)
+            self._flight = self._launch(decoding, landed, *self._ahead_plan(decoding, chooser))
             decoding = []
         if landed is not None:
             events += self._take_landed(landed)
@@ -287,15 +288,20 @@ class Engine(Admitting, VerifyLengths):
         return [s for s in seqs if s.slot not in tokens or not s.ends_within(tokens[s.slot], eos)]
 
     def _overlappable(self, seqs: list[RunningSeq], chooser: LengthChooser | None) -> bool:
-        """Greedy rows whose whole step runs on the device: no drafts or lengths the host must see."""
-        if not self.overlap or chooser is not None or any(s.request.params.temperature != 0 for s in seqs):
+        """Greedy rows whose whole step runs on the device: no drafts or lengths the host must see (the
+        cost rule's widths are chosen before the launch, from predictions earlier steps brought back)."""
+        if not self.overlap or any(s.request.params.temperature != 0 for s in seqs):
+            return False
+        if chooser is not None and not self._sizes_ahead():
             return False
         return self.drafter is None or (self._draft_steps() or 0) <= self.drafter.max_draft
 
     @torch.no_grad()
-    def _launch(self, seqs: list[RunningSeq], landed: Landed | None) -> Flight:
+    def _launch(self, seqs: list[RunningSeq], landed: Landed | None, steps: int | None = None,
+                predict: bool = False) -> Flight:
         """Launch a greedy step from each row's pending token and length: the landed step's where it
-        stepped the row (the host has not taken its tokens yet), else the row's own."""
+        stepped the row (the host has not taken its tokens yet), else the row's own. `steps`: drafts
+        every row verifies (None: `_draft_steps`); `predict`: the step brings the head's predictions back."""
         after = landed.after if landed is not None else {}
         pending = [after[s.slot][0] if s.slot in after else s.pending for s in seqs]
         lengths = [after[s.slot][1] if s.slot in after else s.length for s in seqs]
@@ -307,10 +313,11 @@ class Engine(Admitting, VerifyLengths):
             packed = self.passes.greedy_step(rows, pending_d, drafts, verify_n, lens, longest, in_order=in_order)
             kind = "decode"
         else:
-            packed = self.passes.draft_and_step(rows, pending_d, lens, longest, steps=self._draft_steps(),
-                                                in_order=in_order)
+            packed = self.passes.draft_and_step(rows, pending_d, lens, longest, steps=steps or self._draft_steps(),
+                                                predict=predict, in_order=in_order)
             kind = "whole"
-        return Flight(seqs, slots, packed, kind, started)
+            predict = predict and self.drafter.predicts_length
+        return Flight(seqs, slots, packed, kind, started, predicted=predict)
 
     def _land(self) -> Landed | None:
         """Read the step in flight (the host's one sync for it) and account for it."""
@@ -322,6 +329,9 @@ class Engine(Admitting, VerifyLengths):
         by_slot = dict(zip(flight.slots, rows))
         seqs = [s for s in flight.seqs if self._live(s)]
         packed = [by_slot[s.slot] for s in seqs]
+        if flight.predicted:
+            for seq, row in zip(seqs, packed):
+                seq.predicted = row.pop() / PREDICTION_SCALE
         if seqs:
             self._account(seqs, packed, flight.kind, seconds)
         return Landed(seqs, packed, seconds)

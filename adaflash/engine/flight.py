@@ -24,6 +24,7 @@ class Flight:
     packed: torch.Tensor  # per slot: accepted, verified, then the emitted tokens
     kind: str
     started: float  # on the engine's clock
+    predicted: bool = False  # `packed` ends with the length head's prediction column (`DevicePasses.draft_and_step`)
 
 
 @dataclass

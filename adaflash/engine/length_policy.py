@@ -26,7 +26,10 @@ reads its table every `recheck` steps, and re-times widths ever less often (a re
 several steps' time, its graphs captured on the clock). A batch smaller than one
 whose whole blocks won takes them without timing tries of its own (`_inherits_whole`).
 
-Those savings are not in the per-width step times (every width is timed with the head read), so
+On an overlapping engine (a GPU, greedy rows) `choose` reads the predictions earlier steps brought back
+with their tokens (`VerifyLengths._ahead_plan`), so a head-chosen step is overlapped like a whole-block one
+and both are timed alike. Elsewhere a head-read step waits for its own draft, and those savings are not
+in the per-width step times (every width is timed with the head read), so
 where the timings alone favour shorter widths the rule also weighs the two modes as they really
 run: head-read steps against whole-block steps that leave the head unread. Both are weighed on the
 same steps, the head-read ones: their tokens per second against the tokens whole blocks would have
@@ -87,6 +90,7 @@ class CostRule:
         self._whole_checked: dict[int, int] = {}  # per batch bucket: the step the table last said whole blocks win
         self._planned: tuple[int, str] | None = None  # what `whole_blocks` decided for the coming step
         self._best: dict[int, tuple[str, int]] = {}  # per batch bucket: the better mode and the step it became so
+        self.head_wanted = True  # whether the coming step should bring the head's predictions back (`whole_blocks`)
         a = self._accept = torch.linspace(0.0, 0.999, _GRID, dtype=torch.float64)
         lengths = torch.arange(1, block + 1, dtype=torch.float64)
         self._yield = (1 - a[:, None] ** lengths) / (1 - a[:, None])  # [grid, B]: E_L for each a
@@ -247,6 +251,9 @@ class CostRule:
         else:
             mode = self._decide(batch, bucket_)
         self._planned = (bucket_, mode)
+        # the head's predictions are wanted on coming steps, unless the widths' times alone settle on whole
+        # blocks (here, or at a larger batch this one inherits from)
+        self.head_wanted = bucket_ not in self._whole_checked and (mode != "whole" or bucket_ in self._best)
         return mode == "whole"
 
     def _inherits_whole(self, bucket_: int) -> bool:

@@ -37,6 +37,10 @@ from adaflash.models.target import TargetModel
 PREFILL_MIN_WIDTH = 32
 PREFILL_TOKENS = 8192
 
+# The length head's prediction, a ratio in (0, 1), as the integer column `draft_and_step` appends to a step's
+# packed rows: one read brings the step's tokens and the next step's widths.
+PREDICTION_SCALE = 1 << 16
+
 # The length head's ratio per row, and the most drafts → how many drafts each row verifies.
 # (head prediction [b], drafts per row) → verified drafts per row, or None when every row verifies all.
 LengthChooser = Callable[[torch.Tensor, int], torch.Tensor | None]
@@ -414,33 +418,38 @@ class DevicePasses:
         return out[:b]
 
     def draft_and_step(self, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor, longest: int, *,
-                       steps: int | None, in_order: bool = False) -> torch.Tensor:
+                       steps: int | None, predict: bool = False, in_order: bool = False) -> torch.Tensor:
         """Draft a block and take `greedy_step` on all of it, as ONE replayed pass; returns what
-        `greedy_step` does.
+        `greedy_step` does, and with `predict` one column more: the length head's prediction for the
+        block, times `PREDICTION_SCALE` (read with the step's tokens, it sizes the next step's verify).
 
-        For greedy rows that verify every draft: DFlash, OSD, EAGLE-3, MTP, and AdaFlash once its
-        cost rule has settled on whole blocks. At batch 1 a step is bound by launches and host work,
-        so the drafts stay on the device and the host launches one graph where it launched two
-        with a dozen small copies, pads and concatenations around them.
+        For greedy rows that verify every draft: DFlash, OSD, EAGLE-3, MTP, and AdaFlash under its
+        cost rule, which sets `steps` for the whole batch. At batch 1 a step is bound by launches and
+        host work, so the drafts stay on the device and the host launches one graph where it launched
+        two with a dozen small copies, pads and concatenations around them.
         """
         assert self.drafter is not None
         b, k = rows.shape[0], steps or self.drafter.max_draft
-        b_pad, w_pad, kv = self._dims(b, k + 1, longest)
+        predict = predict and self.drafter.predicts_length
+        b_pad, w_pad, kv = self._dims(b, k + 1, longest, exact=True)
         ctx = self.kv_bucket(longest)
         self.ensure_feats(longest + w_pad + 1)
         self.cache.reserve(kv)
         drafter, cache, model, step = self.drafter, self.draft_cache, self.model, self._greedy_step_fn(kv)
 
         def fused(rows_p: torch.Tensor, pending_p: torch.Tensor, lens_p: torch.Tensor) -> torch.Tensor:
-            drafts, _ = drafter.draft(cache, rows_p, pending_p, lens_p, model, ctx, steps=steps, predict_length=False)
+            drafts, pred = drafter.draft(cache, rows_p, pending_p, lens_p, model, ctx, steps=k, predict_length=predict)
             if self.script is not None:
-                drafts, _ = self.script.apply(drafts, None, rows_p, lens_p)
+                drafts, pred = self.script.apply(drafts, pred, rows_p, lens_p)
             block = torch.nn.functional.pad(torch.cat([pending_p[:, None], drafts], dim=1), (0, w_pad - k - 1))
             # Every draft is verified: accept need not mask, unless the block carries padding columns.
             verify_n = None if w_pad == k + 1 else torch.full_like(lens_p, k)
-            return step(rows_p, block, lens_p, verify_n, verified=k)
+            packed = step(rows_p, block, lens_p, verify_n, verified=k)
+            if pred is None:
+                return packed
+            return torch.cat([packed, (pred.float() * PREDICTION_SCALE).round().long()[:, None]], dim=1)
 
-        out = self._run(("draft_and_step", b_pad, w_pad, kv, ctx, steps), fused,
+        out = self._run(("draft_and_step", b_pad, w_pad, kv, ctx, k, predict), fused,
                         [self._pad_rows(rows, b_pad), self._pad(pending, b_pad), self._pad(lens, b_pad)], in_order)
         return out[:b]
 

@@ -33,6 +33,7 @@ class RunningSeq:
     # per drafted position i (from 1): [steps that verified it with every draft before it accepted, of
     # those the steps that accepted it]; a length head's short verifies count only where they reached
     by_position: list[list[int]] = field(default_factory=list)
+    predicted: float | None = None  # the length head's last prediction for this row, read with a step's tokens
     draft_time: float = 0.0
     verify_time: float = 0.0
     first_token_at: float | None = None
