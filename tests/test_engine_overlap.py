@@ -12,6 +12,7 @@ import pytest
 from adaflash.engine.config import EngineConfig
 from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request, SamplingParams
+from adaflash.engine.passes import PREDICTION_SCALE
 from adaflash.engine.sequence import RunningSeq
 from tests.test_engine_lossless import PROMPTS, drafter_for, generate_with_swap, oracle_engine
 
@@ -199,20 +200,20 @@ def test_the_cost_rule_sizes_overlapped_steps_from_the_predictions_steps_bring_b
     record = rule.record
     # a step's cost grows with its width (as at 8B, batch 64): shorter verifies pay
     monkeypatch.setattr(rule, "record", lambda batch, width, seconds, rows=None: record(batch, width, 0.01 * width, rows))
-    chosen, land, choose = [], engine._land, rule.choose
+    chosen, land, drafts = [], engine._land, rule.drafts
 
     def reads(pred, k):
         chosen.append(pred.tolist())
-        return choose(pred, k)
+        return drafts(pred, k)
 
     def landed():
         flight = engine._flight
         out = land()
         if flight is not None and flight.predicted:
-            assert all(s.predicted is not None and 0 < s.predicted < 1 for s in out.seqs)
+            assert all(s.predicted is not None and 0 < s.predicted < PREDICTION_SCALE for s in out.seqs)
         return out
 
-    monkeypatch.setattr(rule, "choose", reads)
+    monkeypatch.setattr(rule, "drafts", reads)
     monkeypatch.setattr(engine, "_land", landed)
     monkeypatch.setattr(engine, "_draft_then_verify", lambda *a, **k: pytest.fail("a step waited for its own draft"))
     outputs = engine.generate(requests_for(tiny_target))

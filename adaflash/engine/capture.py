@@ -70,8 +70,10 @@ def _capture_decode(passes: DevicePasses, rows: torch.Tensor, kvs: list[int], to
         for w in widths:
             if kv - w < 0:
                 continue
-            # Greedy requests take the fused step; sampled ones verify, then extend.
-            passes.greedy_step(rows, zeros(), zeros(w - 1), zeros(), zeros() + kv - w, kv - w, in_order=in_order)
+            # Greedy requests take the fused step (when the cost rule sizes steps ahead, every greedy step
+            # drafts inside it: `draft_and_step` below); sampled ones verify, then extend.
+            if not ahead:
+                passes.greedy_step(rows, zeros(), zeros(w - 1), zeros(), zeros() + kv - w, kv - w, in_order=in_order)
             if w == bucket(w, widest):  # a sampled verify's widths stay powers of two (`DevicePasses._dims`)
                 passes.verify(rows, zeros(w), zeros() + kv - w, kv - w, in_order=in_order)
             if passes.drafter is not None:

@@ -33,7 +33,7 @@ class RunningSeq:
     # per drafted position i (from 1): [steps that verified it with every draft before it accepted, of
     # those the steps that accepted it]; a length head's short verifies count only where they reached
     by_position: list[list[int]] = field(default_factory=list)
-    predicted: float | None = None  # the length head's last prediction for this row, read with a step's tokens
+    predicted: int | None = None  # the length head's last prediction for this row, as a step's tokens brought it (× PREDICTION_SCALE)
     draft_time: float = 0.0
     verify_time: float = 0.0
     first_token_at: float | None = None
@@ -52,9 +52,8 @@ class RunningSeq:
     def ends_within(self, new_ids: list[int], eos_ids: Sequence[int]) -> bool:
         """Whether taking `new_ids` ends the request by a stop token or its length: the checks that need
         no text, so the engine can tell before it reads a step's tokens which rows step again."""
-        stops = self.stop_ids(eos_ids)
         return len(self.output_ids) + len(new_ids) >= self.request.params.max_new_tokens \
-            or any(token in stops for token in new_ids)
+            or not self.stop_ids(eos_ids).isdisjoint(new_ids)
 
     def take(self, new_ids: list[int], *, accepted: int, proposed: int, eos_ids: Sequence[int],
              decode: Decode) -> list[int]:

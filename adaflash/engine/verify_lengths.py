@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from adaflash.engine.length_policy import CostRule
-from adaflash.engine.passes import LengthChooser
+from adaflash.engine.passes import PREDICTION_SCALE, LengthChooser
 from adaflash.methods import method_of
 
 if TYPE_CHECKING:
@@ -71,11 +72,13 @@ class VerifyLengths:
         rule = self._cost_rule()
         if chooser is None:
             return None, rule.head_wanted
-        known = [s.predicted for s in seqs if s.predicted is not None]
-        fill = sum(known) / len(known) if known else 1.0  # rows new to the batch: its mean, else a whole block
-        pred = torch.tensor([fill if s.predicted is None else s.predicted for s in seqs], dtype=torch.float64)
-        drafts = rule.choose(pred, self.drafter.max_draft)
-        return (self.drafter.max_draft if drafts is None else max(1, int(drafts[0]))), True
+        levels = [s.predicted for s in seqs]
+        if None in levels:  # rows new to the batch count as its mean, or as whole blocks accepted when none has one
+            known = [level for level in levels if level is not None]
+            fill = sum(known) / len(known) if known else PREDICTION_SCALE
+            levels = [fill if level is None else level for level in levels]
+        drafts = rule.drafts(np.array(levels, dtype=np.float64) / PREDICTION_SCALE, self.drafter.max_draft)
+        return (self.drafter.max_draft if drafts is None else max(1, drafts)), True
 
     def _cost_rule(self) -> CostRule:
         block = self.drafter.block_size if self.drafter is not None else 1
