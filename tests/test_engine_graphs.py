@@ -486,3 +486,21 @@ def test_a_fused_step_brings_back_the_length_heads_prediction(tiny_target):
     assert with_head.shape[1] == plain_step.shape[1] + 1
     assert torch.equal(with_head[:, :-1], plain_step)
     assert int(with_head[0, -1]) == round(seen[0] * PREDICTION_SCALE)
+
+
+def test_capturing_graphs_freezes_the_heap_so_full_collections_stay_short(tiny_target, monkeypatch):
+    """After a capture every live object is in the collector's permanent generation: a full collection no
+    longer walks the process's hundreds of thousands of objects mid-run. No graphs (a CPU): nothing frozen."""
+    import gc
+
+    import adaflash.engine.engine as engine_module
+
+    engine = Engine(tiny_target, "vanilla", config=EngineConfig(max_batch=2, max_len=64))
+    gc.unfreeze()
+    try:
+        assert engine.capture_graphs() == 0 and gc.get_freeze_count() == 0
+        monkeypatch.setattr(engine_module, "capture_all", lambda *a, **k: 3)
+        assert engine.capture_graphs() == 3
+        assert gc.get_freeze_count() > 1000
+    finally:
+        gc.unfreeze()
