@@ -492,6 +492,7 @@ def test_capturing_graphs_freezes_the_heap_so_full_collections_stay_short(tiny_t
     """After a capture every live object is in the collector's permanent generation: a full collection no
     longer walks the process's hundreds of thousands of objects mid-run. No graphs (a CPU): nothing frozen."""
     import gc
+    import weakref
 
     import adaflash.engine.engine as engine_module
 
@@ -502,5 +503,12 @@ def test_capturing_graphs_freezes_the_heap_so_full_collections_stay_short(tiny_t
         monkeypatch.setattr(engine_module, "capture_all", lambda *a, **k: 3)
         assert engine.capture_graphs() == 3
         assert gc.get_freeze_count() > 1000
+        # an engine a benchmark is done with, held only by its own cycle, is freed at the next capture
+        passes = weakref.ref(engine.passes)
+        engine.passes.cycle = engine.passes
+        del engine
+        assert passes() is not None  # frozen with its cycle
+        Engine(tiny_target, "vanilla", config=EngineConfig(max_batch=2, max_len=64)).capture_graphs()
+        assert passes() is None
     finally:
         gc.unfreeze()

@@ -178,11 +178,14 @@ class Engine(Admitting, VerifyLengths):
         transformers and a few thousand captured graphs has hundreds of thousands (350,000 on a CPU with a
         tiny target): one took about 200 ms there, dozens of steps' time at batch 512, at a moment no step
         chooses. Frozen, the same collection took 2.5 ms (`gc` callbacks, `engine.step` at batch 512 with the
-        device's work stubbed). What is frozen lives as long as the engine's process anyway."""
+        device's work stubbed). An engine holds reference cycles (its graphs' closures point back at its
+        passes), so a frozen engine that is dropped would keep its caches for good: each capture first
+        thaws what an earlier one froze and collects it, so an engine a benchmark is done with is freed."""
         count = capture_all(self.passes, max_context, steps=self._draft_steps(),
                             choose=self._choose_lengths if self._reads_head() else None, ahead=self._sizes_ahead(),
                             idle=not self.active)
         if count:
+            gc.unfreeze()
             gc.collect()
             gc.freeze()
         return count
