@@ -1,7 +1,15 @@
-"""An engine step's host time with the device's work replaced by a fixed answer: what a GPU would wait for if
-the host were slower than its step. Runs on a CPU. Usage: host_step.py BATCH,BATCH,... [TARGET]
-(TARGET: a small model folder, e.g. from `adaflash models synth qwen3-tiny`)."""
+"""An engine step's host time with the device's work replaced by fixed answers: what a GPU would wait for if the
+host were slower than its step. Runs on a CPU. Usage: host_step.py BATCH,BATCH,... [TARGET] [METHOD]
+(TARGET: a small model folder, e.g. from `adaflash models synth qwen3-tiny`; METHOD: vanilla, dflash or
+adaflash, with a fresh one-layer block-8 drafter; each step accepts 0 or 1 drafts at random).
 
+It prints two figures per batch size, the best of three runs:
+- the host time of a whole step: it must stay below the device's step, or the device waits;
+- the time from a step's read to the next launch: the device idles through it whatever the step costs,
+  since an overlapped step is launched only once the one before it is read (`Engine.step`)."""
+
+import random
+import statistics
 import sys
 import time
 
@@ -9,32 +17,66 @@ import torch
 
 from adaflash.engine.build import build_engine
 from adaflash.engine.config import EngineConfig
+from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request, SamplingParams
+from adaflash.models.drafter_io import new_drafter
 
 
-def host_ms(target: str, batch: int, steps: int = 60) -> float:
-    engine = build_engine(target, "vanilla", config=EngineConfig(max_batch=batch, max_len=512, overlap=True,
-                                                                 pad_shapes=True), device="cpu", dtype="float32")
-    passes, vocab = engine.passes, engine.model.cfg.vocab_size
-    answer = torch.tensor([[0, 0, 7]] * batch)  # accepted, verified, the token: every row emits token 7
+def stubbed_engine(target: str, batch: int, method: str) -> Engine:
+    """An engine whose passes answer at once: every row emits token 7 after accepting 0 or 1 drafts."""
+    config = EngineConfig(max_batch=batch, max_len=1024, overlap=True, pad_shapes=True, length_policy="cost")
+    engine = build_engine(target, "vanilla", config=config, device="cpu", dtype="float32")
+    if method != "vanilla":
+        drafter = new_drafter("dflash", engine.model.cfg, layers=1, block_size=8, length_head=method == "adaflash")
+        engine = Engine(engine.target, method, drafter, config=config)
+    passes, vocab, draw = engine.passes, engine.model.cfg.vocab_size, random.Random(0)
+    made: dict[tuple[int, int, bool], list[torch.Tensor]] = {}
 
-    def stub_step(rows_p, block_p, lens_p, verify_n_p, verified=0):
-        return answer[: rows_p.shape[0]]
+    def answer(rows: int, drafts: int, predict: bool) -> torch.Tensor:
+        """One of eight answers drawn once per shape: drawing them is no part of the host's step."""
+        if (rows, drafts, predict) not in made:
+            made[rows, drafts, predict] = [torch.tensor([
+                [min(drafts, draw.randint(0, 1)), drafts] + [7] * (drafts + 1) + ([draw.randint(1000, 60000)] if predict else [])
+                for _ in range(rows)]) for _ in range(8)]
+        return draw.choice(made[rows, drafts, predict])
 
-    passes._greedy_step_fn = lambda kv: stub_step
+    passes._greedy_step_fn = lambda kv: lambda rows_p, block_p, lens_p, verify_n_p, verified=0: answer(len(rows_p), 0, False)
+    passes.draft_and_step = lambda rows, pending, lens, longest, *, steps, predict=False, in_order=False: answer(
+        len(rows), steps or 7, predict and method == "adaflash")
     passes.prefill = lambda ids, rows, length: torch.zeros(ids.shape[0], vocab)
+    passes.admit = lambda *args, **kwargs: None
     for i in range(batch):
-        engine.add(Request(prompt_ids=[5] * 40, params=SamplingParams(max_new_tokens=400, ignore_eos=True), rid=str(i)))
-    for _ in range(3):
+        engine.add(Request(prompt_ids=[5] * 40, params=SamplingParams(max_new_tokens=900, ignore_eos=True), rid=str(i)))
+    return engine
+
+
+def host_us(target: str, batch: int, method: str, steps: int = 60) -> tuple[float, float]:
+    """(host µs a step, median µs from a step's read to the next launch)."""
+    engine = stubbed_engine(target, batch, method)
+    gaps, read, land, launch = [], [0.0], engine._land, engine._launch
+
+    def timed_land():
+        read[0] = time.perf_counter()
+        return land()
+
+    def timed_launch(*args):
+        gaps.append(time.perf_counter() - read[0])
+        return launch(*args)
+
+    engine._land, engine._launch = timed_land, timed_launch
+    for _ in range(20):
         engine.step()
+    gaps.clear()
     started = time.perf_counter()
     for _ in range(steps):
         engine.step()
-    return (time.perf_counter() - started) / steps * 1e3
+    return (time.perf_counter() - started) / steps * 1e6, statistics.median(gaps) * 1e6
 
 
 if __name__ == "__main__":
     target = sys.argv[2] if len(sys.argv) > 2 else "synth/qwen3-tiny"
+    method = sys.argv[3] if len(sys.argv) > 3 else "vanilla"
     for batch in (int(b) for b in sys.argv[1].split(",")):
-        ms = min(host_ms(target, batch) for _ in range(3))
-        print(f"batch {batch}: {ms:.3f} ms of host time a step ({ms / batch * 1e3:.2f} us a row)")
+        step, gap = (min(values) for values in zip(*(host_us(target, batch, method) for _ in range(3))))
+        print(f"{method} batch {batch}: {step / 1e3:.3f} ms of host time a step ({step / batch:.2f} us a row), "
+              f"{gap:.0f} us from a step's read to the next launch")
