@@ -312,3 +312,25 @@ def test_the_tail_of_a_run_takes_whole_blocks_without_timing_tries(tiny_target):
     assert set(engine.step_counts) - {"prefill"} == {"whole"}
     assert engine.cost_rule.cost(2) is None and engine.cost_rule.cost(1) is None
     assert set(engine.cost_rule.whole_seconds) == {1, 2, 4}  # every bucket stepped
+
+
+def test_a_step_sized_ahead_counts_rows_without_a_prediction_as_the_batch_mean(tiny_target, monkeypatch):
+    """Rows new to the batch have brought no prediction back yet: they count as the others' mean, and when no
+    row has one the step verifies as if every draft were accepted."""
+    from types import SimpleNamespace
+
+    from adaflash.engine.passes import PREDICTION_SCALE
+    from tests.test_engine_lossless import drafter_for
+
+    engine = Engine(tiny_target, "adaflash", drafter_for("adaflash", tiny_target),
+                    config=EngineConfig(max_batch=4, max_len=256, pad_shapes=True, length_policy="cost"))
+    assert engine._sizes_ahead()
+    rule = engine.cost_rule = trained(CostRule(8, engine.min_length, max_batch=4, refresh=0), 4, lambda w: w)
+    seen = []
+    monkeypatch.setattr(rule, "drafts", lambda pred, k: seen.append(pred.tolist()) or 3)
+    rows = lambda *levels: [SimpleNamespace(predicted=level) for level in levels]  # noqa: E731
+    assert engine._ahead_plan(rows(PREDICTION_SCALE // 4, None, PREDICTION_SCALE // 2, None), chooser=len) == (3, True)
+    assert engine._ahead_plan(rows(None, None), chooser=len) == (3, True)
+    assert seen == [[0.25, 0.375, 0.5, 0.375], [1.0, 1.0]]
+    # a step that verifies whole blocks brings predictions back only while the modes are being weighed
+    assert engine._ahead_plan(rows(None), chooser=None) == (None, rule.head_wanted)
