@@ -84,7 +84,7 @@ def _capture_decode(passes: DevicePasses, rows: torch.Tensor, kvs: list[int], to
                 passes.draft(rows, zeros(), zeros() + base, base, steps=steps, choose=choose, in_order=in_order)
             passes.draft(rows, zeros(), zeros() + base, base, steps=steps, choose=None, in_order=in_order)
             # its key pairs the drafter's context bucket with the verify's kv bucket: both pairings
-            fused = [(steps, False)] + [(w - 1, True) for w in widths if w > 1] if ahead else [(steps, False)]
+            fused = [(steps, False)] + ([(w - 1, True) for w in widths if w > 1] if ahead else [])
             for longest in (base, kv):
                 if longest + widest <= top:
                     for drafts, predict in fused:

@@ -332,7 +332,6 @@ class Engine(Admitting, VerifyLengths):
             packed = self.passes.draft_and_step(rows, pending_d, lens, longest, steps=steps or self._draft_steps(),
                                                 predict=predict, in_order=in_order)
             kind = "whole"
-            predict = predict and self.drafter.predicts_length
         return Flight(seqs, slots, packed, kind, started, predicted=predict)
 
     def _land(self) -> Landed | None:
@@ -424,7 +423,7 @@ class Engine(Admitting, VerifyLengths):
         about 90 µs, numpy 11, and the device waits for this between two overlapped steps."""
         own = [s.slot for s in seqs]
         slots, in_order = self.passes.rows_for(own, fill=fill)
-        if slots is own:
+        if len(slots) == len(own):  # the rows themselves (`rows_for` pads only by adding free slots)
             columns = np.array([slots, pending, lengths], dtype=np.int64)
         else:
             columns = np.zeros((3, len(slots)), dtype=np.int64)

@@ -62,13 +62,15 @@ class VerifyLengths:
         (at 8B, batch 32, on an H100, such a step verifying 8 cost 15.1 ms against 13.2 for an
         overlapped whole block). The width is one for the batch, so a prediction one step old steers it
         nearly as well: a row's acceptance moves slowly from step to step."""
-        return self._reads_head() and self.length_policy == "cost" and self.overlap
+        return self._reads_head() and self.length_policy == "cost" and self.overlap \
+            and self.drafter is not None and self.drafter.predicts_length
 
     def _ahead_plan(self, seqs: list[RunningSeq], chooser: LengthChooser | None) -> tuple[int | None, bool]:
         """For an overlapped step: (drafts every row verifies, None for `_draft_steps`; whether the step
         brings the head's predictions back)."""
-        if not self._sizes_ahead() or self.drafter is None:
+        if not self._sizes_ahead():
             return None, False
+        assert self.drafter is not None  # `_sizes_ahead` says so
         rule = self._cost_rule()
         if chooser is None:
             return None, rule.head_wanted
