@@ -118,6 +118,8 @@ class LogView(Log):
             line = self.top_line()
             self._rewrap()
             self.show_line(line, margin=0)
+        if self.auto_scroll:  # a following log stays at its end whatever its size (also at its first layout)
+            self.scroll_end(animate=False, x_axis=False)
 
     def _render_line(self, y: int, scroll_x: int, width: int) -> Strip:
         if not self.wrap:
