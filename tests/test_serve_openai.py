@@ -103,6 +103,37 @@ async def test_chat_applies_the_template_and_streams_deltas_that_add_up(server, 
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
 
 
+async def test_n_samples_each_prompt_n_times_in_turn(server, engine_alone, tiny_target):
+    """`n`: each prompt's answers in turn (choice index = prompt index × n + j), a prompt's tokens counted
+    once in `usage`; a seeded request's copies draw with seeds of their own, the first as n=1 would."""
+    prompts = ["Hello there", "Say hi"]
+    status, text = await _post(server.url + "/v1/completions", {"prompt": prompts, "n": 3, **GREEDY})
+    assert status == 200, text
+    body = json.loads(text)
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    assert [c["text"] for c in body["choices"]] == [tiny_target.decode(engine_alone(p)) for p in prompts for _ in range(3)]
+    prompt_tokens = sum(len(tiny_target.encode(p)) for p in prompts)
+    assert body["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 6 * MAX_NEW,
+                             "total_tokens": prompt_tokens + 6 * MAX_NEW}
+
+    sampled = {"messages": CHAT, "max_tokens": MAX_NEW, "temperature": 1.5, "seed": 7, "ignore_eos": True}
+    status, text = await _post(server.url + "/v1/chat/completions", {**sampled, "n": 4})
+    assert status == 200, text
+    answers = [c["message"]["content"] for c in json.loads(text)["choices"]]
+    status, text = await _post(server.url + "/v1/chat/completions", sampled)
+    assert answers[0] == json.loads(text)["choices"][0]["message"]["content"]
+    assert len(set(answers)) > 1  # a tiny random target at temperature 1.5: four seeds, not one answer
+
+    async with aiohttp.ClientSession() as session, session.post(
+            server.url + "/v1/chat/completions", json={**sampled, "n": 4, "stream": True,
+                                                       "stream_options": {"include_usage": True}}) as response:
+        chunks = _events((await response.read()).decode())
+    streamed = ["".join(c["choices"][0]["delta"].get("content", "") for c in chunks
+                        if c["choices"] and c["choices"][0]["index"] == i) for i in range(4)]
+    assert streamed == answers
+    assert chunks[-1]["usage"]["prompt_tokens"] == len(tiny_target.encode(tiny_target.render(CHAT)))
+
+
 async def test_continuous_usage_stats_count_every_chunk(server, tiny_target):
     """stream_options.continuous_usage_stats (vLLM's, honoured with include_usage): each text chunk says
     its request's tokens so far, rising to the last chunk's total; without include_usage, none do."""
@@ -137,7 +168,9 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "messages[0].content[0]"),
-    ("/v1/chat/completions", {"messages": CHAT, "n": 2}, 400, "n=2 is not supported"),
+    ("/v1/chat/completions", {"messages": CHAT, "n": 0}, 400, "n must be an integer from 1 to 128, got 0"),
+    ("/v1/completions", {"prompt": ["a"] * 40, "n": 128}, 400, "at most 4096 answers (prompts × n), got 5120"),
+    ("/v1/completions", {"prompt": "a", "best_of": 2}, 400, "best_of=2 is not supported"),
     ("/v1/chat/completions", {"messages": CHAT, "model": "gpt-4"}, 404, "model 'gpt-4' is not served here"),
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 65}, 400, "'max_tokens'=65 exceeds the limit 64"),
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 4, "max_completion_tokens": 5}, 400, "not both"),
@@ -173,3 +206,17 @@ async def test_clients_defaults_are_accepted(server):
     status, text = await _post(server.url + "/v1/chat/completions", {"messages": CHAT, "ignore_eos": True})
     assert status == 200, text
     assert json.loads(text)["usage"]["completion_tokens"] == 64
+
+
+def test_copies_draw_with_seeds_of_their_own_within_range():
+    """Copy j of a seeded prompt draws with seed + j, or seed - j where seed + j passes the largest seed."""
+    from adaflash.engine.params import MAX_SEED, SamplingParams
+    from adaflash.serve.protocol import GenerateItem, with_samples
+
+    def seeds(seed):
+        items = with_samples([GenerateItem("a", None, SamplingParams(temperature=1.0, seed=seed), rid="r")], [3])
+        return [item.params.seed for item in items], [item.rid for item in items]
+
+    assert seeds(5) == ([5, 6, 7], ["r-0", "r-1", "r-2"])
+    assert seeds(MAX_SEED - 1)[0] == [MAX_SEED - 1, MAX_SEED, MAX_SEED - 3]
+    assert seeds(None)[0] == [None] * 3

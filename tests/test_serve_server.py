@@ -95,6 +95,28 @@ async def test_concurrent_clients_are_batched_and_match_generate_alone(server, r
         assert out["output_ids"] == references[text]
 
 
+async def test_n_answers_each_prompt_n_times_in_turn(server, references, tiny_target):
+    """sampling_params.n, as SGLang's: a list, each prompt's n answers in turn (a stream's chunks carry their
+    place in it as `index`); a given rid becomes rid-j; n is read per prompt from a list of sampling_params."""
+    status, text = await _post(server.url + "/generate", {**_gen(PROMPTS[0], n=2), "rid": "ask"})
+    assert status == 200, text
+    outputs = json.loads(text)
+    assert [o["output_ids"] for o in outputs] == [references[PROMPTS[0]]] * 2
+    assert [o["meta_info"]["id"] for o in outputs] == ["ask-0", "ask-1"]
+
+    body = _gen(PROMPTS[1:3])
+    body["sampling_params"] = [{**body["sampling_params"], "n": 2}, {**body["sampling_params"], "n": 1}]
+    status, text = await _post(server.url + "/generate", body)
+    assert [o["output_ids"] for o in json.loads(text)] == [references[PROMPTS[1]]] * 2 + [references[PROMPTS[2]]]
+
+    async with aiohttp.ClientSession() as session, session.post(
+            server.url + "/generate", json={**_gen(PROMPTS[3], n=3), "stream": True}) as response:
+        raw = (await response.read()).decode()
+    chunks = [json.loads(e[len("data: "):]) for e in raw.split("\n\n") if e and e != "data: [DONE]"]
+    finals = {c["index"]: c["output_ids"] for c in chunks if c["meta_info"]["finish_reason"] is not None}
+    assert finals == {i: references[PROMPTS[3]] for i in range(3)}
+
+
 async def test_streaming_sends_cumulative_chunks_then_done(server, references):
     body = {**_gen(PROMPTS[0]), "stream": True}
     async with aiohttp.ClientSession() as session, session.post(server.url + "/generate", json=body) as response:
@@ -203,6 +225,9 @@ BAD = [
     ("temperature Infinity", None, b'{"text": "a", "sampling_params": {"temperature": Infinity}}'),
     ("stop not a string", {"text": "a", "sampling_params": {"stop": 0}}, None),
     ("stop an object", {"text": "a", "sampling_params": {"stop": {}}}, None),
+    ("n zero", {"text": "a", "sampling_params": {"n": 0}}, None),
+    ("n a string", {"text": "a", "sampling_params": {"n": "2"}}, None),
+    ("n past the answers a request may ask", {"text": ["a"] * 40, "sampling_params": {"n": 128}}, None),
     ("lone surrogate", {"text": "\ud800 hi"}, None),
 ]
 

@@ -21,7 +21,7 @@ from adaflash.serve.engine_loop import Failure, Handle
 from adaflash.serve.event_stream import EventStream
 from adaflash.serve.http_errors import error_response
 from adaflash.serve.openai_protocol import OpenAIInput, parse_chat, parse_completion
-from adaflash.serve.protocol import BadRequest, GenerateItem
+from adaflash.serve.protocol import BadRequest, GenerateItem, with_samples
 from adaflash.serve.tokenize import TokenRoutes
 
 if TYPE_CHECKING:
@@ -96,17 +96,17 @@ class OpenAIRoutes:
 
     async def _answer(self, request: web.Request, parsed: OpenAIInput, prompts: list[str | list[int]], *, chat: bool,
                       arrived: float) -> web.StreamResponse:
-        items = [GenerateItem(p if isinstance(p, str) else None, None if isinstance(p, str) else list(p),
-                              dataclasses.replace(parsed.params, stop=list(parsed.params.stop)),
-                              adapt=parsed.adapt, tag=parsed.tag)
-                 for p in prompts]
+        items = with_samples([GenerateItem(p if isinstance(p, str) else None, None if isinstance(p, str) else list(p),
+                                           dataclasses.replace(parsed.params, stop=list(parsed.params.stop)),
+                                           adapt=parsed.adapt, tag=parsed.tag)
+                              for p in prompts], [parsed.n] * len(prompts))
         try:
             handles = await self.server.submit(items, arrived, field="messages" if chat else "prompt")
         except BadRequest as err:  # the engine's checks name the native field
             if "input_ids" not in str(err):
                 raise
             raise BadRequest(str(err).replace("input_ids", "'prompt' token ids"), err.status, param="prompt") from None
-        reply = Reply(chat, self.model_id)
+        reply = Reply(chat, self.model_id, parsed.n)
         try:
             if parsed.stream:
                 return await self._stream(request, handles, reply, parsed.include_usage, parsed.usage_every_chunk)
@@ -152,7 +152,7 @@ class OpenAIRoutes:
 
         await asyncio.gather(*(pump(i, h) for i, h in enumerate(handles)))
         if include_usage and len(outputs) == len(handles):
-            await send({**reply.header(chunk=True), "choices": [], "usage": usage(outputs)})
+            await send({**reply.header(chunk=True), "choices": [], "usage": usage(outputs, reply.n)})
         return await events.close()
 
 
@@ -162,6 +162,7 @@ class Reply:
 
     chat: bool
     model: str
+    n: int = 1  # answers per prompt: a prompt's tokens count once in `usage`, not once an answer
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
@@ -177,7 +178,7 @@ class Reply:
         else:
             choices = [{"index": i, "text": o.text, "logprobs": None, "finish_reason": finish_reason(o)}
                        for i, o in enumerate(outputs)]
-        return {**self.header(chunk=False), "choices": choices, "usage": usage(outputs)}
+        return {**self.header(chunk=False), "choices": choices, "usage": usage(outputs, self.n)}
 
     def chunk(self, index: int, delta: str, finish: str | None, *, role: bool = False) -> dict[str, Any]:
         if self.chat:
@@ -194,8 +195,9 @@ def finish_reason(output: Output) -> str:
     return "length" if finish.get("type") == "length" else "stop"
 
 
-def usage(outputs: list[Output]) -> dict[str, int]:
-    return token_counts(sum(int(o.meta_info["prompt_tokens"]) for o in outputs),
+def usage(outputs: list[Output], n: int = 1) -> dict[str, int]:
+    """An OpenAI `usage` object: each prompt's tokens once, whatever its n answers (outputs in any order)."""
+    return token_counts(sum(int(o.meta_info["prompt_tokens"]) for o in outputs) // n,
                         sum(int(o.meta_info["completion_tokens"]) for o in outputs))
 
 

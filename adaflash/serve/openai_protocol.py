@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaflash.engine.params import SamplingParams
-from adaflash.serve.protocol import MAX_PROMPTS_PER_REQUEST, BadRequest, adapt_fields, check_unicode
+from adaflash.serve.protocol import (
+    MAX_PROMPTS_PER_REQUEST,
+    BadRequest,
+    adapt_fields,
+    check_unicode,
+    sample_count,
+)
 
 # OpenAI's documented defaults where they differ from the native API's.
 COMPLETION_MAX_TOKENS = 16
@@ -22,7 +28,7 @@ DEFAULT_TEMPERATURE = 1.0
 # Fields clients send with these values by default: accepted only with a value that means "off".
 # (null always means "off"; values compare with their JSON type, so `true` is not `1`)
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
+    "best_of": (1,), "echo": (False,), "logprobs": (False, 0), "top_logprobs": (0,),
     "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},), "suffix": (),
     "repetition_penalty": (1, 1.0), "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
     "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},),
@@ -32,7 +38,7 @@ RENAMED = {"sampling_params.max_new_tokens": "'max_tokens'", "sampling_params.te
            "sampling_params.top_p": "'top_p'", "sampling_params.top_k": "'top_k'", "sampling_params.min_p": "'min_p'",
            "sampling_params.seed": "'seed'"}
 HARMLESS = {"user", "metadata", "store", "service_tier", "stream_options", "model"}
-COMMON = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "ignore_eos", "adapt", "tag"}
+COMMON = {"n", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "ignore_eos", "adapt", "tag"}
 ROLES = ("system", "user", "assistant", "developer")
 
 
@@ -49,6 +55,7 @@ class OpenAIInput:
     # stream_options.continuous_usage_stats (vLLM's), with include_usage: every chunk carries its
     # request's counts so far, which tells a chunk of several tokens (a speculative step) from one
     usage_every_chunk: bool = False
+    n: int = 1  # answers sampled for each prompt (choice index: prompt index × n + j)
 
 
 def parse_completion(body: Any, *, max_new_tokens_limit: int | None = None) -> OpenAIInput:
@@ -63,11 +70,15 @@ def parse_completion(body: Any, *, max_new_tokens_limit: int | None = None) -> O
                          "or a list of such lists, none empty", param="prompt")
     if len(prompts) > MAX_PROMPTS_PER_REQUEST:
         raise BadRequest(f"'prompt' holds at most {MAX_PROMPTS_PER_REQUEST} prompts per request, got {len(prompts)}")
+    n = sample_count(body.get("n"), "n")
+    if len(prompts) * n > MAX_PROMPTS_PER_REQUEST:
+        raise BadRequest(f"a request asks for at most {MAX_PROMPTS_PER_REQUEST} answers (prompts × n), "
+                         f"got {len(prompts) * n}", param="n")
     for index, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             check_unicode(prompt, f"'prompt'[{index}]" if len(prompts) > 1 else "'prompt'")
     return OpenAIInput(prompts, None, *_common(body, COMPLETION_MAX_TOKENS, max_new_tokens_limit), *adapt_fields(body),
-                       usage_every_chunk=_usage_every_chunk(body))
+                       usage_every_chunk=_usage_every_chunk(body), n=n)
 
 
 def parse_chat(body: Any, *, max_new_tokens_limit: int | None = None) -> OpenAIInput:
@@ -79,7 +90,7 @@ def parse_chat(body: Any, *, max_new_tokens_limit: int | None = None) -> OpenAII
             raise BadRequest("give 'max_completion_tokens' or 'max_tokens', not both")
         body = {**body, "max_tokens": body["max_completion_tokens"]}
     return OpenAIInput(None, messages, *_common(body, CHAT_MAX_TOKENS, max_new_tokens_limit), *adapt_fields(body),
-                       usage_every_chunk=_usage_every_chunk(body))
+                       usage_every_chunk=_usage_every_chunk(body), n=sample_count(body.get("n"), "n"))
 
 
 def _token(value: Any) -> bool:

@@ -7,11 +7,12 @@ disturb the others being decoded.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from adaflash.engine.params import SamplingParams
+from adaflash.engine.params import MAX_SEED, SamplingParams
 
 # Top-level fields SGLang's GenerateReqInput accepts that the embedded engine does not implement.
 # Clients (SGLang's bench_serving among them) send them with their defaults; any other value is a 400
@@ -31,7 +32,7 @@ MAX_PROMPTS_PER_REQUEST = 4096
 
 # Sampling fields SGLang knows that the engine does not implement, with the value that means "off".
 NEUTRAL_SAMPLING = {
-    "n": 1, "min_new_tokens": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+    "min_new_tokens": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
     "skip_special_tokens": True, "spaces_between_special_tokens": True, "no_stop_trim": False,
     "json_schema": None, "regex": None,
 }
@@ -132,13 +133,50 @@ def parse_generate(body: Any, *, max_new_tokens_limit: int | None = None,
         if not batch or len(raw_params) != count:
             raise BadRequest("a list of 'sampling_params' needs a batched input of the same length")
         param_list = [parse_sampling(p, max_new_tokens_limit) for p in raw_params]
+        counts = [sample_count(p.get("n") if isinstance(p, dict) else None, f"sampling_params[{i}].n")
+                  for i, p in enumerate(raw_params)]
     else:
         one = parse_sampling(raw_params, max_new_tokens_limit)
         param_list = [one] + [parse_sampling(raw_params, max_new_tokens_limit) for _ in range(count - 1)]
+        counts = [sample_count(raw_params.get("n") if isinstance(raw_params, dict) else None, "sampling_params.n")] * count
+    if sum(counts) > max_batch:
+        raise BadRequest(f"a request asks for at most {max_batch} answers (prompts × n), got {sum(counts)}",
+                         param="sampling_params.n")
     rids = _rids(body.get("rid"), batch, count)
     adapt, tag = adapt_fields(body)
     items = [GenerateItem(texts[i], ids[i], param_list[i], rids[i], adapt, tag) for i in range(count)]
-    return GenerateInput(items, batch, stream)
+    # n > 1 answers with a list, as SGLang does: each prompt's n answers in turn
+    return GenerateInput(with_samples(items, counts), batch or max(counts) > 1, stream)
+
+
+MAX_SAMPLES = 128  # answers one prompt may ask for (OpenAI's own limit)
+
+
+def sample_count(raw: Any, name: str) -> int:
+    """`n`: how many answers to sample for a prompt (null: 1)."""
+    if raw is None:
+        return 1
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 1 <= raw <= MAX_SAMPLES:
+        raise BadRequest(f"{name} must be an integer from 1 to {MAX_SAMPLES}, got {raw!r}", param=name.split("[")[0])
+    return raw
+
+
+def with_samples(items: list[GenerateItem], counts: list[int]) -> list[GenerateItem]:
+    """Each item `counts[i]` times in a row, each copy its own request. Copy j of a seeded request draws with
+    seed + j (seed - j past the largest seed), so copy 0 is the answer n=1 gives and the others differ from
+    it; a given rid becomes rid-j. Greedy copies are alike, as OpenAI's are."""
+    out: list[GenerateItem] = []
+    for item, n in zip(items, counts):
+        if n == 1:
+            out.append(item)
+            continue
+        seed = item.params.seed
+        for j in range(n):
+            copy_seed = None if seed is None else seed + j if seed + j <= MAX_SEED else seed - j
+            params = dataclasses.replace(item.params, stop=list(item.params.stop),
+                                         stop_token_ids=list(item.params.stop_token_ids), seed=copy_seed)
+            out.append(dataclasses.replace(item, params=params, rid=None if item.rid is None else f"{item.rid}-{j}"))
+    return out
 
 
 MAX_TAG_CHARS = 64
@@ -198,7 +236,7 @@ def parse_sampling(raw: Any, max_new_tokens_limit: int | None = None) -> Samplin
     if stop_ids is not None and (not isinstance(stop_ids, list)
                                  or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids)):
         raise BadRequest("sampling_params.stop_token_ids must be a list of integers")
-    cleaned = {k: v for k, v in raw.items() if k not in NEUTRAL_SAMPLING}
+    cleaned = {k: v for k, v in raw.items() if k not in NEUTRAL_SAMPLING and k != "n"}  # n: `sample_count`
     default_tokens = SamplingParams.max_new_tokens
     if cleaned.get("max_new_tokens") is None and max_new_tokens_limit is not None:
         cleaned["max_new_tokens"] = min(default_tokens, max_new_tokens_limit)  # the default, capped: not refused
