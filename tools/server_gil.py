@@ -1,6 +1,7 @@
-"""A server's throughput against its own engine's, with the device replaced by a sleep: what the interpreter
-lock costs a server whose GPU step takes GPU_MS. The engine's passes return at once after sleeping GPU_MS
-(the lock is free meanwhile, as it is while a real step runs); the server is `adaflash serve`'s, in this
+"""A server's throughput against its own engine's, with the device replaced by a clock: what the interpreter
+lock costs a server whose GPU step takes GPU_MS. A launch returns at once, as a CUDA launch does, and reading
+its tokens waits until GPU_MS after the device's earlier work (the lock free, as while `tolist()` waits for a
+real step); the server is `adaflash serve`'s, in this
 process, and `adaflash bench --stream` drives it from another at concurrency BATCH, each pinned to a core of its
 own where there are two. Runs on a CPU; a busy or shared machine gives noisy throughputs, and the event loop's
 CPU time a streamed token (sockets included) is the steadier figure.
@@ -8,6 +9,7 @@ Usage: server_gil.py [GPU_MS] [BATCH] [TARGET] [WAVES] (a small model folder, e.
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -29,19 +31,33 @@ NEW_TOKENS = 256  # at most; a row ends with the eos token at each step with cha
 
 
 def stub_engine(target: str, batch: int, gpu_ms: float):
+    """A GPU as the host sees it: a launch returns at once and queues GPU_MS of device work after the work
+    already queued; reading a step's tokens waits, the lock free, until that work is done."""
     engine = build_engine(target, "vanilla", config=EngineConfig(max_batch=batch, max_len=1024, overlap=True,
                                                                  pad_shapes=True), device="cpu", dtype="float32")
     passes, vocab = engine.passes, engine.model.cfg.vocab_size
     eos = engine.target.ensure_tokenizer() and engine.target.eos_ids[0]
     draws = torch.Generator().manual_seed(0)
+    device_free, done_at = [0.0], {}
 
     def stub_step(rows_p, block_p, lens_p, verify_n_p, verified=0):
-        time.sleep(gpu_ms / 1e3)
         rows = rows_p.shape[0]  # each row: accepted, verified, its token (7, or the eos token)
         ends = torch.rand(rows, generator=draws) < 1 / 128
-        return torch.stack([torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long),
-                            torch.where(ends, eos, 7)], dim=1)
+        packed = torch.stack([torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long),
+                              torch.where(ends, eos, 7)], dim=1)
+        device_free[0] = max(time.perf_counter(), device_free[0]) + gpu_ms / 1e3
+        done_at[id(packed)] = device_free[0]
+        return packed
 
+    land = engine._land
+
+    def land_when_done():
+        flight = engine._flight
+        if flight is not None:
+            time.sleep(max(0.0, done_at.pop(id(flight.packed), 0.0) - time.perf_counter()))
+        return land()
+
+    engine._land = land_when_done
     passes._greedy_step_fn = lambda kv: stub_step
     passes.prefill = lambda ids, rows, length: torch.zeros(ids.shape[0], vocab)
     return engine
@@ -51,19 +67,21 @@ def engine_tok_s(engine, prompts: int) -> float:
     for i in range(prompts):
         engine.add(Request(prompt_ids=[5] * 40, params=SamplingParams(max_new_tokens=NEW_TOKENS),
                            rid=str(i)))
-    started, tokens, steps = time.perf_counter(), 0, 0
+    started, tokens, steps, rows = time.perf_counter(), 0, 0, 0
     while engine.has_work():
+        rows += len(engine.active)
         tokens += sum(len(event.new_ids) for event in engine.step())
         steps += 1
     seconds = time.perf_counter() - started
-    print(f"engine: {steps} steps, {seconds / steps * 1e3:.2f} ms a step")
+    print(f"engine: {steps} steps, {seconds / steps * 1e3:.2f} ms a step, {rows / steps:.1f} rows a step")
     return tokens / seconds
 
 
 def server_tok_s(engine, target: str, prompts: int, batch: int) -> float:
-    busy, step = [0.0, 0], engine.step
+    busy, step = [0.0, 0, 0], engine.step
 
     def timed_step():
+        busy[2] += len(engine.active)
         started = time.perf_counter()
         events = step()
         busy[0] += time.perf_counter() - started
@@ -84,13 +102,16 @@ def server_tok_s(engine, target: str, prompts: int, batch: int) -> float:
                                   "--max-new-tokens", str(NEW_TOKENS), "--no-chat", "--warmup", "0",
                                   "--target", target, "--json"], capture_output=True, text=True, check=True)
         http_seconds = time.clock_gettime(http_cpu) - http_started
+        client = resource.getrusage(resource.RUSAGE_CHILDREN)
     finally:
         running.stop()
     result = json.loads(out.stdout)
+    print(f"client: {client.ru_utime + client.ru_stime:.2f} s of CPU over its {result['duration']:.2f} s of requests "
+          "(its start included)")
     print(f"server: its event loop's thread spent {http_seconds / result['total_output_tokens'] * 1e6:.1f} us of "
           "CPU a streamed token (sockets, HTTP and requests included)")
     print(f"server: {busy[1]} steps, {busy[0] / busy[1] * 1e3:.2f} ms a step inside engine.step, "
-          f"{result['duration'] - busy[0]:.2f} s of {result['duration']:.2f} outside it; median TPOT "
+          f"{busy[2] / busy[1]:.1f} rows a step, {result['duration'] - busy[0]:.2f} s of {result['duration']:.2f} outside it; median TPOT "
           f"{result['median_tpot_ms']:.2f} ms, mean TTFT {result['mean_ttft_ms']:.1f} ms")
     return result["output_throughput"]
 
