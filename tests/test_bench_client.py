@@ -147,3 +147,23 @@ def test_bench_speaks_the_openai_api_too(live, workspace):
     assert unlabelled["method"] is None and unlabelled["total_output_tokens"] == 15  # no /get_server_info to read
     wrong = CliRunner().invoke(cli, ["bench", "--base-url", live.url + "/nothing", "--dataset", "gsm8k", "--api", "openai"])
     assert wrong.exit_code == 2 and "/v1/models answered HTTP 404" in wrong.output
+
+
+def test_a_partial_native_chunk_is_read_for_its_counts_alone():
+    """A partial chunk gives its meta_info (compact or spaced JSON, a text that quotes the key itself); a last
+    chunk, an error, or one without a count is decoded whole."""
+    import json
+
+    from adaflash.bench.client import _native_chunk
+
+    meta = {"id": "r", "completion_tokens": 3, "finish_reason": None}
+    tricky = 'say "meta_info": {"completion_tokens": 99}'
+    for dumps in (json.dumps, lambda o: json.dumps(o, separators=(",", ":"))):
+        partial = dumps({"text": tricky, "output_ids": [1, 2, 3], "meta_info": meta, "index": 2}).encode()
+        assert _native_chunk(partial) == {"meta_info": meta}
+        last = {"text": tricky, "output_ids": [1, 2, 3, 4], "meta_info": {**meta, "finish_reason": {"type": "length"}}}
+        assert _native_chunk(dumps(last).encode()) == last
+    error = {"error": {"message": "boom"}}
+    assert _native_chunk(json.dumps(error).encode()) == error
+    no_count = {"text": "a", "meta_info": {"finish_reason": None}}
+    assert _native_chunk(json.dumps(no_count).encode()) == no_count

@@ -98,6 +98,30 @@ def _apply_meta(result: RequestResult, data: dict[str, Any]) -> None:
         result.by_position = [[int(n) for n in pair] for pair in by_position]
 
 
+_META = '"meta_info":'
+_DECODER = json.JSONDecoder()
+
+
+def _native_chunk(chunk: bytes) -> dict[str, Any]:
+    """A native stream's chunk, decoded only as far as a partial one needs: its meta_info (the token count),
+    not the text and ids so far, which every chunk repeats in full. Why: whole decodes took a quarter of the
+    client's event loop at 64 streams of 256 tokens, a share that grows with the answers, and a client slow
+    to read makes the server look slow. A last chunk, an error, or one without a count is decoded whole."""
+    text = chunk.decode()
+    at = text.rfind(_META)
+    if at >= 0:
+        start = at + len(_META)
+        while start < len(text) and text[start] in " \t\r\n":
+            start += 1
+        try:
+            meta, _ = _DECODER.raw_decode(text, start)
+        except ValueError:
+            meta = None
+        if isinstance(meta, dict) and meta.get("finish_reason") is None and isinstance(meta.get("completion_tokens"), int):
+            return {"meta_info": meta}
+    return json.loads(text)
+
+
 async def send_request(session: aiohttp.ClientSession, settings: BenchSettings, prompt: BenchPrompt) -> RequestResult:
     """One request; never raises: a failure is a RequestResult with `error` set."""
     result = RequestResult(prompt.id)
@@ -127,7 +151,7 @@ async def send_request(session: aiohttp.ClientSession, settings: BenchSettings, 
                 chunk = line[5:].strip()
                 if chunk == b"[DONE]":
                     break
-                data = json.loads(chunk)
+                data = json.loads(chunk) if openai else _native_chunk(chunk)
                 if "error" in data:
                     error = data["error"]
                     result.error = error.get("message", str(error)) if isinstance(error, dict) else str(error)
