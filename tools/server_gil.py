@@ -89,7 +89,20 @@ def server_tok_s(engine, target: str, prompts: int, batch: int) -> float:
         return events
 
     engine.step = timed_step
-    running = RunningServer(EmbeddedServer(engine, target=target))
+    server = EmbeddedServer(engine, target=target)
+    handed, queued, submit, add = {}, {}, server.submit, engine.add
+
+    async def timed_submit(items, arrived, **kwargs):  # when each request's handler began
+        handles = await submit(items, arrived, **kwargs)
+        handed.update((handle.rid, arrived) for handle in handles)
+        return handles
+
+    def timed_add(request):  # when it entered the engine's queue
+        queued[request.rid] = time.perf_counter()
+        return add(request)
+
+    server.submit, engine.add = timed_submit, timed_add
+    running = RunningServer(server)
     http_cpu = time.pthread_getcpuclockid(running._thread.ident)  # the event loop's thread: CPU time, not wall
     http_started = time.clock_gettime(http_cpu)
     try:
@@ -113,6 +126,9 @@ def server_tok_s(engine, target: str, prompts: int, batch: int) -> float:
     print(f"server: {busy[1]} steps, {busy[0] / busy[1] * 1e3:.2f} ms a step inside engine.step, "
           f"{busy[2] / busy[1]:.1f} rows a step, {result['duration'] - busy[0]:.2f} s of {result['duration']:.2f} outside it; median TPOT "
           f"{result['median_tpot_ms']:.2f} ms, mean TTFT {result['mean_ttft_ms']:.1f} ms")
+    way_in = sorted(queued[rid] - handed[rid] for rid in handed if rid in queued)
+    print(f"server: from a request's handler to the engine's queue {way_in[len(way_in) // 2] * 1e3:.2f} ms (median), "
+          f"{way_in[int(len(way_in) * 0.9)] * 1e3:.2f} ms (p90)")
     return result["output_throughput"]
 
 
