@@ -113,3 +113,28 @@ async def test_a_past_recipe_run_loads_into_the_launch_form(tmp_path: Path, monk
         await pilot.pause()
         assert app.active_tab == "history"
         assert any("not started from a recipe file" in n.message for n in app._notifications)
+
+
+async def test_a_following_log_keeps_to_its_end_when_it_shrinks() -> None:
+    """A log laid out tall first (no scrolling) and then shrunk still shows its end while it follows, and
+    keeps its place when held: the jobs pane's first layout can come in either order."""
+    from textual.app import App, ComposeResult
+
+    class OneLog(App):
+        def compose(self) -> ComposeResult:
+            yield LogView(id="log")
+
+    app = OneLog()
+    async with app.run_test(size=(60, 120)) as pilot:
+        log = app.query_one(LogView)
+        log.write("".join(f"line {i}\n" for i in range(100)))
+        await pilot.pause()
+        assert log.max_scroll_y == 0
+        await pilot.resize_terminal(60, 20)
+        await pilot.pause()
+        assert log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y
+        log.auto_scroll = False
+        log.scroll_to(y=3, animate=False, immediate=True)
+        await pilot.resize_terminal(60, 16)
+        await pilot.pause()
+        assert log.scroll_y == 3

@@ -1,9 +1,9 @@
 """An engine step's host time with the device's work replaced by fixed answers: what a GPU would wait for if the
-host were slower than its step. Runs on a CPU. Usage: host_step.py BATCH,BATCH,... [TARGET] [METHOD]
-(TARGET: a small model folder, e.g. from `adaflash models synth qwen3-tiny`; METHOD: vanilla, dflash or
-adaflash, with a fresh one-layer block-8 drafter; each step accepts 0 or 1 drafts at random).
+host were slower than its step. Runs on a CPU. Usage: host_step.py BATCH,BATCH,... [TARGET] [METHOD,METHOD,...]
+(TARGET: a small model folder, e.g. from `adaflash models synth qwen3-tiny`; METHODs: vanilla, dflash or
+adaflash, taking turns in one process, with a fresh one-layer block-8 drafter; each step accepts 0 or 1 drafts at random).
 
-It prints two figures per batch size, the best of three runs:
+It prints two figures per method and batch size, medians over the turns:
 - the host time of a whole step: it must stay below the device's step, or the device waits;
 - the time from a step's read to the next launch: the device idles through it whatever the step costs,
   since an overlapped step is launched only once the one before it is read (`Engine.step`)."""
@@ -50,33 +50,50 @@ def stubbed_engine(target: str, batch: int, method: str) -> Engine:
     return engine
 
 
-def host_us(target: str, batch: int, method: str, steps: int = 60) -> tuple[float, float]:
-    """(host µs a step, median µs from a step's read to the next launch)."""
-    engine = stubbed_engine(target, batch, method)
-    gaps, read, land, launch = [], [0.0], engine._land, engine._launch
+class Timed:
+    """An engine whose steps are timed, and the gap from each step's read to the next launch."""
 
-    def timed_land():
-        read[0] = time.perf_counter()
-        return land()
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.gaps, self.blocks = engine, [], []
+        read, land, launch = [0.0], engine._land, engine._launch
 
-    def timed_launch(*args):
-        gaps.append(time.perf_counter() - read[0])
-        return launch(*args)
+        def timed_land():
+            read[0] = time.perf_counter()
+            return land()
 
-    engine._land, engine._launch = timed_land, timed_launch
-    for _ in range(20):
-        engine.step()
-    gaps.clear()
-    started = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    return (time.perf_counter() - started) / steps * 1e6, statistics.median(gaps) * 1e6
+        def timed_launch(*args):
+            self.gaps.append(time.perf_counter() - read[0])
+            return launch(*args)
+
+        engine._land, engine._launch = timed_land, timed_launch
+
+    def run(self, steps: int) -> None:
+        started = time.perf_counter()
+        for _ in range(steps):
+            self.engine.step()
+        self.blocks.append((time.perf_counter() - started) / steps)
+
+
+def host_us(target: str, batch: int, methods: list[str], rounds: int = 12, block: int = 10) -> dict[str, tuple[float, float]]:
+    """Per method: (host µs a step, µs from a step's read to the next launch), medians. The methods' engines
+    take turns a block of steps at a time in one process, so a CPU whose speed drifts (a shared one moved
+    by half over a minute) slows each alike; measured one after another they differed by 2× on such a CPU
+    where in turns they were within 16%."""
+    timed = {method: Timed(stubbed_engine(target, batch, method)) for method in methods}
+    for t in timed.values():
+        t.run(20)
+        t.gaps.clear()
+        t.blocks.clear()
+    for _ in range(rounds):
+        for t in timed.values():
+            t.run(block)
+    return {method: (statistics.median(t.blocks) * 1e6, statistics.median(t.gaps) * 1e6) for method, t in timed.items()}
 
 
 if __name__ == "__main__":
     target = sys.argv[2] if len(sys.argv) > 2 else "synth/qwen3-tiny"
-    method = sys.argv[3] if len(sys.argv) > 3 else "vanilla"
+    methods = (sys.argv[3] if len(sys.argv) > 3 else "vanilla").split(",")
     for batch in (int(b) for b in sys.argv[1].split(",")):
-        step, gap = (min(values) for values in zip(*(host_us(target, batch, method) for _ in range(3))))
-        print(f"{method} batch {batch}: {step / 1e3:.3f} ms of host time a step ({step / batch:.2f} us a row), "
-              f"{gap:.0f} us from a step's read to the next launch")
+        for method, (step, gap) in host_us(target, batch, methods).items():
+            print(f"{method} batch {batch}: {step / 1e3:.3f} ms of host time a step ({step / batch:.2f} us a row), "
+                  f"{gap:.0f} us from a step's read to the next launch")
