@@ -199,7 +199,8 @@ def test_the_cost_rule_sizes_overlapped_steps_from_the_predictions_steps_bring_b
     rule = engine._cost_rule()
     record = rule.record
     # a step's cost grows with its width (as at 8B, batch 64): shorter verifies pay
-    monkeypatch.setattr(rule, "record", lambda batch, width, seconds, rows=None: record(batch, width, 0.01 * width, rows))
+    monkeypatch.setattr(rule, "record", lambda batch, width, seconds, rows=None, plan=None: record(batch, width, 0.01 * width,
+                                                                                               rows, plan))
     chosen, land, drafts = [], engine._land, rule.drafts
 
     def reads(pred, k):

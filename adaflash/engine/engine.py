@@ -34,6 +34,7 @@ from adaflash.engine.capture import capture_all
 from adaflash.engine.config import EngineConfig
 from adaflash.engine.flight import Flight, Landed
 from adaflash.engine.graphs import GraphRunner
+from adaflash.engine.length_policy import Plan
 from adaflash.engine.params import Output, Request
 from adaflash.engine.passes import DevicePasses, LengthChooser
 from adaflash.engine.sampling import accept, sample_for
@@ -289,6 +290,7 @@ class Engine(Admitting, VerifyLengths):
             self._flight = self._launch(decoding, landed, *self._ahead_plan(decoding, chooser))
             decoding = []
         if landed is not None:
+            self._account_landed(landed)  # after the launch: the device need not wait for the bookkeeping
             events += self._take_landed(landed)
         decoding = [s for s in decoding if self._live(s)]
         if decoding:
@@ -332,10 +334,11 @@ class Engine(Admitting, VerifyLengths):
             packed = self.passes.draft_and_step(rows, pending_d, lens, longest, steps=steps or self._draft_steps(),
                                                 predict=predict, in_order=in_order)
             kind = "whole"
-        return Flight(seqs, slots, packed, kind, started, predicted=predict)
+        plan = self._cost_rule().take_plan() if self._reads_head() and self.length_policy == "cost" else None
+        return Flight(seqs, slots, packed, kind, started, predicted=predict, plan=plan)
 
     def _land(self) -> Landed | None:
-        """Read the step in flight (the host's one sync for it) and account for it."""
+        """Read the step in flight (the host's one sync for it); `_account_landed` counts it."""
         flight, self._flight = self._flight, None
         if flight is None:
             return None
@@ -347,9 +350,11 @@ class Engine(Admitting, VerifyLengths):
         if flight.predicted:
             for seq, row in zip(seqs, packed):
                 seq.predicted = row.pop()
-        if seqs:
-            self._account(seqs, packed, flight.kind, seconds)
-        return Landed(seqs, packed, seconds)
+        return Landed(seqs, packed, seconds, flight.kind, flight.plan)
+
+    def _account_landed(self, landed: Landed) -> None:
+        if landed.seqs:
+            self._account(landed.seqs, landed.rows, landed.kind, landed.seconds, plan=landed.plan)
 
     def _live(self, seq: RunningSeq) -> bool:
         """Still decoding in its slot: not ended by a stop string, not aborted (its slot maybe refilled)."""
@@ -363,6 +368,7 @@ class Engine(Admitting, VerifyLengths):
         anything that must see every row's tokens, such as a drafter swap."""
         landed = self._land()
         if landed is not None:
+            self._account_landed(landed)
             self._settled += self._take_landed(landed)
 
     @torch.no_grad()
@@ -393,12 +399,16 @@ class Engine(Admitting, VerifyLengths):
         self._account(seqs, packed, kind, t3 - t0)
         return self._take(seqs, packed, draft_s=(t1 - t0) + (t3 - t2), verify_s=t2 - t1)
 
-    def _account(self, seqs: list[RunningSeq], packed: list[list[int]], kind: str, seconds: float) -> None:
-        """Count a step by kind; the cost rule learns its time (before it plans the next step)."""
+    def _account(self, seqs: list[RunningSeq], packed: list[list[int]], kind: str, seconds: float,
+                 plan: Plan | None = None) -> None:
+        """Count a step by kind; the cost rule learns its time. `plan`: what the rule planned for an overlapped
+        step, taken at its launch (it is counted after the next one's launch); else the rule's current plan."""
         if self._reads_head() and self.length_policy == "cost":
             rule = self._cost_rule()
-            kind = rule.planned or kind
-            rule.record(len(seqs), max(r[1] for r in packed) + 1, seconds, rows=[(r[0], r[1]) for r in packed])
+            plan = plan if plan is not None else rule.take_plan()
+            kind = rule.mode_of(plan) or kind
+            rule.record(len(seqs), max(r[1] for r in packed) + 1, seconds, rows=[(r[0], r[1]) for r in packed],
+                        plan=plan)
         self._count(kind, seconds)
 
     def _take(self, seqs: list[RunningSeq], packed: list[list[int]], *, draft_s: float,

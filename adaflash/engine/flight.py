@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 
 from adaflash.engine.sequence import RunningSeq
+
+if TYPE_CHECKING:
+    from adaflash.engine.length_policy import Plan
 
 
 @dataclass
@@ -25,6 +29,7 @@ class Flight:
     kind: str
     started: float  # on the engine's clock
     predicted: bool = False  # `packed` ends with the length head's prediction column (`DevicePasses.draft_and_step`)
+    plan: Plan | None = None  # what the cost rule planned for this step (`CostRule.take_plan`), for its `record`
 
 
 @dataclass
@@ -34,6 +39,8 @@ class Landed:
     seqs: list[RunningSeq]
     rows: list[list[int]]
     seconds: float
+    kind: str = "whole"
+    plan: Plan | None = None
 
     @cached_property
     def tokens(self) -> dict[int, list[int]]:

@@ -54,6 +54,9 @@ import torch
 from adaflash.engine.graphs import bucket
 
 _GRID = 2001  # acceptance probabilities tried when solving E_B(a) = m
+# What the rule planned for a step: ((batch bucket, mode), each row's acceptance read by `drafts`), each None
+# where nothing was planned.
+Plan = tuple["tuple[int, str] | None", "np.ndarray | None"]
 
 
 class CostRule:
@@ -105,10 +108,23 @@ class CostRule:
     def widths(self) -> range:
         return range(self.min_length, self.block + 1)
 
-    def record(self, batch: int, width: int, seconds: float, rows: list[tuple[int, int]] | None = None) -> None:
+    def take_plan(self) -> Plan:
+        """What `whole_blocks` and `drafts` decided for the step now launched, handed to its `record`. Why
+        apart: an overlapped step is recorded after the next step's launch (the device need not wait for
+        the bookkeeping), by when they have decided for that one."""
+        plan, self._planned, self._chosen = (self._planned, self._chosen), None, None
+        return plan
+
+    @staticmethod
+    def mode_of(plan: Plan) -> str | None:
+        return plan[0][1] if plan[0] is not None else None
+
+    def record(self, batch: int, width: int, seconds: float, rows: list[tuple[int, int]] | None = None,
+               plan: Plan | None = None) -> None:
         """One speculative step of `batch` rows that verified `width` positions took `seconds`; `rows` are
-        its (accepted drafts, verified drafts) per row, which count for the mode `whole_blocks` planned
-        (not for a probe). Runs every step, so it only appends: medians are taken when the table is read."""
+        its (accepted drafts, verified drafts) per row, which count for the mode planned for it (`plan`,
+        else the one now planned; not for a probe). Runs every step, so it only appends: medians are taken
+        when the table is read."""
         bucket_ = self._batch(batch)
         key = (bucket_, width)
         seen = self.samples.get(key)
@@ -118,8 +134,7 @@ class CostRule:
         self._stale.add(key)
         self.steps += 1
         self.last_seen[key] = self.steps
-        planned, self._planned = self._planned, None
-        chosen, self._chosen = self._chosen, None
+        planned, chosen = plan if plan is not None else self.take_plan()
         if rows is None or planned is None or planned[0] != bucket_ or planned[1] == "probe":
             return
         if planned[1] == "whole":

@@ -1,7 +1,8 @@
 """An engine step's host time with the device's work replaced by fixed answers: what a GPU would wait for if the
-host were slower than its step. Runs on a CPU. Usage: host_step.py BATCH,BATCH,... [TARGET] [METHOD,METHOD,...]
+host were slower than its step. Runs on a CPU. Usage: host_step.py BATCH,BATCH,... [TARGET] [METHOD,METHOD,...] [COSTS]
 (TARGET: a small model folder, e.g. from `adaflash models synth qwen3-tiny`; METHODs: vanilla, dflash or
-adaflash, taking turns in one process, with a fresh one-layer block-8 drafter; each step accepts 0 or 1 drafts at random).
+adaflash, taking turns in one process, with a fresh one-layer block-8 drafter; each step accepts 0 or 1 drafts at random;
+COSTS: flat or rising, the step times AdaFlash's cost rule is told, `stubbed_engine`).
 
 It prints two figures per method and batch size, medians over the turns:
 - the host time of a whole step: it must stay below the device's step, or the device waits;
@@ -22,13 +23,19 @@ from adaflash.engine.params import Request, SamplingParams
 from adaflash.models.drafter_io import new_drafter
 
 
-def stubbed_engine(target: str, batch: int, method: str) -> Engine:
-    """An engine whose passes answer at once: every row emits token 7 after accepting 0 or 1 drafts."""
+def stubbed_engine(target: str, batch: int, method: str, costs: str = "flat") -> Engine:
+    """An engine whose passes answer at once: every row emits token 7 after accepting 0 or 1 drafts. The cost
+    rule is told each step took 1 ms (`costs` flat: whole blocks win, its cheap path) or 1 ms more by 15% a
+    verified position (rising: it weighs its modes and sizes widths every step), whatever the host took."""
     config = EngineConfig(max_batch=batch, max_len=1024, overlap=True, pad_shapes=True, length_policy="cost")
     engine = build_engine(target, "vanilla", config=config, device="cpu", dtype="float32")
     if method != "vanilla":
         drafter = new_drafter("dflash", engine.model.cfg, layers=1, block_size=8, length_head=method == "adaflash")
         engine = Engine(engine.target, method, drafter, config=config)
+    if method == "adaflash":
+        rule, record = engine._cost_rule(), engine._cost_rule().record
+        rule.record = lambda batch, width, seconds, *args, **kwargs: record(
+            batch, width, 1e-3 * (1 + 0.15 * width * (costs == "rising")), *args, **kwargs)
     passes, vocab, draw = engine.passes, engine.model.cfg.vocab_size, random.Random(0)
     made: dict[tuple[int, int, bool], list[torch.Tensor]] = {}
 
@@ -74,12 +81,13 @@ class Timed:
         self.blocks.append((time.perf_counter() - started) / steps)
 
 
-def host_us(target: str, batch: int, methods: list[str], rounds: int = 12, block: int = 10) -> dict[str, tuple[float, float]]:
+def host_us(target: str, batch: int, methods: list[str], costs: str = "flat", rounds: int = 12,
+            block: int = 10) -> dict[str, tuple[float, float]]:
     """Per method: (host µs a step, µs from a step's read to the next launch), medians. The methods' engines
     take turns a block of steps at a time in one process, so a CPU whose speed drifts (a shared one moved
     by half over a minute) slows each alike; measured one after another they differed by 2× on such a CPU
     where in turns they were within 16%."""
-    timed = {method: Timed(stubbed_engine(target, batch, method)) for method in methods}
+    timed = {method: Timed(stubbed_engine(target, batch, method, costs)) for method in methods}
     for t in timed.values():
         t.run(20)
         t.gaps.clear()
@@ -93,7 +101,8 @@ def host_us(target: str, batch: int, methods: list[str], rounds: int = 12, block
 if __name__ == "__main__":
     target = sys.argv[2] if len(sys.argv) > 2 else "synth/qwen3-tiny"
     methods = (sys.argv[3] if len(sys.argv) > 3 else "vanilla").split(",")
+    costs = sys.argv[4] if len(sys.argv) > 4 else "flat"
     for batch in (int(b) for b in sys.argv[1].split(",")):
-        for method, (step, gap) in host_us(target, batch, methods).items():
+        for method, (step, gap) in host_us(target, batch, methods, costs).items():
             print(f"{method} batch {batch}: {step / 1e3:.3f} ms of host time a step ({step / batch:.2f} us a row), "
                   f"{gap:.0f} us from a step's read to the next launch")
