@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -179,6 +180,40 @@ def test_the_head_takes_over_from_whole_blocks_only_by_a_margin(choose_seconds, 
     rule.choose_steps[1] = deque((now, 1, choose_seconds, 1.0) for _ in range(4))
     rule.whole_seconds[1] = deque((now, 1.0) for _ in range(4))
     assert rule._modes(1)[0] == better
+
+
+def test_while_whole_blocks_hold_the_head_is_read_only_before_its_retries():
+    """Whole blocks the better mode (shorter widths cheaper, but their steps yield less): a whole-block step
+    brings the head's predictions back only within three steps before a head-read retry, which its width is
+    sized from; while the head's choice is the better mode, every step does."""
+    from collections import deque
+
+    def run(choose_seconds: float, steps: int = 200) -> tuple[list[str], list[bool]]:
+        rule = trained(CostRule(block=4, min_length=2, tries=1, mode_tries=4, refresh=16), 1, lambda w: 0.5 + 0.1 * w)
+        rule.choose_steps[1] = deque((rule.steps, 1, choose_seconds, 1.0) for _ in range(4))
+        rule.whole_seconds[1] = deque((rule.steps, 1.0) for _ in range(4))
+        modes, wanted = [], []
+        for _ in range(steps):
+            whole = rule.whole_blocks(1)
+            modes.append(rule.planned)
+            wanted.append(rule.head_wanted)
+            width = rule.probe(1) if rule.planned == "probe" else 4 if whole else 2
+            if rule.planned == "choose":
+                rule.drafts(np.array([0.5]), 3)
+            # every step's tokens per second stay as set: retries leave the better mode where it was
+            rule.record(1, width, 1.0 if whole else choose_seconds, rows=[(0, width - 1)])
+            rule.choose_steps[1] = deque((rule.steps, 1, choose_seconds, 1.0) for _ in range(4))
+            rule.whole_seconds[1] = deque((rule.steps, 1.0) for _ in range(4))
+        return modes, wanted
+
+    modes, wanted = run(1.5)  # the head's steps yield less: whole blocks hold
+    retries = [i for i, mode in enumerate(modes) if mode == "choose"]
+    assert retries and modes.count("whole") > 150
+    near = {i - d for i in retries for d in (1, 2, 3)}
+    assert all(wanted[i] == (i in near or modes[i] != "whole") for i in range(20, len(modes)))
+    assert sum(wanted) < 40
+    modes, wanted = run(0.5)  # the head's steps yield more: it holds, and every step reads it
+    assert modes.count("choose") > 150 and all(wanted[20:])
 
 
 def test_stale_widths_are_retimed_ever_less_often_while_whole_blocks_win():

@@ -201,7 +201,8 @@ def test_the_cost_rule_sizes_overlapped_steps_from_the_predictions_steps_bring_b
     # a step's cost grows with its width (as at 8B, batch 64): shorter verifies pay
     monkeypatch.setattr(rule, "record", lambda batch, width, seconds, rows=None, plan=None: record(batch, width, 0.01 * width,
                                                                                                rows, plan))
-    chosen, land, drafts = [], engine._land, rule.drafts
+    chosen, land, drafts, launch, whole_blocks = [], engine._land, rule.drafts, engine._launch, rule.whole_blocks
+    between, decided = [False], {True: 0, False: 0}  # whether the host is between a read and the next launch
 
     def reads(pred, k):
         chosen.append(pred.tolist())
@@ -210,12 +211,23 @@ def test_the_cost_rule_sizes_overlapped_steps_from_the_predictions_steps_bring_b
     def landed():
         flight = engine._flight
         out = land()
+        between[0] = out is not None
         if flight is not None and flight.predicted:
             assert all(s.predicted is not None and 0 < s.predicted < PREDICTION_SCALE for s in out.seqs)
         return out
 
+    def launched(*args, **kwargs):
+        between[0] = False
+        return launch(*args, **kwargs)
+
+    def weighs(batch):
+        decided[between[0]] += 1
+        return whole_blocks(batch)
+
     monkeypatch.setattr(rule, "drafts", reads)
+    monkeypatch.setattr(rule, "whole_blocks", weighs)
     monkeypatch.setattr(engine, "_land", landed)
+    monkeypatch.setattr(engine, "_launch", launched)
     monkeypatch.setattr(engine, "_draft_then_verify", lambda *a, **k: pytest.fail("a step waited for its own draft"))
     outputs = engine.generate(requests_for(tiny_target))
     assert {o.rid: o.output_ids for o in outputs} == {rid: o.output_ids for rid, o in reference.items()}
@@ -224,3 +236,6 @@ def test_the_cost_rule_sizes_overlapped_steps_from_the_predictions_steps_bring_b
     assert widths == set(rule.widths())  # every width was timed, in overlapped steps
     # the head's own predictions (in (0, 1)) steered the widths, once the rows had brought one back
     assert any(all(0 < p < 1 for p in pred) for pred in chosen)
+    # the rule weighs its modes after a launch, while the device runs; between a read and the launch only
+    # where the batch's bucket changed since (here 3 rows and 2, as rows end and others join)
+    assert decided[False] > 50 and decided[True] <= decided[False] / 5

@@ -286,11 +286,15 @@ class Engine(Admitting, VerifyLengths):
             events += self._prefill()
         decoding = self._decoding(landed)
         chooser = self._length_chooser(len(decoding)) if decoding else None  # once a step: it plans
+        launched = 0
         if decoding and self._overlappable(decoding, chooser):
             self._flight = self._launch(decoding, landed, *self._ahead_plan(decoding, chooser))
-            decoding = []
+            decoding, launched = [], len(decoding)
         if landed is not None:
             self._account_landed(landed)  # after the launch: the device need not wait for the bookkeeping
+        if launched:
+            self._decide_ahead(launched)  # likewise the rule's mode for the next step
+        if landed is not None:
             events += self._take_landed(landed)
         decoding = [s for s in decoding if self._live(s)]
         if decoding:

@@ -100,6 +100,9 @@ class CostRule:
         self._yield = (1 - a[:, None] ** lengths) / (1 - a[:, None])  # [grid, B]: E_L for each a
         self._full_block = np.ascontiguousarray(self._yield[:, -1])  # E_B, rising with a: searched per step
 
+    def bucket(self, batch: int) -> int:
+        return self._batch(batch)
+
     def _batch(self, batch: int) -> int:
         """Batch sizes share step times by the engine's power-of-two buckets (those of its CUDA graphs),
         so continuous batching does not re-learn every size."""
@@ -269,7 +272,7 @@ class CostRule:
         self._planned = (bucket_, mode)
         # the head's predictions are wanted on coming steps, unless the widths' times alone settle on whole
         # blocks (here, or at a larger batch this one inherits from)
-        self.head_wanted = bucket_ not in self._whole_checked and (mode != "whole" or bucket_ in self._best)
+        self.head_wanted = bucket_ not in self._whole_checked and (mode != "whole" or self._retry_near(bucket_))
         return mode == "whole"
 
     def _inherits_whole(self, bucket_: int) -> bool:
@@ -319,6 +322,17 @@ class CostRule:
         if self._retry_due(self.steps - held[1]):
             return best, min(rates, key=lambda mode: self.mode_seen.get((bucket_, mode), 0))
         return best, best
+
+    def _retry_near(self, bucket_: int) -> bool:
+        """Whole blocks ahead: whether the head's predictions are wanted anyway. While the head's choice is the
+        better mode, on every step; while whole blocks are, only on the few steps before the head's next
+        retry, whose width they size (bringing them back runs the head, which a whole-block step needs not)."""
+        held = self._best.get(bucket_)
+        if held is None:
+            return False
+        if held[0] != "whole":
+            return True
+        return any(self._retry_due(self.steps - held[1] + ahead) for ahead in (1, 2, 3))
 
     def _retry_due(self, elapsed: int) -> bool:
         """The other mode's retry, ever less often while the better one holds: after ½, 1½, 3½, 7½, ...

@@ -31,6 +31,7 @@ class VerifyLengths:
         self.min_length = cfg.min_length
         self.length_policy = cfg.length_policy
         self.cost_rule: CostRule | None = None  # made for the drafter's block on first use
+        self._mode_ahead: tuple[int, bool] | None = None  # (batch bucket, whole blocks) for the coming step
         self.num_steps = cfg.num_steps
         self.use_length_head = method_of(method).length_head if cfg.use_length_head is None else cfg.use_length_head
         self.verify_length = cfg.verify_length  # a fixed block length to verify (baseline for the head)
@@ -51,9 +52,26 @@ class VerifyLengths:
         then the drafter need not run its head at all."""
         if not self._reads_head():
             return None
-        if self.length_policy == "cost" and self._cost_rule().whole_blocks(batch):
+        if self.length_policy == "cost" and self._whole_blocks(batch):
             return None
         return self._choose_lengths
+
+    def _whole_blocks(self, batch: int) -> bool:
+        """The cost rule's mode for the coming step: decided after the last launch (`_decide_ahead`) while its
+        batch bucket holds, else now."""
+        rule = self._cost_rule()
+        ahead, self._mode_ahead = self._mode_ahead, None
+        if ahead is not None and ahead[0] == rule.bucket(batch):
+            return ahead[1]
+        return rule.whole_blocks(batch)
+
+    def _decide_ahead(self, batch: int) -> None:
+        """After an overlapped launch, while the device runs: the rule's mode for the step after it, for a
+        batch of this size. Why: weighing the modes reads the rule's tables (tens of µs of Python a step on a
+        CPU), and between a step's read and the next launch the device would wait for it."""
+        if self._sizes_ahead():
+            rule = self._cost_rule()
+            self._mode_ahead = (rule.bucket(batch), rule.whole_blocks(batch))
 
     def _sizes_ahead(self) -> bool:
         """The cost rule sizes an overlapped step before its launch, from the predictions the steps before
