@@ -292,10 +292,9 @@ class Engine(Admitting, VerifyLengths):
             decoding, launched = [], len(decoding)
         if landed is not None:
             self._account_landed(landed)  # after the launch: the device need not wait for the bookkeeping
+            events += self._take_landed(landed)
         if launched:
             self._decide_ahead(launched)  # likewise the rule's mode for the next step
-        if landed is not None:
-            events += self._take_landed(landed)
         decoding = [s for s in decoding if self._live(s)]
         if decoding:
             events += self._decode(decoding, chooser)

@@ -39,8 +39,8 @@ class Landed:
     seqs: list[RunningSeq]
     rows: list[list[int]]
     seconds: float
-    kind: str = "whole"
-    plan: Plan | None = None
+    kind: str  # the flight's
+    plan: Plan | None  # the flight's, for the cost rule's `record`
 
     @cached_property
     def tokens(self) -> dict[int, list[int]]:

@@ -101,9 +101,6 @@ class CostRule:
         self._full_block = np.ascontiguousarray(self._yield[:, -1])  # E_B, rising with a: searched per step
 
     def bucket(self, batch: int) -> int:
-        return self._batch(batch)
-
-    def _batch(self, batch: int) -> int:
         """Batch sizes share step times by the engine's power-of-two buckets (those of its CUDA graphs),
         so continuous batching does not re-learn every size."""
         return bucket(batch, self.max_batch)
@@ -128,7 +125,7 @@ class CostRule:
         its (accepted drafts, verified drafts) per row, which count for the mode planned for it (`plan`,
         else the one now planned; not for a probe). Runs every step, so it only appends: medians are taken
         when the table is read."""
-        bucket_ = self._batch(batch)
+        bucket_ = self.bucket(batch)
         key = (bucket_, width)
         seen = self.samples.get(key)
         if seen is None:
@@ -183,7 +180,7 @@ class CostRule:
         2-core CPU moved by a third over minutes: a slow stretch that fell on whole-block steps kept the
         head read on every later step of a run (each dearer than a whole block), and head-read steps
         from a fast stretch took over from whole blocks that were the better mode."""
-        bucket_ = self._batch(batch)
+        bucket_ = self.bucket(batch)
         head = self._head_steps(bucket_)
         if head is None:
             return None
@@ -207,7 +204,7 @@ class CostRule:
 
     def cost(self, batch: int) -> dict[int, float] | None:
         """Median step seconds per width at this batch size, once every width has its tries."""
-        table, batch = {}, self._batch(batch)
+        table, batch = {}, self.bucket(batch)
         for width in self.widths():
             key = (batch, width)
             seen = self.samples.get(key)
@@ -223,7 +220,7 @@ class CostRule:
         """A width to try now: the least tried of those still short of their tries (round robin, so a
         machine that speeds up or slows down meanwhile moves every width's times alike, not the last
         widths' alone), or the stalest when a re-timing is due."""
-        batch = self._batch(batch)
+        batch = self.bucket(batch)
         counts = {width: len(self.samples.get((batch, width), ())) for width in self.widths()}
         short = [width for width, count in counts.items() if count < self.tries]
         if short:
@@ -261,7 +258,7 @@ class CostRule:
 
         It runs every step, so once the table says whole blocks win it is read again only every
         `recheck` steps (its medians move slowly: each is over `window` steps)."""
-        bucket_ = self._batch(batch)
+        bucket_ = self.bucket(batch)
         checked = self._whole_checked.get(bucket_)
         if checked is not None and self.steps - checked < self.recheck:
             mode = "probe" if self._retime_due(bucket_) else "whole"

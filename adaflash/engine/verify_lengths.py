@@ -104,6 +104,7 @@ class VerifyLengths:
         block = self.drafter.block_size if self.drafter is not None else 1
         if self.cost_rule is None or self.cost_rule.block != block:
             self.cost_rule = CostRule(block, self.min_length, max_batch=self.max_batch)
+            self._mode_ahead = None  # the old rule's
         return self.cost_rule
 
     def _choose_lengths(self, length_pred: torch.Tensor, k: int) -> torch.Tensor | None:
