@@ -8,6 +8,7 @@ that (`invariant`), and this is the CPU's, for float32 and bf16 alike.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def cpu_row_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -20,9 +21,13 @@ def cpu_row_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     chunks of exactly 32 (zeros fill the last), the scores K @ Qᵀ reduce over the head dim only, and the
     values are summed in pieces of 64 keys, each piece one [32, 64] @ [64, d] product, the pieces added
     in order in float64 (as a cumulative sum would). Masked keys past a query's own then add exact zeros
-    at the end, and MKL gives a query the same bits. K and V are each copied once, to float32 in the
-    [kv head, key, d] layout both products read: at batch 32 the copies, not the products, had taken
-    most of a decode step.
+    at the end, and MKL gives a query the same bits. The keys, too, are padded to whole pieces, so the
+    scores' product has as many rows and the softmax as many columns whatever a query can see: MKL
+    rounds a product of 1 to 3 rows otherwise than a longer one, and torch's softmax sums a row of 3 to
+    15 in another order than the same row followed by masked keys (a one-token step early in an answer
+    then parted from the verify pass that checked its position). K and V are each copied once, to
+    float32 in the [kv head, key, d] layout both products read: at batch 32 the copies, not the products,
+    had taken most of a decode step.
     """
     b, nq, heads, d = q.shape
     s, kv = k.shape[1], k.shape[2]
@@ -34,17 +39,18 @@ def cpu_row_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     for c in range(chunks):
         part = grouped[:, c * QUERY_COLUMNS:(c + 1) * QUERY_COLUMNS]
         queries[c, :, :part.shape[1]] = part
-    keys = k.new_empty((heads_kv, s, d), dtype=torch.float32)
-    keys.view(b, kv, s, d).copy_(k.permute(0, 2, 1, 3))
-    scores = [torch.bmm(keys, queries[c].transpose(1, 2)) for c in range(chunks)]  # each [b·kv, s, 32]
+    padded = pieces * KEY_PIECE
+    keys = k.new_empty((heads_kv, padded, d), dtype=torch.float32)
+    keys.view(b, kv, padded, d)[:, :, :s].copy_(k.permute(0, 2, 1, 3))
+    keys.view(b, kv, padded, d)[:, :, s:].zero_()
+    scores = [torch.bmm(keys, queries[c].transpose(1, 2)) for c in range(chunks)]  # each [b·kv, padded, 32]
     scores = (scores[0] if chunks == 1 else torch.cat(scores, -1))[..., :cols]
-    scores = scores.view(b, kv, s, groups, nq).permute(0, 1, 3, 4, 2) * d ** -0.5  # [b, kv, groups, q, s]
+    scores = scores.view(b, kv, padded, groups, nq).permute(0, 1, 3, 4, 2) * d ** -0.5  # [b, kv, groups, q, padded]
     if mask.dtype == torch.bool:
-        scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
-    else:
-        scores = scores + mask[:, None, None].float()
-    probs = q.new_zeros((heads_kv, width, pieces * KEY_PIECE), dtype=torch.float32)
-    probs[:, :cols, :s] = torch.softmax(scores, dim=-1).reshape(heads_kv, cols, s)
+        mask = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+    bias = F.pad(mask.float(), (0, padded - s), value=float("-inf"))  # the padding keys are masked too
+    probs = q.new_zeros((heads_kv, width, padded), dtype=torch.float32)
+    probs[:, :cols] = torch.softmax(scores + bias[:, None, None], dim=-1).reshape(heads_kv, cols, padded)
     values = v.new_empty((heads_kv, pieces * KEY_PIECE, d), dtype=torch.float32)
     values.view(b, kv, -1, d)[:, :, :s].copy_(v.permute(0, 2, 1, 3))
     values[:, s:].zero_()
