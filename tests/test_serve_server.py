@@ -41,19 +41,28 @@ def drafter_dir(tmp_path_factory, tiny_target) -> Path:
     return save_drafter(new_drafter("dflash", tiny_target.model.cfg, seed=1), tmp_path_factory.mktemp("d") / "draft")
 
 
-def _start(tiny_llama: Path, method: str = "vanilla", draft: Path | None = None, **kw):
+def _start(tiny_llama: Path, method: str = "vanilla", draft: Path | None = None, *, mode: str = "thread",
+           config: EngineConfig | None = None, **kw):
+    """A server whose engine runs on a thread of this process, or in a process of its own (`adaflash serve`'s)."""
     from adaflash.engine.build import build_engine
+    from adaflash.serve.engine_process import EngineProcess, EngineSpec
     from adaflash.serve.running import RunningServer
     from adaflash.serve.server import EmbeddedServer
 
-    engine = build_engine(str(tiny_llama), method, str(draft) if draft else None,
-                          config=EngineConfig(max_batch=8, max_len=256), device="cpu")
-    return RunningServer(EmbeddedServer(engine, target=str(tiny_llama), draft=str(draft) if draft else None, **kw))
+    config = config or EngineConfig(max_batch=8, max_len=256)
+    drafter = str(draft) if draft else None
+    if mode == "process":
+        process = EngineProcess(EngineSpec(str(tiny_llama), method, drafter, config, "cpu", None,
+                                           kw.get("stream_interval", 1)))
+        return RunningServer(EmbeddedServer(process.start_engine(), target=str(tiny_llama), draft=drafter,
+                                            engine_process=process, **kw))
+    engine = build_engine(str(tiny_llama), method, drafter, config=config, device="cpu")
+    return RunningServer(EmbeddedServer(engine, target=str(tiny_llama), draft=drafter, **kw))
 
 
-@pytest.fixture(scope="module")
-def server(tiny_llama, drafter_dir, references):
-    running = _start(tiny_llama, "dflash", drafter_dir, max_new_tokens_limit=64)
+@pytest.fixture(scope="module", params=["thread", "process"])
+def server(request, tiny_llama, drafter_dir, references):
+    running = _start(tiny_llama, "dflash", drafter_dir, mode=request.param, max_new_tokens_limit=64)
     yield running
     running.stop()
 
@@ -156,10 +165,11 @@ async def test_a_streamed_batch_tags_every_chunk_with_its_prompt(server, referen
     assert {c["index"] for c in chunks} == {0, 1}
 
 
-async def test_a_stream_interval_gathers_tokens_into_fewer_chunks(tiny_llama, references):
+@pytest.mark.parametrize("mode", ["thread", "process"])
+async def test_a_stream_interval_gathers_tokens_into_fewer_chunks(tiny_llama, references, mode):
     """--stream-interval 4 on a one-token-a-step engine: the first token at once, then chunks every 4
     tokens, the last at once."""
-    running = _start(tiny_llama, stream_interval=4)
+    running = _start(tiny_llama, stream_interval=4, mode=mode)
     try:
         body = {**_gen(PROMPTS[0]), "stream": True}
         async with aiohttp.ClientSession() as session, session.post(running.url + "/generate", json=body) as response:
@@ -371,15 +381,10 @@ async def test_health_probes_stay_out_of_the_served_statistics(server):
                                                                       before["completion_tokens"])
 
 
-def test_a_client_that_leaves_frees_its_slot(tiny_llama):
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_client_that_leaves_frees_its_slot(tiny_llama, mode):
     """Without an abort a dropped request kept decoding its whole budget in a slot other requests need."""
-    from adaflash.engine.build import build_engine
-    from adaflash.serve.running import RunningServer
-    from adaflash.serve.server import EmbeddedServer
-
-    engine = build_engine(str(tiny_llama), "vanilla", None,
-                          config=EngineConfig(max_batch=4, max_len=4096), device="cpu")
-    running = RunningServer(EmbeddedServer(engine, target=str(tiny_llama)))
+    running = _start(tiny_llama, mode=mode, config=EngineConfig(max_batch=4, max_len=4096))
     long = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
 
     async def leave(stream: bool) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 
@@ -18,28 +19,32 @@ from adaflash.settings import SettingError
 
 def serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine_cfg: EngineConfig,
                    adapt: AdaptConfig | None) -> None:
-    """Build the engine, record the run, serve until SIGTERM/SIGINT (the run ends as the server did)."""
+    """Build the engine, record the run, serve until SIGTERM/SIGINT (the run ends as the server did).
+
+    The engine runs in a process of its own (`serve/engine_process.py`), except with --adapt, whose trainer
+    swaps drafters into the engine object, or where ADAFLASH_ENGINE_THREAD=1 asks for the engine thread (to
+    measure one against the other)."""
     import asyncio
 
-    from adaflash.engine.build import build_engine
     from adaflash.models.drafter_io import DrafterError
     from adaflash.serve.connections import ConnectionLimits
+    from adaflash.serve.engine_process import EngineProcess, EngineSpec, EngineStartError
     from adaflash.serve.running import serve
     from adaflash.serve.server import READY_LINE, EmbeddedServer, hardware_name
 
+    process = None
     try:
-        engine = build_engine(config["target"], config["method"], config["draft"], config=engine_cfg,
-                              device=config["device"], dtype=config["dtype"])
-    except (DrafterError, ValueError, FileNotFoundError, OSError) as err:
+        if adapt is None and os.environ.get("ADAFLASH_ENGINE_THREAD") != "1":
+            process = EngineProcess(EngineSpec(config["target"], config["method"], config["draft"], engine_cfg,
+                                               config["device"], config["dtype"], config["stream_interval"]))
+            engine = process.start_engine()
+            hardware = engine.hardware
+        else:
+            engine = _build_here(config, engine_cfg)
+            hardware = hardware_name(engine.device)
+    except (DrafterError, EngineStartError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))
-    if engine.graphs.enabled:
-        import time
-
-        started = time.perf_counter()
-        count = engine.capture_graphs()
-        click.echo(f"captured {count} CUDA graphs in {time.perf_counter() - started:.1f} s", err=True)
     log = runlog_of(ctx)
-    hardware = hardware_name(engine.device)
     config.update(device=str(engine.device), hardware=hardware, context_length=engine.max_len)
     with recorded_run(log, "serve", name=f"serve-{config['method']}{'-adapt' if config['adapt'] else ''}",
                       method=config["method"], target=config["target"], draft=config["draft"], config=config) as run:
@@ -68,7 +73,7 @@ def serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine
         server = EmbeddedServer(engine, target=config["target"], draft=config["draft"], api_key=api_key,
                                 max_new_tokens_limit=config["max_new_tokens_limit"], hardware=hardware, on_event=on_event,
                                 served_model_name=config["served_model_name"], adapter=adapter,
-                                stream_interval=config["stream_interval"],
+                                stream_interval=config["stream_interval"], engine_process=process,
                                 limits=ConnectionLimits(header_timeout=config["header_timeout"],
                                                         keepalive_timeout=config["keepalive_timeout"],
                                                         max_connections=config["max_connections"]))
@@ -97,12 +102,29 @@ def serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine
         except OSError as err:  # the port is taken, the host is wrong
             run.finish("failed", note=str(err))
         finally:
+            if process is not None:  # stopped with the server's app already, unless it never started
+                process.stop()
             info = server.info()
             run.metrics({k: info[k] for k in ("requests_served", "completion_tokens", "verify_ct")
                          if info.get(k) is not None})
     if run.status == "failed":
         fail(f"the server stopped: {run.note}")
     click.echo("adaflash server stopped", err=True)
+
+
+def _build_here(config: dict, engine_cfg: EngineConfig):
+    """The engine in this process, its CUDA graphs captured."""
+    import time
+
+    from adaflash.engine.build import build_engine
+
+    engine = build_engine(config["target"], config["method"], config["draft"], config=engine_cfg,
+                          device=config["device"], dtype=config["dtype"])
+    if engine.graphs.enabled:
+        started = time.perf_counter()
+        count = engine.capture_graphs()
+        click.echo(f"captured {count} CUDA graphs in {time.perf_counter() - started:.1f} s", err=True)
+    return engine
 
 
 async def _log_metrics(server, log, run_id: str, stop) -> None:

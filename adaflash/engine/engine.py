@@ -217,22 +217,8 @@ class Engine(Admitting, VerifyLengths):
 
     def check(self, request: Request) -> None:
         """The checks `add` makes, without queuing: a server runs them before handing a request over."""
-        params = request.params
-        params.validate()
-        if not request.prompt_ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.model.cfg.vocab_size
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in request.prompt_ids):
-            raise ValueError(f"input_ids must be integers in [0, {vocab})")
-        margin = self.context_margin
-        if len(request.prompt_ids) + params.max_new_tokens + margin > self.max_len:
-            fits = self.max_len - margin - len(request.prompt_ids)
-            raise ValueError(
-                f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
-                f"exceeds the context of {self.max_len} tokens, {margin} of which are kept for "
-                f"{'drafting and ' if self.drafter else ''}verifying: "
-                + (f"at most {fits} new tokens fit after this prompt" if fits > 0 else "the prompt alone is too long")
-            )
+        check_request(request, vocab=self.model.cfg.vocab_size, max_len=self.max_len, margin=self.context_margin,
+                      drafts=self.drafter is not None)
 
     @property
     def context_margin(self) -> int:
@@ -510,3 +496,22 @@ class Engine(Admitting, VerifyLengths):
         if not self.stats["verify_ct"]:
             return None
         return self.stats["completion_tokens"] / self.stats["verify_ct"]
+
+
+def check_request(request: Request, *, vocab: int, max_len: int, margin: int, drafts: bool) -> None:
+    """What an engine of this vocabulary and context takes (`Engine.check`; a server whose engine runs in
+    another process checks with the same facts, `serve/engine_process.py`); ValueError says what is wrong."""
+    params = request.params
+    params.validate()
+    if not request.prompt_ids:
+        raise ValueError("the prompt is empty")
+    if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in request.prompt_ids):
+        raise ValueError(f"input_ids must be integers in [0, {vocab})")
+    if len(request.prompt_ids) + params.max_new_tokens + margin > max_len:
+        fits = max_len - margin - len(request.prompt_ids)
+        raise ValueError(
+            f"prompt ({len(request.prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+            f"exceeds the context of {max_len} tokens, {margin} of which are kept for "
+            f"{'drafting and ' if drafts else ''}verifying: "
+            + (f"at most {fits} new tokens fit after this prompt" if fits > 0 else "the prompt alone is too long")
+        )

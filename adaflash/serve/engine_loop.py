@@ -32,6 +32,8 @@ from typing import Any
 from adaflash.engine.detokenize import TextSoFar
 from adaflash.engine.engine import Engine
 from adaflash.engine.params import Request
+from adaflash.methods import method_of
+from adaflash.models.drafters import Drafter
 from adaflash.serve.http_errors import error_body
 
 
@@ -163,6 +165,12 @@ class EngineLoop:
         self.inbox.put(("call", fn, future))
         return future
 
+    async def swap(self, path: str, version: int | None) -> None:
+        """Load the drafter in `path` off the engine thread, then swap it in between two steps; ValueError or
+        OSError says why it cannot serve (`POST /update_weights_from_disk`)."""
+        drafter = await asyncio.get_running_loop().run_in_executor(None, load_swap_drafter, self.engine, path)
+        await self.call(lambda engine: engine.swap_drafter(drafter, version))
+
     def call_from_thread(self, fn: Callable[[Engine], Any]) -> concurrent.futures.Future:
         """`call` for a thread other than the event loop's (the adapt thread): a blocking-capable future."""
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -208,7 +216,7 @@ class EngineLoop:
 
     def _hand_out(self, events: list) -> None:
         """A step's events to their requests' queues, in one call to the event loop."""
-        ready: list[tuple[Mailbox, list]] = []
+        ready: list[tuple[Handle, list]] = []
         for event in events:
             handle = self.handles.get(event.rid)
             if handle is None:
@@ -219,11 +227,28 @@ class EngineLoop:
                 del self.handles[event.rid]
             elif not handle.held_tokens or (handle.handed_tokens and handle.held_tokens < self.stream_interval):
                 continue  # the first tokens go at once (time to first token), then every stream_interval
-            ready.append((handle.queue, handle.held))
+            ready.append((handle, handle.held))
             handle.handed_tokens += handle.held_tokens
             handle.held, handle.held_tokens = [], 0
         if ready:
-            self._post(_put_all, ready)
+            self._deliver(ready)
+
+    # -- how events and answers reach the requests (`engine_process` sends them to another process) --
+    def _deliver(self, ready: list[tuple[Handle, list]]) -> None:
+        """A step's events for their handles, in one call to the event loop."""
+        self._post(_put_all, [(handle.queue, items) for handle, items in ready])
+
+    def _fail(self, handle: Handle, failure: Failure) -> None:
+        self._post(handle.queue.put_nowait, failure)
+
+    def _answer(self, future: Any, result: Any, error: BaseException | None) -> None:
+        """A posted call's result for its future: an asyncio one (`call`) or a thread's (`call_from_thread`)."""
+        if not isinstance(future, concurrent.futures.Future):
+            self._post(_resolve, future, result, error)
+        elif error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
 
     def _drain(self, block: bool) -> None:
         try:
@@ -255,7 +280,7 @@ class EngineLoop:
             try:
                 engine.add(request)
             except ValueError as err:
-                self._post(handle.queue.put_nowait, Failure(str(err), 400))
+                self._fail(handle, Failure(str(err), 400))
                 continue
             self.handles[request.rid] = handle
             free -= 1
@@ -277,12 +302,7 @@ class EngineLoop:
                 result, error = fn(self.engine), None
             except Exception as err:
                 result, error = None, err
-            if not isinstance(future, concurrent.futures.Future):
-                self._post(_resolve, future, result, error)
-            elif error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
+            self._answer(future, result, error)
 
     def _post(self, fn: Callable, *args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is waiting any more
@@ -292,10 +312,21 @@ class EngineLoop:
         traceback.print_exc(file=sys.stderr)
         self.error = message
         for handle in self.handles.values():
-            self._post(handle.queue.put_nowait, Failure(message, 500))
+            self._fail(handle, Failure(message, 500))
         self.handles.clear()
         self.engine.waiting.clear()
         self.engine.active.clear()
+
+
+def load_swap_drafter(engine: Engine, path: str) -> Drafter:
+    """The drafter in `path`, if it fits `engine`'s target and method (AdaFlash's needs a length head)."""
+    from adaflash.models.drafter_io import load_drafter
+    from adaflash.models.drafters import DFlashDrafter
+
+    drafter = load_drafter(path, engine.model.cfg)
+    if method_of(engine.method).length_head and (not isinstance(drafter, DFlashDrafter) or drafter.length_head is None):
+        raise ValueError(f"{path}: method {engine.method} needs a DFlash drafter with a length head")
+    return drafter
 
 
 def _put_all(ready: list[tuple[Mailbox, list]]) -> None:

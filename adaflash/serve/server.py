@@ -2,7 +2,8 @@
 
 Why this shape: the engine is not thread-safe and batches best when it sees every live request, so
 ONE engine thread owns it (`engine_loop.EngineLoop`) and loops "take new requests → engine.step() →
-hand out StepEvents".
+hand out StepEvents"; `adaflash serve` runs that loop in a process of its own (`engine_process`), so the
+streams' work here never holds the engine's interpreter lock.
 The aiohttp handlers only parse, validate (the same checks `Engine.add` makes, run before queuing, so
 a bad request is a 400 and never reaches the engine thread) and wait on a per-request mailbox
 that the engine thread feeds through `loop.call_soon_threadsafe`. Requests from many clients are
@@ -45,6 +46,7 @@ from adaflash.models.loading import Target
 from adaflash.serve.adapt import Adapter
 from adaflash.serve.connections import ConnectionGuard, ConnectionLimits
 from adaflash.serve.engine_loop import EngineLoop, Failure, Handle, Mailbox
+from adaflash.serve.engine_process import EngineFacts, EngineProcess
 from adaflash.serve.event_stream import EventStream
 from adaflash.serve.http_errors import (
     MAX_BODY_BYTES,
@@ -71,7 +73,7 @@ class EmbeddedServer:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | EngineFacts,
         *,
         target: str,
         draft: str | None = None,
@@ -83,8 +85,10 @@ class EmbeddedServer:
         served_model_name: str | None = None,
         adapter: Adapter | None = None,
         stream_interval: int = 1,
+        engine_process: EngineProcess | None = None,
     ) -> None:
-        self.engine = engine
+        self.engine = engine  # an EngineFacts where the engine runs in `engine_process`
+        self.engine_process = engine_process
         self.stream_interval = stream_interval
         self.adapter = adapter
         self.served_model_name = served_model_name or target
@@ -103,7 +107,7 @@ class EmbeddedServer:
         # answer), on one worker thread with a tokenizer of its own.
         self.encoder = dataclasses.replace(engine.target, tokenizer=copy.deepcopy(engine.target.tokenizer))
         self.encoding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adaflash-tokenize")
-        self.loop_thread: EngineLoop | None = None
+        self.loop_thread: EngineLoop | EngineProcess | None = None
         self.started = time.time()
         self.in_flight: set[str] = set()
         self.swaps = 0
@@ -134,10 +138,15 @@ class EmbeddedServer:
         return app
 
     async def _startup(self, _app: web.Application) -> None:
-        self.loop_thread = EngineLoop(self.engine, asyncio.get_running_loop(), self.stream_interval)
-        self.loop_thread.start()
+        if self.engine_process is not None:
+            self.engine_process.attach(asyncio.get_running_loop())
+            self.loop_thread = self.engine_process
+            return
+        assert isinstance(self.engine, Engine)
+        engine_loop = self.loop_thread = EngineLoop(self.engine, asyncio.get_running_loop(), self.stream_interval)
+        engine_loop.start()
         if self.adapter is not None:
-            self.adapter.start(self.loop_thread.call_from_thread)
+            self.adapter.start(engine_loop.call_from_thread)
 
     async def _shutdown(self, _app: web.Application) -> None:
         if self.adapter is not None:  # before the engine thread: a swap may be waiting on it
@@ -525,19 +534,9 @@ class EmbeddedServer:
                                  "POST /adapt/rollback serves an earlier one")
         if self.engine.drafter is None:
             return _swap_refused(f"method {self.engine.method!r} runs without a drafter; nothing to swap")
-        from adaflash.models.drafter_io import load_drafter
-        from adaflash.models.drafters import DFlashDrafter
-
-        loop = asyncio.get_running_loop()
         try:
-            drafter = await loop.run_in_executor(None, load_drafter, path, self.engine.model.cfg)
+            await self.loop_thread.swap(path, version)
         except (ValueError, OSError) as err:  # DrafterError is a ValueError
-            return _swap_refused(str(err))
-        if method_of(self.engine.method).length_head and (not isinstance(drafter, DFlashDrafter) or drafter.length_head is None):
-            return _swap_refused(f"{path}: method {self.engine.method} needs a DFlash drafter with a length head")
-        try:
-            await self.loop_thread.call(lambda engine: engine.swap_drafter(drafter, version))
-        except ValueError as err:
             return _swap_refused(str(err))
         self.draft = path
         self.swaps += 1
