@@ -3,7 +3,7 @@
 source tools/device/env.sh
 smollm2_drafter
 Q="--max-new-tokens 128 --num-prompts 512"
-t timeout 100 $A bench engine --target /tmp/s135 --prompts $P/gsm1024.jsonl $Q --device cuda --json \
+t timeout 160 $A bench engine --target /tmp/s135 --prompts $P/gsm1024.jsonl $Q --device cuda --json \
   --methods vanilla,dflash --draft dflash=/tmp/ds --batch-sizes 64 > "$OUT/engine-b64.json"
 t timeout 170 $A bench matrix --target /tmp/s135 --methods vanilla,dflash --draft dflash=/tmp/ds --gpus 0 \
   --datasets $P/gsm1024.jsonl $Q --concurrency 64 --warmup 64 --context-length 1280 --json > "$OUT/server-c64.json" \
