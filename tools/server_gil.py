@@ -5,7 +5,9 @@ real step); the server is `adaflash serve`'s, in this
 process, and `adaflash bench --stream` drives it from another at concurrency BATCH, each pinned to a core of its
 own where there are two. Runs on a CPU; a busy or shared machine gives noisy throughputs, and the event loop's
 CPU time a streamed token (sockets included) is the steadier figure.
-Usage: server_gil.py [GPU_MS] [BATCH] [TARGET] [WAVES] (a small model folder, e.g. `adaflash models synth qwen3-tiny`)."""
+Usage: server_gil.py [GPU_MS] [BATCH] [TARGET] [WAVES] [MODE] (a small model folder, e.g. `adaflash models synth
+qwen3-tiny`; MODE: thread, the engine on a thread of the server's process, or process, in a process of its own as
+`adaflash serve` runs it, that process on the first core and the server's with the client on the second)."""
 
 import json
 import os
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,6 +25,7 @@ import torch
 from adaflash.engine.build import build_engine
 from adaflash.engine.config import EngineConfig
 from adaflash.engine.params import Request, SamplingParams
+from adaflash.serve.engine_process import EngineProcess, EngineSpec
 from adaflash.serve.running import RunningServer
 from adaflash.serve.server import EmbeddedServer
 
@@ -61,6 +65,46 @@ def stub_engine(target: str, batch: int, gpu_ms: float):
     passes._greedy_step_fn = lambda kv: stub_step
     passes.prefill = lambda ids, rows, length: torch.zeros(ids.shape[0], vocab)
     return engine
+
+
+@dataclass(frozen=True)
+class StubSpec(EngineSpec):
+    """The engine process's build: the stubbed engine of `stub_engine`."""
+
+    gpu_ms: float = 1.5
+
+    def build(self):
+        return stub_engine(self.target, self.config.max_batch, self.gpu_ms)
+
+
+def served_by_process(target: str, prompts: int, batch: int, gpu_ms: float) -> float:
+    """`server_tok_s` with the engine in a process of its own (`adaflash serve`'s way)."""
+    config = EngineConfig(max_batch=batch, max_len=1024)
+    process = EngineProcess(StubSpec(target, "vanilla", None, config, "cpu", "float32", gpu_ms=gpu_ms))
+    facts = process.start_engine()  # the child inherits this process's core
+    if CLIENT_CORE:
+        os.sched_setaffinity(0, {CORES[1]})  # the server's process beside the client, the engine alone
+    running = RunningServer(EmbeddedServer(facts, target=target, engine_process=process))
+    try:
+        result = run_client(running.url, target, prompts, batch)
+    finally:
+        running.stop()
+    print(f"server (engine process): median TPOT {result['median_tpot_ms']:.2f} ms, mean TTFT "
+          f"{result['mean_ttft_ms']:.1f} ms")
+    return result["output_throughput"]
+
+
+def run_client(url: str, target: str, prompts: int, batch: int) -> dict:
+    """`adaflash bench --stream` at concurrency BATCH on its own core: its JSON result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "p.jsonl"
+        data.write_text("".join(json.dumps({"prompt": f"Question {i}: what is {i} + {i}?"}) + "\n"
+                                for i in range(prompts)))
+        out = subprocess.run([*CLIENT_CORE, sys.executable, "-m", "adaflash.cli.main", "bench", "--base-url", url,
+                              "--dataset", str(data), "--num-prompts", str(prompts), "--concurrency", str(batch),
+                              "--max-new-tokens", str(NEW_TOKENS), "--no-chat", "--warmup", "0",
+                              "--target", target, "--json"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
 
 
 def engine_tok_s(engine, prompts: int) -> float:
@@ -106,19 +150,11 @@ def server_tok_s(engine, target: str, prompts: int, batch: int) -> float:
     http_cpu = time.pthread_getcpuclockid(running._thread.ident)  # the event loop's thread: CPU time, not wall
     http_started = time.clock_gettime(http_cpu)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            data = Path(tmp) / "p.jsonl"
-            data.write_text("".join(json.dumps({"prompt": f"Question {i}: what is {i} + {i}?"}) + "\n"
-                                    for i in range(prompts)))
-            out = subprocess.run([*CLIENT_CORE, sys.executable, "-m", "adaflash.cli.main", "bench", "--base-url", running.url,
-                                  "--dataset", str(data), "--num-prompts", str(prompts), "--concurrency", str(batch),
-                                  "--max-new-tokens", str(NEW_TOKENS), "--no-chat", "--warmup", "0",
-                                  "--target", target, "--json"], capture_output=True, text=True, check=True)
+        result = run_client(running.url, target, prompts, batch)
         http_seconds = time.clock_gettime(http_cpu) - http_started
         client = resource.getrusage(resource.RUSAGE_CHILDREN)
     finally:
         running.stop()
-    result = json.loads(out.stdout)
     print(f"client: {client.ru_utime + client.ru_stime:.2f} s of CPU over its {result['duration']:.2f} s of requests "
           "(its start included)")
     print(f"server: its event loop's thread spent {http_seconds / result['total_output_tokens'] * 1e6:.1f} us of "
@@ -139,7 +175,11 @@ if __name__ == "__main__":
     prompts = batch * (int(sys.argv[4]) if len(sys.argv) > 4 else 4)
     if CLIENT_CORE:
         os.sched_setaffinity(0, {CORES[0]})
+    mode = sys.argv[5] if len(sys.argv) > 5 else "thread"
     alone = engine_tok_s(stub_engine(target, batch, gpu_ms), prompts)
-    served = server_tok_s(stub_engine(target, batch, gpu_ms), target, prompts, batch)
+    if mode == "process":
+        served = served_by_process(target, prompts, batch, gpu_ms)
+    else:
+        served = server_tok_s(stub_engine(target, batch, gpu_ms), target, prompts, batch)
     print(f"step {gpu_ms} ms, batch {batch}: engine {alone:,.0f} tok/s, server {served:,.0f} tok/s "
           f"({served / alone:.0%})")
