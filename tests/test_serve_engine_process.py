@@ -88,3 +88,36 @@ def test_stopping_the_server_stops_its_engine_process(tiny_llama):
     assert process.alive
     running.stop()
     assert not process.process.is_alive() and process.process.exitcode == 0
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_adaflash_serve_leaves_no_engine_process_behind(tiny_llama, tmp_path, how):
+    """`adaflash serve` stopped (SIGTERM: the engine process is told to stop) or killed (SIGKILL: the engine
+    process sees its pipe close and exits): either way no engine holds the device afterwards."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adaflash.cli.main", "--workspace", str(tmp_path), "serve", "--target", str(tiny_llama),
+         "--port", "0", "--device", "cpu", "--max-batch", "2", "--context-length", "128"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = proc.stdout.readline()
+        assert "ready on" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        engines = [child for child in psutil.Process(proc.pid).children(recursive=True)
+                   if "spawn_main" in " ".join(child.cmdline())]
+        assert len(engines) == 1
+        proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+        proc.wait(60)
+        deadline = time.monotonic() + 30
+        while engines[0].is_running() and engines[0].status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not engines[0].is_running() or engines[0].status() == psutil.STATUS_ZOMBIE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if how == "sigterm":
+        assert proc.returncode == 0, proc.stderr.read()[-2000:]
