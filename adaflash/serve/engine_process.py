@@ -229,6 +229,7 @@ class EngineProcess:
         self.running = 0
         self.queue_depth = 0
         self.stopping = threading.Event()
+        self.exited = False  # the child's pipe closed
         self.sending = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque()
         self._reader = threading.Thread(target=self._read, name="adaflash-engine-reader", daemon=True)
@@ -260,7 +261,7 @@ class EngineProcess:
 
     @property
     def alive(self) -> bool:
-        return self.process.is_alive() and self._reader.is_alive() and not self.stopping.is_set()
+        return not self.exited and self.process.is_alive() and self._reader.is_alive() and not self.stopping.is_set()
 
     def submit(self, request: Request, handle: Handle) -> None:
         self.submit_group([(request, handle)])
@@ -327,13 +328,19 @@ class EngineProcess:
                 future = self.futures.pop(message[1], None)
                 if future is not None:
                     self._post(_set_result, future, message[2])
+        self.exited = True  # before any request hears of it: from then on the server answers 503
         if not self.stopping.is_set():
+            self.process.join(1)
             self.error = f"the engine process exited (code {self.process.exitcode})"
             failure = Failure(self.error, 500)
             for rid in list(self.handles):
                 handle = self.handles.pop(rid, None)
                 if handle is not None:
                     self._post(handle.queue.put_nowait, failure)
+            for token in list(self.futures):  # a swap waiting for its answer
+                future = self.futures.pop(token, None)
+                if future is not None:
+                    self._post(_set_result, future, self.error)
 
     def _hand_out(self, items: list[tuple[str, list[int], Any]]) -> None:
         ready: dict[str, tuple[Handle, list[StepEvent]]] = {}
