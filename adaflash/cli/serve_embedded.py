@@ -32,15 +32,16 @@ def serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine
     from adaflash.serve.running import serve
     from adaflash.serve.server import READY_LINE, EmbeddedServer, hardware_name
 
+    spec = EngineSpec(config["target"], config["method"], config["draft"], engine_cfg, config["device"],
+                      config["dtype"], config["stream_interval"])
     process = None
     try:
         if adapt is None and os.environ.get("ADAFLASH_ENGINE_THREAD") != "1":
-            process = EngineProcess(EngineSpec(config["target"], config["method"], config["draft"], engine_cfg,
-                                               config["device"], config["dtype"], config["stream_interval"]))
+            process = EngineProcess(spec)
             engine = process.start_engine()
             hardware = engine.hardware
         else:
-            engine = _build_here(config, engine_cfg)
+            engine = spec.build()
             hardware = hardware_name(engine.device)
     except (DrafterError, EngineStartError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))
@@ -110,21 +111,6 @@ def serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine
     if run.status == "failed":
         fail(f"the server stopped: {run.note}")
     click.echo("adaflash server stopped", err=True)
-
-
-def _build_here(config: dict, engine_cfg: EngineConfig):
-    """The engine in this process, its CUDA graphs captured."""
-    import time
-
-    from adaflash.engine.build import build_engine
-
-    engine = build_engine(config["target"], config["method"], config["draft"], config=engine_cfg,
-                          device=config["device"], dtype=config["dtype"])
-    if engine.graphs.enabled:
-        started = time.perf_counter()
-        count = engine.capture_graphs()
-        click.echo(f"captured {count} CUDA graphs in {time.perf_counter() - started:.1f} s", err=True)
-    return engine
 
 
 async def _log_metrics(server, log, run_id: str, stop) -> None:

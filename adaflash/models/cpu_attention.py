@@ -42,7 +42,7 @@ def cpu_row_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     padded = pieces * KEY_PIECE
     keys = k.new_empty((heads_kv, padded, d), dtype=torch.float32)
     keys.view(b, kv, padded, d)[:, :, :s].copy_(k.permute(0, 2, 1, 3))
-    keys.view(b, kv, padded, d)[:, :, s:].zero_()
+    keys[:, s:].zero_()
     scores = [torch.bmm(keys, queries[c].transpose(1, 2)) for c in range(chunks)]  # each [b·kv, padded, 32]
     scores = (scores[0] if chunks == 1 else torch.cat(scores, -1))[..., :cols]
     scores = scores.view(b, kv, padded, groups, nq).permute(0, 1, 3, 4, 2) * d ** -0.5  # [b, kv, groups, q, padded]
@@ -51,7 +51,7 @@ def cpu_row_invariant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     bias = F.pad(mask.float(), (0, padded - s), value=float("-inf"))  # the padding keys are masked too
     probs = q.new_zeros((heads_kv, width, padded), dtype=torch.float32)
     probs[:, :cols] = torch.softmax(scores + bias[:, None, None], dim=-1).reshape(heads_kv, cols, padded)
-    values = v.new_empty((heads_kv, pieces * KEY_PIECE, d), dtype=torch.float32)
+    values = v.new_empty((heads_kv, padded, d), dtype=torch.float32)
     values.view(b, kv, -1, d)[:, :, :s].copy_(v.permute(0, 2, 1, 3))
     values[:, s:].zero_()
     values = values.view(heads_kv * pieces, KEY_PIECE, d)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adaflash.engine.detokenize import TextSoFar
-from adaflash.engine.engine import Engine
+from adaflash.engine.engine import Engine, fitting_drafter
 from adaflash.engine.params import Request
 from adaflash.methods import method_of
 from adaflash.models.drafters import Drafter
@@ -132,7 +132,7 @@ class EngineLoop:
         self.error: str | None = None
         self.heartbeat = time.monotonic()
         self.steps = 0
-        self._recent: deque[tuple[float, int]] = deque()
+        self.rate = TokenRate()
 
     # -- called from the asyncio side ---------------------------------------------------------
     def start(self) -> None:
@@ -186,12 +186,7 @@ class EngineLoop:
         return len(self.engine.active)
 
     def gen_throughput(self, window: float = 10.0) -> float:
-        now = time.monotonic()
-        recent = [(t, n) for t, n in list(self._recent) if now - t <= window]
-        if not recent:
-            return 0.0
-        span = max(now - recent[0][0], 1e-3)
-        return sum(n for _, n in recent) / span
+        return self.rate.per_second(window)
 
     # -- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -208,11 +203,9 @@ class EngineLoop:
                 self._fail_all(f"engine step failed: {type(err).__name__}: {err}")
                 continue
             self.steps += 1
-            self.heartbeat = now = time.monotonic()
+            self.heartbeat = time.monotonic()
             self._hand_out(events)
-            self._recent.append((now, sum(len(event.new_ids) for event in events)))
-            while self._recent and now - self._recent[0][0] > 30:
-                self._recent.popleft()
+            self.rate.add(sum(len(event.new_ids) for event in events))
 
     def _hand_out(self, events: list) -> None:
         """A step's events to their requests' queues, in one call to the event loop."""
@@ -236,7 +229,7 @@ class EngineLoop:
     # -- how events and answers reach the requests (`engine_process` sends them to another process) --
     def _deliver(self, ready: list[tuple[Handle, list]]) -> None:
         """A step's events for their handles, in one call to the event loop."""
-        self._post(_put_all, [(handle.queue, items) for handle, items in ready])
+        self._post(put_all, [(handle.queue, items) for handle, items in ready])
 
     def _fail(self, handle: Handle, failure: Failure) -> None:
         self._post(handle.queue.put_nowait, failure)
@@ -244,7 +237,7 @@ class EngineLoop:
     def _answer(self, future: Any, result: Any, error: BaseException | None) -> None:
         """A posted call's result for its future: an asyncio one (`call`) or a thread's (`call_from_thread`)."""
         if not isinstance(future, concurrent.futures.Future):
-            self._post(_resolve, future, result, error)
+            self._post(resolve_future, future, result, error)
         elif error is not None:
             future.set_exception(error)
         else:
@@ -318,18 +311,41 @@ class EngineLoop:
         self.engine.active.clear()
 
 
+class TokenRate:
+    """Tokens handed out over the last 30 s, for `gen_throughput` (SGLang's `last_gen_throughput`)."""
+
+    def __init__(self) -> None:
+        self._recent: deque[tuple[float, int]] = deque()
+
+    def add(self, tokens: int) -> None:
+        now = time.monotonic()
+        self._recent.append((now, tokens))
+        while self._recent and now - self._recent[0][0] > 30:
+            self._recent.popleft()
+
+    def per_second(self, window: float = 10.0) -> float:
+        now = time.monotonic()
+        recent = [(t, n) for t, n in list(self._recent) if now - t <= window]
+        if not recent:
+            return 0.0
+        return sum(n for _, n in recent) / max(now - recent[0][0], 1e-3)
+
+
 def load_swap_drafter(engine: Engine, path: str) -> Drafter:
-    """The drafter in `path`, if it fits `engine`'s target and method (AdaFlash's needs a length head)."""
+    """The drafter in `path`, if it fits `engine`'s target and method (`fitting_drafter`, which the swap runs
+    again): checked off the engine's thread, so a misfit is refused before the swap waits for a step."""
     from adaflash.models.drafter_io import load_drafter
-    from adaflash.models.drafters import DFlashDrafter
 
     drafter = load_drafter(path, engine.model.cfg)
-    if method_of(engine.method).length_head and (not isinstance(drafter, DFlashDrafter) or drafter.length_head is None):
-        raise ValueError(f"{path}: method {engine.method} needs a DFlash drafter with a length head")
+    try:
+        fitting_drafter(method_of(engine.method), drafter)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
     return drafter
 
 
-def _put_all(ready: list[tuple[Mailbox, list]]) -> None:
+def put_all(ready: list[tuple[Mailbox, list]]) -> None:
+    """On the event loop: each mailbox its events (a step's, in one call)."""
     for target, items in ready:
         target.put_all(items)
 
@@ -340,7 +356,8 @@ def _take(counts: Counter, key: str) -> None:
         del counts[key]
 
 
-def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+def resolve_future(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    """On the event loop: a posted call's answer, unless its waiter gave up."""
     if future.done():
         return
     if error is not None:

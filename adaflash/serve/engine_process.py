@@ -20,7 +20,6 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -31,7 +30,15 @@ from adaflash.engine.engine import Engine, StepEvent, check_request
 from adaflash.engine.params import Request
 from adaflash.models.layers import DecoderConfig
 from adaflash.models.loading import Target
-from adaflash.serve.engine_loop import EngineLoop, Failure, Handle, load_swap_drafter
+from adaflash.serve.engine_loop import (
+    EngineLoop,
+    Failure,
+    Handle,
+    TokenRate,
+    load_swap_drafter,
+    put_all,
+    resolve_future,
+)
 
 
 class EngineStartError(RuntimeError):
@@ -156,10 +163,6 @@ class _ChildLoop(EngineLoop):
     def _answer(self, future: Any, result: Any, error: BaseException | None) -> None:
         self.send(("answer", future, None if error is None else str(error)))
 
-    def _hand_out(self, events: list) -> None:
-        super()._hand_out(events)
-        self._tell_state()
-
     def _drain(self, block: bool) -> None:
         super()._drain(block)
         self._tell_state()
@@ -231,7 +234,7 @@ class EngineProcess:
         self.stopping = threading.Event()
         self.exited = False  # the child's pipe closed
         self.sending = threading.Lock()
-        self._recent: deque[tuple[float, int]] = deque()
+        self.rate = TokenRate()
         self._reader = threading.Thread(target=self._read, name="adaflash-engine-reader", daemon=True)
 
     def start_engine(self) -> EngineFacts:
@@ -286,11 +289,7 @@ class EngineProcess:
             raise ValueError(error)
 
     def gen_throughput(self, window: float = 10.0) -> float:
-        now = time.monotonic()
-        recent = [(t, n) for t, n in list(self._recent) if now - t <= window]
-        if not recent:
-            return 0.0
-        return sum(n for _, n in recent) / max(now - recent[0][0], 1e-3)
+        return self.rate.per_second(window)
 
     def stop(self, timeout: float = 10.0) -> None:
         self.stopping.set()
@@ -327,7 +326,7 @@ class EngineProcess:
             elif kind == "answer":
                 future = self.futures.pop(message[1], None)
                 if future is not None:
-                    self._post(_set_result, future, message[2])
+                    self._post(resolve_future, future, message[2], None)
         self.exited = True  # before any request hears of it: from then on the server answers 503
         if not self.stopping.is_set():
             self.process.join(1)
@@ -340,7 +339,7 @@ class EngineProcess:
             for token in list(self.futures):  # a swap waiting for its answer
                 future = self.futures.pop(token, None)
                 if future is not None:
-                    self._post(_set_result, future, self.error)
+                    self._post(resolve_future, future, self.error, None)
 
     def _hand_out(self, items: list[tuple[str, list[int], Any]]) -> None:
         ready: dict[str, tuple[Handle, list[StepEvent]]] = {}
@@ -353,24 +352,11 @@ class EngineProcess:
             if output is not None:
                 del self.handles[rid]
             ready.setdefault(rid, (handle, []))[1].append(StepEvent(rid, new_ids, output))
-        now = time.monotonic()
-        self._recent.append((now, tokens))
-        while self._recent and now - self._recent[0][0] > 30:
-            self._recent.popleft()
+        self.rate.add(tokens)
         if ready:
-            self._post(_put_all, list(ready.values()))
+            self._post(put_all, [(handle.queue, events) for handle, events in ready.values()])
 
     def _post(self, fn: Any, *args: Any) -> None:
         assert self.loop is not None
         with contextlib.suppress(RuntimeError):  # the loop is closing: nobody is waiting any more
             self.loop.call_soon_threadsafe(fn, *args)
-
-
-def _put_all(ready: list[tuple[Handle, list[StepEvent]]]) -> None:
-    for handle, events in ready:
-        handle.queue.put_all(events)
-
-
-def _set_result(future: asyncio.Future, error: str | None) -> None:
-    if not future.done():
-        future.set_result(error)
