@@ -424,3 +424,19 @@ async def test_a_streams_chunks_carry_its_rid_whatever_its_characters(server):
     chunks = [json.loads(e[len("data: "):]) for e in raw.split("\n\n") if e and e != "data: [DONE]"]
     assert len(chunks) >= 2 and all(c["meta_info"]["id"] == rid for c in chunks)
     assert all(isinstance(c["meta_info"]["e2e_latency"], float) for c in chunks)
+
+
+def test_a_benchmark_records_the_engine_passes_of_its_measured_requests(server):
+    """`adaflash bench` against our server keeps the engine's passes by kind, the warm-up's left out: one
+    request at a time, each of the 5 measured prompts takes one prefill (the 2 warm-ups would make 7)."""
+    from adaflash.bench.client import BenchSettings, run_benchmark
+    from adaflash.bench.prompts import BenchPrompt
+
+    settings = BenchSettings(server.url, concurrency=1, max_new_tokens=6, warmup=2, ignore_eos=True)
+    prompts = [BenchPrompt(str(i), text) for i, text in enumerate(PROMPTS[:5])]
+    record = run_benchmark(settings, prompts, dataset="t")
+    passes = record["passes"]
+    assert passes["prefill"]["steps"] == 5 and passes["prefill"]["seconds"] > 0
+    steps = sum(p["steps"] for kind, p in passes.items() if kind != "prefill")
+    assert 5 <= steps <= 5 * 5  # each answer's 5 tokens after its first: at least one step, at most one a token
+    assert record["completed"] == 5 and record["errors"] == []

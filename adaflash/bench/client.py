@@ -17,7 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from adaflash.bench.metrics import RequestResult, accuracy, compute_metrics, local_hardware
+from adaflash import event_loop
+from adaflash.bench.metrics import RequestResult, accuracy, compute_metrics, local_hardware, passes_since
 from adaflash.bench.prompts import BenchPrompt
 from adaflash.methods import method_for_algorithm
 
@@ -212,15 +213,19 @@ async def run_requests(settings: BenchSettings, prompts: list[BenchPrompt],
                 on_done(result)
             return result
 
+        start = info
         if settings.warmup and prompts:
             warm = [prompts[i % len(prompts)] for i in range(settings.warmup)]
             await asyncio.gather(*(limited(p, False) for p in warm))
+            start = server_info(await fetch_json(session, about, settings.headers), settings.api)
         started = time.perf_counter()
         results = await asyncio.gather(*(limited(p, True) for p in prompts))
         duration = time.perf_counter() - started
         after = server_info(await fetch_json(session, about, settings.headers), settings.api)
     if after:
         info = {**info, **after}
+        if "engine_passes" in after:  # ours: the engine's passes during the measured requests
+            info["passes"] = passes_since(after["engine_passes"], start.get("engine_passes"))
     return list(results), duration, info
 
 
@@ -306,6 +311,7 @@ def build_record(
         "base_url": settings.base_url,
         "drafter_version": info.get("drafter_version"),
         "server_accept_length": server_accept_length(info),
+        "passes": info.get("passes"),  # our server's engine passes by kind during the measured requests
         **metrics,
         "errors": errors,
     }
@@ -316,5 +322,5 @@ def build_record(
 def run_benchmark(settings: BenchSettings, prompts: list[BenchPrompt], *, dataset: str,
                   on_done: Callable[[RequestResult], None] | None = None, **record_kw: Any) -> dict[str, Any]:
     """Run the prompts and return the record (synchronous wrapper for the CLI and the matrix)."""
-    results, duration, info = asyncio.run(run_requests(settings, prompts, on_done))
+    results, duration, info = event_loop.run(run_requests(settings, prompts, on_done))
     return build_record(settings, prompts, results, duration, info, dataset=dataset, **record_kw)

@@ -41,7 +41,7 @@ from adaflash.bench.compare import overall_records
 from adaflash.bench.engine_spec import EngineBenchError, EngineBenchSpec
 from adaflash.bench.engine_table import HF_GENERATE, HF_PROMPT_LOOKUP
 from adaflash.bench.hf_generate import hf_generate
-from adaflash.bench.metrics import TokenGaps, accuracy, compute_metrics, engine_results
+from adaflash.bench.metrics import TokenGaps, accuracy, compute_metrics, engine_results, passes_since
 from adaflash.bench.prompts import BenchPrompt, domains_of
 from adaflash.engine.params import DRAFT_MARGIN
 from adaflash.methods import VANILLA, method_of
@@ -58,15 +58,7 @@ class EngineBenchEvents:
 
 
 def _passes(engine: Any, before: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
-    """The engine's passes by kind ({kind: {steps, seconds}}), less those in `before`: where a method's
-    time went (AdaFlash: whole-block steps against head-chosen ones and the cost rule's probes)."""
-    before = before or {}
-    out = {}
-    for kind, count in engine.step_counts.items():
-        steps = count - before.get(kind, {}).get("steps", 0)
-        if steps:
-            out[kind] = {"steps": steps, "seconds": engine.step_seconds[kind] - before.get(kind, {}).get("seconds", 0.0)}
-    return out
+    return passes_since(engine.pass_totals(), before)
 
 
 def _passes_text(passes: dict[str, dict[str, float]]) -> str:

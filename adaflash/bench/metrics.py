@@ -214,3 +214,18 @@ def local_hardware() -> str:
         if names:
             return f"{len(names)}x {names[0]}" if len(set(names)) == 1 else ", ".join(names)
     return cpu_model()
+
+
+def passes_since(now: dict[str, dict[str, float]], before: dict[str, dict[str, float]] | None = None
+                 ) -> dict[str, dict[str, float]]:
+    """An engine's passes by kind ({kind: {steps, seconds}}, running totals) less those `before`: where a
+    run's time went (decode or speculative steps against prefills; AdaFlash's whole-block steps against
+    head-chosen ones and the cost rule's probes), in `bench engine` and through a server alike."""
+    before = before or {}
+    out = {}
+    for kind, total in now.items():
+        earlier = before.get(kind, {})
+        steps = int(total["steps"] - earlier.get("steps", 0))
+        if steps:
+            out[kind] = {"steps": steps, "seconds": total["seconds"] - earlier.get("seconds", 0.0)}
+    return out

@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from adaflash import event_loop
 from adaflash.cli.common import fail, recorded_run, runlog_of
 from adaflash.cli.groups import setting_error
 from adaflash.engine.config import EngineConfig
@@ -23,7 +24,7 @@ def serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine
 
     The engine runs in a process of its own (`serve/engine_process.py`), except with --adapt, whose trainer
     swaps drafters into the engine object, or where ADAFLASH_ENGINE_THREAD=1 asks for the engine thread (to
-    measure one against the other)."""
+    measure one against the other). The HTTP side runs on uvloop where it is installed (`event_loop`)."""
     import asyncio
 
     from adaflash.models.drafter_io import DrafterError
@@ -46,7 +47,8 @@ def serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine
     except (DrafterError, EngineStartError, ValueError, FileNotFoundError, OSError) as err:
         fail(str(err))
     log = runlog_of(ctx)
-    config.update(device=str(engine.device), hardware=hardware, context_length=engine.max_len)
+    config.update(device=str(engine.device), hardware=hardware, context_length=engine.max_len,
+                  engine_process=process is not None, event_loop=event_loop.name())
     with recorded_run(log, "serve", name=f"serve-{config['method']}{'-adapt' if config['adapt'] else ''}",
                       method=config["method"], target=config["target"], draft=config["draft"], config=config) as run:
         run_id = run.id
@@ -99,7 +101,7 @@ def serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine
                 await metrics
 
         try:
-            asyncio.run(main())
+            event_loop.run(main())
         except OSError as err:  # the port is taken, the host is wrong
             run.finish("failed", note=str(err))
         finally:

@@ -431,6 +431,10 @@ class Engine(Admitting, VerifyLengths):
             columns[1, at], columns[2, at] = pending, lengths
         return slots, in_order, list(torch.from_numpy(columns).to(self.device).unbind(0))
 
+    def pass_totals(self) -> dict[str, dict[str, float]]:
+        """Every pass so far by kind, {kind: {steps, seconds}}: where the engine's time went (`passes_since`)."""
+        return {kind: {"steps": count, "seconds": self.step_seconds[kind]} for kind, count in self.step_counts.items()}
+
     def _count(self, kind: str, seconds: float) -> None:
         self.step_counts[kind] += 1
         self.step_seconds[kind] += seconds

@@ -102,6 +102,7 @@ class EngineFacts:
     drafter_version: int | None = None
     avg_accept_length: float | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"verify_ct": 0, "completion_tokens": 0, "requests": 0})
+    passes: dict[str, dict[str, float]] = field(default_factory=dict)  # `pass_totals()` as last sent
     target: Target | None = None  # the tokenizer's side of the target, loaded in the server's process
 
     @classmethod
@@ -124,6 +125,10 @@ class EngineFacts:
         self.drafter_version = snapshot["drafter_version"]
         self.avg_accept_length = snapshot["avg_accept_length"]
         self.stats = snapshot["stats"]
+        self.passes = snapshot["passes"]
+
+    def pass_totals(self) -> dict[str, dict[str, float]]:
+        return self.passes
 
 
 def _state_key(snapshot: dict[str, Any]) -> tuple:
@@ -134,7 +139,8 @@ def _state_key(snapshot: dict[str, Any]) -> tuple:
 def _snapshot(loop: EngineLoop) -> dict[str, Any]:
     engine = loop.engine
     return {"drafter_version": engine.drafter_version, "avg_accept_length": engine.avg_accept_length,
-            "stats": dict(engine.stats), "running": len(engine.active), "queue_depth": loop.queue_depth,
+            "stats": dict(engine.stats), "passes": engine.pass_totals(), "running": len(engine.active),
+            "queue_depth": loop.queue_depth,
             "error": loop.error}
 
 

@@ -444,6 +444,7 @@ class EmbeddedServer:
             "requests_served": engine.stats["requests"],
             "completion_tokens": engine.stats["completion_tokens"],
             "verify_ct": engine.stats["verify_ct"],
+            "engine_passes": engine.pass_totals(),  # {kind: {steps, seconds}} since the start
             "length_rate": engine.length_rate,
             "length_policy": engine.length_policy,
             "min_length": engine.min_length,

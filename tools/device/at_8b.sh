@@ -1,15 +1,15 @@
-# Qwen3-8B's shapes: the verify cost curve (k up to 16, batch up to 128), Vanilla at batch 1 (against the HBM
-# roofline), AdaFlash against DFlash at batch 32 and 64 with the cost rule's table of step times by width, and
-# Vanilla at batch 32 beside transformers' generate().
+# Qwen3-8B's shapes, most wanted first: AdaFlash against DFlash at batch 32 and 64 with the cost rule's table of
+# step times by width (scripted acceptance), Vanilla at batch 32 beside transformers' generate(), Vanilla at
+# batch 1 (against the HBM roofline), then the verify cost curve (k up to 16) at batch 1 and 128.
 source tools/device/env.sh
 qwen3_8b
-t timeout 110 $A bench cost --target /tmp/q36 --batch-sizes 1,8,32,64,128 --widths 1,2,4,8,16 --context 512 \
-  --device cuda --acceptance $ACC > "$OUT/q8-cost.txt" 2>&1
-t timeout 60 $A bench engine --target /tmp/q36 --methods vanilla --prompts $P/gsm256.jsonl --num-prompts 4 \
-  --batch-sizes 1 --max-new-tokens 128 --device cuda --warmup short --json > "$OUT/q8-b1.json"
-t timeout 240 $A bench engine --target /tmp/q36 --prompts $P/gsm256.jsonl --max-new-tokens 128 --device cuda --json \
+t timeout 300 $A bench engine --target /tmp/q36 --prompts $P/gsm256.jsonl --max-new-tokens 128 --device cuda --json \
   --methods vanilla,dflash,adaflash --draft dflash=/tmp/d8 --draft adaflash=/tmp/d8 --acceptance $ACC \
   --order interleaved --num-prompts 128 --batch-sizes 32,64 > "$OUT/q8-scripted.json" 2> "$OUT/q8-scripted.log"
 t timeout 100 $A bench engine --target /tmp/q36 --methods vanilla --prompts $P/gsm256.jsonl --num-prompts 32 \
   --batch-sizes 32 --max-new-tokens 64 --device cuda --compare-hf --json > "$OUT/q8-b32-hf.json" 2> "$OUT/q8-b32-hf.log"
+t timeout 40 $A bench engine --target /tmp/q36 --methods vanilla --prompts $P/gsm256.jsonl --num-prompts 4 \
+  --batch-sizes 1 --max-new-tokens 128 --device cuda --warmup short --json > "$OUT/q8-b1.json"
 cp /tmp/ws/runlog.sqlite "$OUT/"
+t timeout 90 $A bench cost --target /tmp/q36 --batch-sizes 1,128 --widths 1,2,4,8,16 --context 512 \
+  --device cuda --acceptance $ACC > "$OUT/q8-cost.txt" 2>&1
