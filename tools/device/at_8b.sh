@@ -1,6 +1,6 @@
 # Qwen3-8B's shapes, most wanted first: AdaFlash against DFlash at batch 32 and 64 with the cost rule's table of
 # step times by width (scripted acceptance), Vanilla at batch 32 beside transformers' generate(), Vanilla at
-# batch 1 (against the HBM roofline), then the verify cost curve (k up to 16) at batch 1 and 128.
+# batch 1 (against the HBM roofline). The verify cost curve is `bench cost`'s (brief.sh).
 source tools/device/env.sh
 qwen3_8b
 t timeout 300 $A bench engine --target /tmp/q36 --prompts $P/gsm256.jsonl --max-new-tokens 128 --device cuda --json \
@@ -11,5 +11,3 @@ t timeout 100 $A bench engine --target /tmp/q36 --methods vanilla --prompts $P/g
 t timeout 40 $A bench engine --target /tmp/q36 --methods vanilla --prompts $P/gsm256.jsonl --num-prompts 4 \
   --batch-sizes 1 --max-new-tokens 128 --device cuda --warmup short --json > "$OUT/q8-b1.json"
 cp /tmp/ws/runlog.sqlite "$OUT/"
-t timeout 90 $A bench cost --target /tmp/q36 --batch-sizes 1,128 --widths 1,2,4,8,16 --context 512 \
-  --device cuda --acceptance $ACC > "$OUT/q8-cost.txt" 2>&1
