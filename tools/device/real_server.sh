@@ -1,8 +1,9 @@
-# The seed's benchmark on the real SmolLM2 and drafter that real.sh unpacked on this machine (call it right after
-# real.sh, while the machine is warm): 1,024 GSM8K test questions, 256 new tokens, Vanilla, DFlash and AdaFlash
-# through `adaflash serve` at concurrency 64 and 256, beside `bench engine` at batch 64 and 256.
+# The seed's benchmark on the real SmolLM2 and drafter (unpacked by real.sh on this machine, or joined here from
+# .xb/ and the first part an earlier call stored): 1,024 GSM8K test questions, 256 new tokens, Vanilla, DFlash and
+# AdaFlash through `adaflash serve` at concurrency 64 and 256, beside `bench engine` at batch 64 and 256. Each
+# server record keeps the engine's passes by kind.
 source tools/device/env.sh
-if [ ! -d /tmp/real/drafter ]; then echo "no real model: run real.sh first on this machine"; exit 3; fi
+real_smollm2 || exit 3
 D="--draft dflash=/tmp/real/drafter --draft adaflash=/tmp/real/drafter"
 Q="--max-new-tokens 256 --num-prompts 1024"
 t timeout 200 $A bench engine --target smollm2-135m --methods vanilla,dflash,adaflash $D --prompts $P/gsm1024.jsonl \
