@@ -17,7 +17,6 @@ from typing import Any
 
 import aiohttp
 
-from adaflash import event_loop
 from adaflash.bench.metrics import RequestResult, accuracy, compute_metrics, local_hardware, passes_since
 from adaflash.bench.prompts import BenchPrompt
 from adaflash.methods import method_for_algorithm
@@ -322,5 +321,5 @@ def build_record(
 def run_benchmark(settings: BenchSettings, prompts: list[BenchPrompt], *, dataset: str,
                   on_done: Callable[[RequestResult], None] | None = None, **record_kw: Any) -> dict[str, Any]:
     """Run the prompts and return the record (synchronous wrapper for the CLI and the matrix)."""
-    results, duration, info = event_loop.run(run_requests(settings, prompts, on_done))
+    results, duration, info = asyncio.run(run_requests(settings, prompts, on_done))
     return build_record(settings, prompts, results, duration, info, dataset=dataset, **record_kw)

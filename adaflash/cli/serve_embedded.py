@@ -10,7 +10,6 @@ import sys
 
 import click
 
-from adaflash import event_loop
 from adaflash.cli.common import fail, recorded_run, runlog_of
 from adaflash.cli.groups import setting_error
 from adaflash.engine.config import EngineConfig
@@ -24,7 +23,7 @@ def serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine
 
     The engine runs in a process of its own (`serve/engine_process.py`), except with --adapt, whose trainer
     swaps drafters into the engine object, or where ADAFLASH_ENGINE_THREAD=1 asks for the engine thread (to
-    measure one against the other). The HTTP side runs on uvloop where it is installed (`event_loop`)."""
+    measure one against the other)."""
     import asyncio
 
     from adaflash.models.drafter_io import DrafterError
@@ -48,7 +47,7 @@ def serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine
         fail(str(err))
     log = runlog_of(ctx)
     config.update(device=str(engine.device), hardware=hardware, context_length=engine.max_len,
-                  engine_process=process is not None, event_loop=event_loop.name())
+                  engine_process=process is not None)
     with recorded_run(log, "serve", name=f"serve-{config['method']}{'-adapt' if config['adapt'] else ''}",
                       method=config["method"], target=config["target"], draft=config["draft"], config=config) as run:
         run_id = run.id
@@ -101,7 +100,7 @@ def serve_embedded(ctx: click.Context, config: dict, api_key: str | None, engine
                 await metrics
 
         try:
-            event_loop.run(main())
+            asyncio.run(main())
         except OSError as err:  # the port is taken, the host is wrong
             run.finish("failed", note=str(err))
         finally:

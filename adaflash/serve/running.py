@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from adaflash import event_loop
 from adaflash.serve.connections import ConnectionGuard, QuietAcceptErrors, connection_cap, raise_fd_limit
 from adaflash.serve.http_handler import handler_factory
 from adaflash.serve.server import EmbeddedServer
@@ -70,7 +69,7 @@ class RunningServer:
     def __init__(self, server: EmbeddedServer, host: str = "127.0.0.1", port: int = 0) -> None:
         self.server = server
         self.url = ""
-        self._loop = event_loop.new_loop()
+        self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
