@@ -7,6 +7,8 @@ outputs, stops, aborts and swaps must be those of the plain engine.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from adaflash.engine.config import EngineConfig
@@ -131,10 +133,9 @@ def test_a_row_that_fills_its_context_is_not_stepped_again(tiny_target, monkeypa
     assert engine.context_margin == max_len - fits - len(prompt)
     reach, launch = [], engine._launch
 
-    def spy(seqs, landed, *plan):
-        flight = launch(seqs, landed, *plan)
-        after = landed.after if landed is not None else {}
-        reach.append(max(after.get(s.slot, (0, s.length))[1] for s in seqs) + flight.packed.shape[1] - 2)
+    def spy(rows, *plan):
+        flight = launch(rows, *plan)
+        reach.append(int(rows.lengths.max()) + flight.packed.shape[1] - 2)  # the cache length each row steps from
         return flight
 
     monkeypatch.setattr(engine, "_launch", spy)
@@ -239,3 +240,42 @@ def test_the_cost_rule_sizes_overlapped_steps_from_the_predictions_steps_bring_b
     # the rule weighs its modes after a launch, while the device runs; between a read and the launch only
     # where the batch's bucket changed since (here 3 rows and 2, as rows end and others join)
     assert decided[False] > 50 and decided[True] <= decided[False] / 5
+
+
+@pytest.mark.parametrize("method", ["vanilla", "dflash"])
+def test_rows_stopped_by_tokens_end_as_without_overlap(tiny_target, method, monkeypatch):
+    """Which rows step again is found over the batch at once (`Landed.next_rows`): rows that stop at the
+    target's eos ids, at their own stop tokens, or at nothing, side by side, must end where the plain engine
+    ends them, with the same tokens. The eos id and the stop tokens are tokens the answers really give."""
+    from dataclasses import replace
+
+    free = {o.rid: o.output_ids for o in plain(tiny_target, requests_for(tiny_target)).values()}
+    monkeypatch.setattr(tiny_target, "eos_ids", [free["r1"][5]])
+    requests = []
+    for i, request in enumerate(requests_for(tiny_target)):
+        kind = i % 3  # 0: own stop tokens, 1: eos, 2: none
+        params = replace(request.params, ignore_eos=kind != 1,
+                         stop_token_ids=[free[request.rid][3 + i % 4]] if kind == 0 else [])
+        requests.append(replace(request, params=params))
+    reference = plain(tiny_target, requests)
+    engine = overlapped(tiny_target, method, padded=True)
+    stepped, launch, decode = Counter(), engine._launch, engine._decode
+
+    def spy_launch(rows, *plan):
+        stepped.update(s.request.rid for s in rows.seqs)
+        return launch(rows, *plan)
+
+    def spy_decode(seqs, chooser):
+        stepped.update(s.request.rid for s in seqs)
+        return decode(seqs, chooser)
+
+    monkeypatch.setattr(engine, "_launch", spy_launch)
+    monkeypatch.setattr(engine, "_decode", spy_decode)
+    outputs = engine.generate(requests)
+    assert {o.rid: o.output_ids for o in outputs} == {rid: o.output_ids for rid, o in reference.items()}
+    # no row stepped past its end: each step it was launched into is one it took (the prefill is the first)
+    assert stepped == {o.rid: o.meta_info["spec_verify_ct"] - 1 for o in outputs}
+    assert [o.meta_info["finish_reason"] for o in outputs] == [reference[o.rid].meta_info["finish_reason"]
+                                                               for o in outputs]
+    stopped = [o for o in outputs if o.meta_info["finish_reason"]["type"] == "stop"]
+    assert len(stopped) >= 4  # rows of both stopping kinds ended early

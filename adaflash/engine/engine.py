@@ -23,7 +23,7 @@ from __future__ import annotations
 import gc
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +32,7 @@ import torch
 from adaflash.engine.admission import Admitting
 from adaflash.engine.capture import capture_all
 from adaflash.engine.config import EngineConfig
-from adaflash.engine.flight import Flight, Landed
+from adaflash.engine.flight import Flight, Landed, Rows
 from adaflash.engine.graphs import GraphRunner
 from adaflash.engine.length_policy import Plan
 from adaflash.engine.params import Output, Request
@@ -125,6 +125,7 @@ class Engine(Admitting, VerifyLengths):
         # as it is called, so there is nothing to overlap.
         self.overlap = self.passes.padded if cfg.overlap is None else cfg.overlap
         self._flight: Flight | None = None
+        self._left: list[RunningSeq] = []  # rows that left the batch since the flight's launch (`_land`)
         self._settled: list[StepEvent] = []  # events of a flight read outside `step`
         if drafter is not None:
             self.passes.install_drafter(drafter)
@@ -232,11 +233,17 @@ class Engine(Admitting, VerifyLengths):
             if request.rid == rid:
                 del self.waiting[index]
                 return True
-        for slot, seq in list(self.active.items()):
+        for seq in list(self.active.values()):
             if seq.request.rid == rid:
-                del self.active[slot]
+                self._leave(seq)
                 return True
         return False
+
+    def _leave(self, seq: RunningSeq) -> None:
+        """The row leaves the batch (it finished, or was aborted); its slot is free."""
+        del self.active[seq.slot]
+        if self._flight is not None:
+            self._left.append(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.active or self._settled)
@@ -274,72 +281,90 @@ class Engine(Admitting, VerifyLengths):
         chooser = self._length_chooser(len(decoding)) if decoding else None  # once a step: it plans
         launched = 0
         if decoding and self._overlappable(decoding, chooser):
-            self._flight = self._launch(decoding, landed, *self._ahead_plan(decoding, chooser))
-            decoding, launched = [], len(decoding)
+            self._flight = self._launch(decoding, *self._ahead_plan(decoding.seqs, chooser))
+            decoding, launched = None, len(decoding)
         if landed is not None:
             self._account_landed(landed)  # after the launch: the device need not wait for the bookkeeping
             events += self._take_landed(landed)
         if launched:
             self._decide_ahead(launched)  # likewise the rule's mode for the next step
-        decoding = [s for s in decoding if self._live(s)]
-        if decoding:
-            events += self._decode(decoding, chooser)
+        rest = [s for s in decoding.seqs if self._live(s)] if decoding else []
+        if rest:
+            events += self._decode(rest, chooser)
         return events
 
-    def _decoding(self, landed: Landed | None) -> list[RunningSeq]:
-        """The rows to step now, by slot; a row the landed step ends (stop token, length) is not."""
+    def _decoding(self, landed: Landed | None) -> Rows:
+        """The rows to step now, by slot; a row the landed step ends (stop token, length) is not.
+
+        Where every decoding row was in the landed step (no prompt was admitted since), they come from its
+        arrays (`Landed.next_rows`): the device waits for this, and it is the common case."""
+        eos = self.target.eos_ids
+        if landed is not None:
+            moved, ends = landed.next_rows(eos)
+            if len(moved) == len(self.active):  # the landed rows are live, so these are every active row
+                return moved.pick(~ends)
+            after = {seq.slot: i for i, seq in enumerate(moved.seqs)}
         seqs = [s for _, s in sorted(self.active.items()) if s.verify_ct > 0 and s.finish is None]
         if landed is None:
-            return seqs
-        eos, tokens = self.target.eos_ids, landed.tokens
-        return [s for s in seqs if s.slot not in tokens or not s.ends_within(tokens[s.slot], eos)]
+            return Rows.of(seqs, eos)
+        seqs = [s for s in seqs if s.slot not in after or not ends[after[s.slot]]]
+        column = {name: [int(getattr(moved, name)[after[s.slot]]) if s.slot in after else own(s) for s in seqs]
+                  for name, own in (("pending", lambda s: s.pending), ("lengths", lambda s: s.length),
+                                    ("produced", lambda s: len(s.output_ids)))}
+        return Rows.of(seqs, eos, **column)
 
-    def _overlappable(self, seqs: list[RunningSeq], chooser: LengthChooser | None) -> bool:
+    def _overlappable(self, rows: Rows, chooser: LengthChooser | None) -> bool:
         """Greedy rows whose whole step runs on the device: no drafts or lengths the host must see (the
         cost rule's widths are chosen before the launch, from predictions earlier steps brought back)."""
-        if not self.overlap or any(s.request.params.temperature != 0 for s in seqs):
+        if not self.overlap or not rows.greedy:
             return False
         if chooser is not None and not self._sizes_ahead():
             return False
         return self.drafter is None or (self._draft_steps() or 0) <= self.drafter.max_draft
 
     @torch.no_grad()
-    def _launch(self, seqs: list[RunningSeq], landed: Landed | None, steps: int | None = None,
-                predict: bool = False) -> Flight:
-        """Launch a greedy step from each row's pending token and length: the landed step's where it
-        stepped the row (the host has not taken its tokens yet), else the row's own. `steps`: drafts
-        every row verifies (None: `_draft_steps`); `predict`: the step brings the head's predictions back."""
-        after = landed.after if landed is not None else {}
-        pending = [after[s.slot][0] if s.slot in after else s.pending for s in seqs]
-        lengths = [after[s.slot][1] if s.slot in after else s.length for s in seqs]
-        slots, in_order, (rows, pending_d, lens) = self._step_rows(seqs, pending, lengths, fill=True)
+    def _launch(self, rows: Rows, steps: int | None = None, predict: bool = False) -> Flight:
+        """Launch a greedy step from each row's pending token and length (a landed step's where it moved the
+        row on: the host has not taken its tokens yet). `steps`: drafts every row verifies (None:
+        `_draft_steps`); `predict`: the step brings the head's predictions back."""
+        slots, in_order, (rows_d, pending_d, lens) = self._step_rows(rows.slots, rows.pending, rows.lengths, fill=True)
         # On the engine's clock: a flight may be read in a later turn of a bench whose engines take turns.
-        longest, started = max(lengths), self.clock()
+        longest, started = int(rows.lengths.max()), self.clock()
+        self._left = []  # rows that leave the batch from now on: the flight's `_land` drops them
         if self.drafter is None:
-            drafts, verify_n = self.passes.draft(rows, pending_d, lens, longest, steps=None, choose=None)
-            packed = self.passes.greedy_step(rows, pending_d, drafts, verify_n, lens, longest, in_order=in_order)
+            drafts, verify_n = self.passes.draft(rows_d, pending_d, lens, longest, steps=None, choose=None)
+            packed = self.passes.greedy_step(rows_d, pending_d, drafts, verify_n, lens, longest, in_order=in_order)
             kind = "decode"
         else:
-            packed = self.passes.draft_and_step(rows, pending_d, lens, longest, steps=steps or self._draft_steps(),
+            packed = self.passes.draft_and_step(rows_d, pending_d, lens, longest, steps=steps or self._draft_steps(),
                                                 predict=predict, in_order=in_order)
             kind = "whole"
         plan = self._cost_rule().take_plan() if self._reads_head() and self.length_policy == "cost" else None
-        return Flight(seqs, slots, packed, kind, started, predicted=predict, plan=plan)
+        at = None if len(slots) == len(rows) else np.searchsorted(np.asarray(slots), rows.slots)
+        return Flight(rows, packed, at, kind, started, predicted=predict, plan=plan)
 
     def _land(self) -> Landed | None:
         """Read the step in flight (the host's one sync for it); `_account_landed` counts it."""
         flight, self._flight = self._flight, None
         if flight is None:
             return None
-        rows = flight.packed.tolist()
+        packed = flight.packed.cpu().numpy()
         seconds = self.clock() - flight.started
-        by_slot = dict(zip(flight.slots, rows))
-        seqs = [s for s in flight.seqs if self._live(s)]
-        packed = [by_slot[s.slot] for s in seqs]
+        if flight.at is not None:
+            packed = packed[flight.at]
+        rows = flight.rows
+        if self._left:  # rows aborted, or ended by a stop string, since the launch: theirs are dropped
+            found = np.searchsorted(rows.slots, [seq.slot for seq in self._left]).tolist()
+            gone = [i for i, seq in zip(found, self._left) if i < len(rows) and rows.seqs[i] is seq]
+            if gone:
+                live = np.ones(len(rows), dtype=bool)
+                live[gone] = False
+                rows, packed = rows.pick(live), packed[live]
         if flight.predicted:
-            for seq, row in zip(seqs, packed):
-                seq.predicted = row.pop()
-        return Landed(seqs, packed, seconds, flight.kind, flight.plan)
+            for seq, level in zip(rows.seqs, packed[:, -1].tolist()):
+                seq.predicted = level
+            packed = packed[:, :-1]
+        return Landed(rows, packed, seconds, flight.kind, flight.plan)
 
     def _account_landed(self, landed: Landed) -> None:
         if landed.seqs:
@@ -368,7 +393,7 @@ class Engine(Admitting, VerifyLengths):
         steps = self._draft_steps()
         # Greedy whole-block steps give every row its own result, so free slots may pad the batch.
         slots, in_order, (rows, pending, lens) = self._step_rows(
-            seqs, [s.pending for s in seqs], [s.length for s in seqs], fill=greedy and chooser is None)
+            [s.slot for s in seqs], [s.pending for s in seqs], [s.length for s in seqs], fill=greedy and chooser is None)
         longest = max(s.length for s in seqs)
         t0 = time.perf_counter()
         if greedy and self.passes.padded and self.drafter is not None and chooser is None \
@@ -414,16 +439,17 @@ class Engine(Admitting, VerifyLengths):
             events.append(self._emit(seq, row[2: n_acc + 3], accepted=n_acc, proposed=row[1]))
         return events
 
-    def _step_rows(self, seqs: list[RunningSeq], pending: list[int], lengths: list[int], *,
-                   fill: bool) -> tuple[list[int], bool, list[torch.Tensor]]:
-        """The slots a step runs over (`DevicePasses.rows_for`), whether they are 0..b-1 in order, and
-        per row its slot, pending token and length on the device, in one host-to-device copy (free
-        slots that pad the batch get zeros). Built in numpy: at batch 256 `torch.tensor` of the lists took
-        about 90 µs, numpy 11, and the device waits for this between two overlapped steps."""
-        own = [s.slot for s in seqs]
-        slots, in_order = self.passes.rows_for(own, fill=fill)
+    def _step_rows(self, own: Sequence[int] | np.ndarray, pending: Sequence[int] | np.ndarray,
+                   lengths: Sequence[int] | np.ndarray, *, fill: bool) -> tuple[list[int], bool, list[torch.Tensor]]:
+        """The slots a step runs over (`DevicePasses.rows_for`) for the rows in slots `own` (ascending),
+        whether they are 0..b-1 in order, and per row its slot, pending token and length on the device, in
+        one host-to-device copy (free slots that pad the batch get zeros). Built in numpy: at batch 256
+        `torch.tensor` of the lists took about 90 µs, numpy 11, and the device waits for this between two
+        overlapped steps."""
+        own = np.asarray(own, dtype=np.int64)
+        slots, in_order = self.passes.rows_for(own.tolist(), fill=fill)
         if len(slots) == len(own):  # the rows themselves (`rows_for` pads only by adding free slots)
-            columns = np.array([slots, pending, lengths], dtype=np.int64)
+            columns = np.stack([own, np.asarray(pending, dtype=np.int64), np.asarray(lengths, dtype=np.int64)])
         else:
             columns = np.zeros((3, len(slots)), dtype=np.int64)
             columns[0] = slots
@@ -487,7 +513,7 @@ class Engine(Admitting, VerifyLengths):
                          decode=self.target.decode)
         if seq.finish is None:
             return StepEvent(seq.request.rid, taken)
-        del self.active[seq.slot]
+        self._leave(seq)
         output = seq.output(self.target.decode, method=self.method, drafter_version=self.drafter_version)
         if not seq.request.probe:
             self.stats["verify_ct"] += seq.verify_ct
