@@ -31,6 +31,7 @@ from adaflash.serve.server import EmbeddedServer
 
 CORES = sorted(os.sched_getaffinity(0))
 CLIENT_CORE = ["taskset", "-c", str(CORES[1])] if len(CORES) > 1 and shutil.which("taskset") else []
+PREFILL_STEPS = 2.0  # a prefill pass's device time, in decode steps
 NEW_TOKENS = 256  # at most; a row ends with the eos token at each step with chance 1/128, as answers end at different steps
 
 
@@ -63,7 +64,14 @@ def stub_engine(target: str, batch: int, gpu_ms: float):
 
     engine._land = land_when_done
     passes._greedy_step_fn = lambda kv: stub_step
-    passes.prefill = lambda ids, rows, length: torch.zeros(ids.shape[0], vocab)
+    def stub_prefill(ids, rows, length):
+        """A prefill pass as the host sees one: read at once (its first tokens), after the device's earlier
+        work and PREFILL_STEPS of its own (a SmolLM2 admission on an H100 took one to three decode steps)."""
+        device_free[0] = max(time.perf_counter(), device_free[0]) + PREFILL_STEPS * gpu_ms / 1e3
+        time.sleep(max(0.0, device_free[0] - time.perf_counter()))
+        return torch.zeros(ids.shape[0], vocab)
+
+    passes.prefill = stub_prefill
     return engine
 
 
@@ -91,6 +99,10 @@ def served_by_process(target: str, prompts: int, batch: int, gpu_ms: float) -> f
         running.stop()
     print(f"server (engine process): median TPOT {result['median_tpot_ms']:.2f} ms, mean TTFT "
           f"{result['mean_ttft_ms']:.1f} ms")
+    loop = result.get("engine_loop") or {}
+    if loop.get("steps"):
+        print(f"server (engine process): {loop['steps']} steps, {loop['rows_per_step']:.1f} rows a step, "
+              f"{loop['step_ms']:.2f} ms a step inside engine.step, {loop['between_ms']:.3f} ms between steps")
     return result["output_throughput"]
 
 

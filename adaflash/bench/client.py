@@ -17,7 +17,14 @@ from typing import Any
 
 import aiohttp
 
-from adaflash.bench.metrics import RequestResult, accuracy, compute_metrics, local_hardware, passes_since
+from adaflash.bench.metrics import (
+    RequestResult,
+    accuracy,
+    compute_metrics,
+    local_hardware,
+    loop_since,
+    passes_since,
+)
 from adaflash.bench.prompts import BenchPrompt
 from adaflash.methods import method_for_algorithm
 
@@ -223,8 +230,9 @@ async def run_requests(settings: BenchSettings, prompts: list[BenchPrompt],
         after = server_info(await fetch_json(session, about, settings.headers), settings.api)
     if after:
         info = {**info, **after}
-        if "engine_passes" in after:  # ours: the engine's passes during the measured requests
+        if "engine_passes" in after:  # ours: the engine's passes during the measured requests, and its loop
             info["passes"] = passes_since(after["engine_passes"], start.get("engine_passes"))
+            info["engine_loop"] = loop_since(after.get("engine_loop"), start.get("engine_loop"))
     return list(results), duration, info
 
 
@@ -311,6 +319,7 @@ def build_record(
         "drafter_version": info.get("drafter_version"),
         "server_accept_length": server_accept_length(info),
         "passes": info.get("passes"),  # our server's engine passes by kind during the measured requests
+        "engine_loop": info.get("engine_loop"),  # and its loop: steps, rows a step, time inside and between steps
         **metrics,
         "errors": errors,
     }

@@ -229,3 +229,17 @@ def passes_since(now: dict[str, dict[str, float]], before: dict[str, dict[str, f
         if steps:
             out[kind] = {"steps": steps, "seconds": total["seconds"] - earlier.get("seconds", 0.0)}
     return out
+
+
+def loop_since(now: dict[str, float] | None, before: dict[str, float] | None) -> dict[str, float] | None:
+    """A serving engine's loop (`LoopTimes.totals()`) over a stretch: its steps, the mean rows in the batch as
+    a step began, the milliseconds a step spent inside `engine.step` and between steps while work waited."""
+    if not now:
+        return None
+    before = before or {}
+    steps = now["steps"] - before.get("steps", 0)
+    if steps <= 0:
+        return {"steps": 0}
+    return {"steps": steps, "rows_per_step": (now["rows"] - before.get("rows", 0)) / steps,
+            "step_ms": 1e3 * (now["inside_seconds"] - before.get("inside_seconds", 0.0)) / steps,
+            "between_ms": 1e3 * (now["between_seconds"] - before.get("between_seconds", 0.0)) / steps}

@@ -133,6 +133,7 @@ class EngineLoop:
         self.heartbeat = time.monotonic()
         self.steps = 0
         self.rate = TokenRate()
+        self.times = LoopTimes()
 
     # -- called from the asyncio side ---------------------------------------------------------
     def start(self) -> None:
@@ -185,6 +186,10 @@ class EngineLoop:
     def running(self) -> int:
         return len(self.engine.active)
 
+    def loop_times(self) -> dict[str, float]:
+        """`LoopTimes.totals()`: where the engine thread's time went since the start."""
+        return self.times.totals()
+
     def gen_throughput(self, window: float = 10.0) -> float:
         return self.rate.per_second(window)
 
@@ -197,11 +202,13 @@ class EngineLoop:
             self._feed()
             if not self.engine.has_work():
                 continue
+            self.times.start(len(self.engine.active))
             try:
                 events = self.engine.step()
             except Exception as err:  # the engine failed mid-step: fail what is in flight, keep serving
                 self._fail_all(f"engine step failed: {type(err).__name__}: {err}")
                 continue
+            self.times.stop(busy=self.engine.has_work())
             self.steps += 1
             self.heartbeat = time.monotonic()
             self._hand_out(events)
@@ -309,6 +316,35 @@ class EngineLoop:
         self.handles.clear()
         self.engine.waiting.clear()
         self.engine.active.clear()
+
+
+class LoopTimes:
+    """Where a serving engine's time goes, for `/get_server_info` (`engine_loop`): its steps, the rows in the
+    batch as each began, the time inside `engine.step`, and the time between one step and the next while
+    work was waiting (handing tokens to the requests, taking new ones in). Why: set beside `bench engine`'s
+    figures at the same batch, they tell a server's slots left empty from its steps grown longer and from
+    its loop's own cost."""
+
+    def __init__(self) -> None:
+        self.steps = self.rows = 0
+        self.inside = self.between = 0.0
+        self._began = self._ended = 0.0
+        self._busy = False  # work was left when the last step ended: the time until the next one counts
+
+    def start(self, rows: int) -> None:
+        self._began = time.perf_counter()
+        if self._busy:
+            self.between += self._began - self._ended
+        self.rows += rows
+
+    def stop(self, *, busy: bool) -> None:
+        self._ended = time.perf_counter()
+        self.inside += self._ended - self._began
+        self.steps += 1
+        self._busy = busy
+
+    def totals(self) -> dict[str, float]:
+        return {"steps": self.steps, "rows": self.rows, "inside_seconds": self.inside, "between_seconds": self.between}
 
 
 class TokenRate:

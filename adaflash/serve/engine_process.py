@@ -103,6 +103,7 @@ class EngineFacts:
     avg_accept_length: float | None = None
     stats: dict[str, int] = field(default_factory=lambda: {"verify_ct": 0, "completion_tokens": 0, "requests": 0})
     passes: dict[str, dict[str, float]] = field(default_factory=dict)  # `pass_totals()` as last sent
+    loop_times: dict[str, float] = field(default_factory=dict)  # the child loop's `LoopTimes.totals()` as last sent
     target: Target | None = None  # the tokenizer's side of the target, loaded in the server's process
 
     @classmethod
@@ -126,6 +127,7 @@ class EngineFacts:
         self.avg_accept_length = snapshot["avg_accept_length"]
         self.stats = snapshot["stats"]
         self.passes = snapshot["passes"]
+        self.loop_times = snapshot["loop"]
 
     def pass_totals(self) -> dict[str, dict[str, float]]:
         return self.passes
@@ -139,7 +141,8 @@ def _state_key(snapshot: dict[str, Any]) -> tuple:
 def _snapshot(loop: EngineLoop) -> dict[str, Any]:
     engine = loop.engine
     return {"drafter_version": engine.drafter_version, "avg_accept_length": engine.avg_accept_length,
-            "stats": dict(engine.stats), "passes": engine.pass_totals(), "running": len(engine.active),
+            "stats": dict(engine.stats), "passes": engine.pass_totals(), "loop": loop.times.totals(),
+            "running": len(engine.active),
             "queue_depth": loop.queue_depth,
             "error": loop.error}
 
@@ -293,6 +296,9 @@ class EngineProcess:
         error = await future
         if error is not None:
             raise ValueError(error)
+
+    def loop_times(self) -> dict[str, float]:
+        return self.facts.loop_times if self.facts is not None else {}
 
     def gen_throughput(self, window: float = 10.0) -> float:
         return self.rate.per_second(window)

@@ -445,6 +445,7 @@ class EmbeddedServer:
             "completion_tokens": engine.stats["completion_tokens"],
             "verify_ct": engine.stats["verify_ct"],
             "engine_passes": engine.pass_totals(),  # {kind: {steps, seconds}} since the start
+            "engine_loop": loop.loop_times() if loop else None,  # steps, rows, seconds inside and between steps
             "length_rate": engine.length_rate,
             "length_policy": engine.length_policy,
             "min_length": engine.min_length,
