@@ -88,6 +88,11 @@ def test_bench_reads_a_prompt_file_without_chat(live, workspace, tmp_path):
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
     assert record["dataset"] == "mine" and record["completed"] == 2 and record["stream"] is False
+    table = CliRunner().invoke(cli, ["bench", "--base-url", live.url, "--dataset", str(prompts), "--num-prompts", "2",
+                                     "--max-new-tokens", "3", "--warmup", "0", "--no-chat"])
+    assert table.exit_code == 0, table.output
+    line = next(line for line in table.output.splitlines() if line.startswith("server engine:"))
+    assert "rows a step" in line and "prefill" in line  # where our server's engine spent the measured requests
 
 
 def test_bench_errors_are_clear(live, workspace):

@@ -352,7 +352,7 @@ def test_the_tail_of_a_run_takes_whole_blocks_without_timing_tries(tiny_target):
 def test_a_step_sized_ahead_counts_rows_without_a_prediction_as_the_batch_mean(tiny_target, monkeypatch):
     """Rows new to the batch have brought no prediction back yet: they count as the others' mean, and when no
     row has one the step verifies as if every draft were accepted."""
-    from types import SimpleNamespace
+    import numpy as np
 
     from adaflash.engine.passes import PREDICTION_SCALE
     from tests.test_engine_lossless import drafter_for
@@ -363,7 +363,14 @@ def test_a_step_sized_ahead_counts_rows_without_a_prediction_as_the_batch_mean(t
     rule = engine.cost_rule = trained(CostRule(8, engine.min_length, max_batch=4, refresh=0), 4, lambda w: w)
     seen = []
     monkeypatch.setattr(rule, "drafts", lambda pred, k: seen.append(pred.tolist()) or 3)
-    rows = lambda *levels: [SimpleNamespace(predicted=level) for level in levels]  # noqa: E731
+    class Rows:  # the rows' latest predictions, NaN where none came yet (`flight.Rows.levels`)
+        def __init__(self, *levels):
+            self.levels = np.array([np.nan if level is None else level for level in levels], dtype=np.float64)
+
+        def __len__(self):
+            return len(self.levels)
+
+    rows = Rows
     assert engine._ahead_plan(rows(PREDICTION_SCALE // 4, None, PREDICTION_SCALE // 2, None), chooser=len) == (3, True)
     assert engine._ahead_plan(rows(None, None), chooser=len) == (3, True)
     assert seen == [[0.25, 0.375, 0.5, 0.375], [1.0, 1.0]]

@@ -213,8 +213,8 @@ def test_the_cost_rule_sizes_overlapped_steps_from_the_predictions_steps_bring_b
         flight = engine._flight
         out = land()
         between[0] = out is not None
-        if flight is not None and flight.predicted:
-            assert all(s.predicted is not None and 0 < s.predicted < PREDICTION_SCALE for s in out.seqs)
+        if flight is not None and flight.predicted:  # the rows keep them after the next launch (`keep_levels`)
+            assert out.levels is not None and all(0 < level < PREDICTION_SCALE for level in out.levels.tolist())
         return out
 
     def launched(*args, **kwargs):

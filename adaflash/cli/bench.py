@@ -199,6 +199,12 @@ def _print_summary(run_id: str, record: dict[str, Any]) -> None:
     rows = [{"metric": title, "value": fmt_cell(record.get(key))} for key, title in SUMMARY]
     emit_rows(rows, ["metric", "value"], "table",
               title=f"{record['method']} · {record['dataset']} · concurrency {record['concurrency']} [{run_id}]")
+    loop = record.get("engine_loop") or {}
+    if loop.get("steps"):  # our server: where its engine's time went over the measured requests
+        passes = ", ".join(f"{kind} {int(p['steps']):,} ({p['seconds']:.2f} s)"
+                           for kind, p in sorted((record.get("passes") or {}).items()))
+        click.echo(f"server engine: {loop['steps']:,} steps, {loop['rows_per_step']:.1f} rows a step, "
+                   f"{loop['step_ms']:.2f} ms a step, {loop['between_ms']:.2f} ms between steps; passes: {passes}")
     if record.get("failed"):
         click.secho(f"{record['failed']} request(s) failed, e.g. {record['errors'][:1]}", fg="yellow", err=True)
 

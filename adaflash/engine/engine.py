@@ -281,7 +281,7 @@ class Engine(Admitting, VerifyLengths):
         chooser = self._length_chooser(len(decoding)) if decoding else None  # once a step: it plans
         launched = 0
         if decoding and self._overlappable(decoding, chooser):
-            self._flight = self._launch(decoding, *self._ahead_plan(decoding.seqs, chooser))
+            self._flight = self._launch(decoding, *self._ahead_plan(decoding, chooser))
             decoding, launched = None, len(decoding)
         if landed is not None:
             self._account_landed(landed)  # after the launch: the device need not wait for the bookkeeping
@@ -304,6 +304,7 @@ class Engine(Admitting, VerifyLengths):
             if len(moved) == len(self.active):  # the landed rows are live, so these are every active row
                 return moved.pick(~ends)
             after = {seq.slot: i for i, seq in enumerate(moved.seqs)}
+            landed.keep_levels()  # the rows below read their predictions from the rows themselves
         seqs = [s for _, s in sorted(self.active.items()) if s.verify_ct > 0 and s.finish is None]
         if landed is None:
             return Rows.of(seqs, eos)
@@ -360,13 +361,13 @@ class Engine(Admitting, VerifyLengths):
                 live = np.ones(len(rows), dtype=bool)
                 live[gone] = False
                 rows, packed = rows.pick(live), packed[live]
+        levels = None
         if flight.predicted:
-            for seq, level in zip(rows.seqs, packed[:, -1].tolist()):
-                seq.predicted = level
-            packed = packed[:, :-1]
-        return Landed(rows, packed, seconds, flight.kind, flight.plan)
+            levels, packed = packed[:, -1], packed[:, :-1]
+        return Landed(rows, packed, seconds, flight.kind, flight.plan, levels)
 
     def _account_landed(self, landed: Landed) -> None:
+        landed.keep_levels()
         if landed.seqs:
             self._account(landed.seqs, landed.rows, landed.kind, landed.seconds, plan=landed.plan)
 

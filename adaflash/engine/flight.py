@@ -47,6 +47,7 @@ class Rows:
     limits: np.ndarray
     stops: np.ndarray
     greedy: bool  # every row decodes greedily (it may then step overlapped)
+    levels: np.ndarray | None = None  # the length head's latest prediction per row, NaN where none came yet
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -63,13 +64,14 @@ class Rows:
                    np.array(produced if produced is not None else [len(s.output_ids) for s in seqs], dtype=np.int64),
                    np.array([p.max_new_tokens for p in params], dtype=np.int64),
                    np.array([_stops(s.stop_ids(eos_ids), eos) for s in seqs], dtype=np.int8),
-                   all(p.temperature == 0 for p in params))
+                   all(p.temperature == 0 for p in params),
+                   np.array([np.nan if s.predicted is None else s.predicted for s in seqs], dtype=np.float64))
 
     def pick(self, keep: np.ndarray) -> Rows:
         """The rows where `keep` is true."""
         seqs = self.seqs if keep.all() else [s for s, k in zip(self.seqs, keep.tolist()) if k]
         return Rows(seqs, self.slots[keep], self.pending[keep], self.lengths[keep], self.produced[keep],
-                    self.limits[keep], self.stops[keep], self.greedy)
+                    self.limits[keep], self.stops[keep], self.greedy, None if self.levels is None else self.levels[keep])
 
 
 @dataclass
@@ -98,10 +100,18 @@ class Landed:
     seconds: float
     kind: str  # the flight's
     plan: Plan | None  # the flight's, for the cost rule's `record`
+    levels: np.ndarray | None = None  # the length head's predictions the step brought back, per row
 
     @property
     def seqs(self) -> list[RunningSeq]:
         return self.before.seqs
+
+    def keep_levels(self) -> None:
+        """Each row keeps the prediction the step brought back (`RunningSeq.predicted`): after the next launch,
+        which reads them from `next_rows`."""
+        if self.levels is not None:
+            for seq, level in zip(self.seqs, self.levels.tolist()):
+                seq.predicted = int(level)
 
     @cached_property
     def rows(self) -> list[list[int]]:
@@ -124,6 +134,7 @@ class Landed:
             ends |= at_eos & (np.isin(emitted, np.asarray(eos_ids, dtype=np.int64)) & taken).any(axis=1)
         for i in np.flatnonzero(rows.stops == OWN_STOPS).tolist():
             ends[i] |= not rows.seqs[i].stop_ids(eos_ids).isdisjoint(emitted[i, : count[i]].tolist())
+        levels = rows.levels if self.levels is None else self.levels.astype(np.float64)
         moved = Rows(rows.seqs, rows.slots, emitted[np.arange(len(count)), accepted], rows.lengths + count,
-                     produced, rows.limits, rows.stops, rows.greedy)
+                     produced, rows.limits, rows.stops, rows.greedy, levels)
         return moved, ends

@@ -15,7 +15,7 @@ from adaflash.methods import method_of
 
 if TYPE_CHECKING:
     from adaflash.engine.config import EngineConfig
-    from adaflash.engine.sequence import RunningSeq
+    from adaflash.engine.flight import Rows
     from adaflash.models.drafters import Drafter
 
 
@@ -83,7 +83,7 @@ class VerifyLengths:
         return self._reads_head() and self.length_policy == "cost" and self.overlap \
             and self.drafter is not None and self.drafter.predicts_length
 
-    def _ahead_plan(self, seqs: list[RunningSeq], chooser: LengthChooser | None) -> tuple[int | None, bool]:
+    def _ahead_plan(self, rows: Rows, chooser: LengthChooser | None) -> tuple[int | None, bool]:
         """For an overlapped step: (drafts every row verifies, None for `_draft_steps`; whether the step
         brings the head's predictions back)."""
         if not self._sizes_ahead():
@@ -92,12 +92,11 @@ class VerifyLengths:
         rule = self._cost_rule()
         if chooser is None:
             return None, rule.head_wanted
-        levels = [s.predicted for s in seqs]
-        if None in levels:  # rows new to the batch count as its mean, or as whole blocks accepted when none has one
-            known = [level for level in levels if level is not None]
-            fill = sum(known) / len(known) if known else PREDICTION_SCALE
-            levels = [fill if level is None else level for level in levels]
-        drafts = rule.drafts(np.array(levels, dtype=np.float64) / PREDICTION_SCALE, self.drafter.max_draft)
+        levels = rows.levels if rows.levels is not None else np.full(len(rows), np.nan)
+        unknown = np.isnan(levels)
+        if unknown.any():  # rows new to the batch count as its mean, or as whole blocks accepted when none has one
+            levels = np.where(unknown, levels[~unknown].mean() if not unknown.all() else PREDICTION_SCALE, levels)
+        drafts = rule.drafts(levels / PREDICTION_SCALE, self.drafter.max_draft)
         return (self.drafter.max_draft if drafts is None else max(1, drafts)), True
 
     def _cost_rule(self) -> CostRule:
