@@ -315,7 +315,8 @@ def test_admit_batch_reaches_the_engine_and_the_run_config(workspace, tiny_llama
                      "--warmup", "none", "--format", "json")
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    assert payload["records"][0]["passes"]["prefill"]["steps"] == 2
+    prefill = payload["records"][0]["passes"]["prefill"]
+    assert prefill["steps"] == 2 and prefill["rows"] == 8  # four prompts a prefill
     assert RunLog.open(workspace).get_run(payload["run_id"])["config"]["engine_config"]["admit_batch"] == 4
     bad = _invoke("--target", str(tiny_llama), "--prompts", str(prompts), "--batch-sizes", "1,8", "--admit-batch", "2")
     assert bad.exit_code == 2 and "--admit-batch 2: more than the smallest --batch-sizes (1)" in bad.output
@@ -361,6 +362,7 @@ def test_passes_by_kind_account_for_every_step(workspace, tiny_llama, drafts, pr
     for method, record in records.items():
         passes = record["passes"]
         assert passes["prefill"]["steps"] == 2, method
+        assert all(p["rows"] == p["steps"] for p in passes.values()), method  # batch 1: one row a pass
         steps = sum(p["steps"] for p in passes.values())
         assert steps == pytest.approx(record["total_output_tokens"] / record["accept_length"]), method
         assert 0 < sum(p["seconds"] for p in passes.values()) <= record["duration"], method

@@ -436,7 +436,7 @@ def test_a_benchmark_records_the_engine_passes_of_its_measured_requests(server):
     prompts = [BenchPrompt(str(i), text) for i, text in enumerate(PROMPTS[:5])]
     record = run_benchmark(settings, prompts, dataset="t")
     passes = record["passes"]
-    assert passes["prefill"]["steps"] == 5 and passes["prefill"]["seconds"] > 0
+    assert passes["prefill"]["steps"] == 5 and passes["prefill"]["rows"] == 5 and passes["prefill"]["seconds"] > 0
     steps = sum(p["steps"] for kind, p in passes.items() if kind != "prefill")
     assert 5 <= steps <= 5 * 5  # each answer's 5 tokens after its first: at least one step, at most one a token
     assert record["completed"] == 5 and record["errors"] == []

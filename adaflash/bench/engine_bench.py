@@ -41,7 +41,14 @@ from adaflash.bench.compare import overall_records
 from adaflash.bench.engine_spec import EngineBenchError, EngineBenchSpec
 from adaflash.bench.engine_table import HF_GENERATE, HF_PROMPT_LOOKUP
 from adaflash.bench.hf_generate import hf_generate
-from adaflash.bench.metrics import TokenGaps, accuracy, compute_metrics, engine_results, passes_since
+from adaflash.bench.metrics import (
+    TokenGaps,
+    accuracy,
+    compute_metrics,
+    engine_results,
+    passes_since,
+    passes_text,
+)
 from adaflash.bench.prompts import BenchPrompt, domains_of
 from adaflash.engine.params import DRAFT_MARGIN
 from adaflash.methods import VANILLA, method_of
@@ -59,10 +66,6 @@ class EngineBenchEvents:
 
 def _passes(engine: Any, before: dict[str, dict[str, float]] | None = None) -> dict[str, dict[str, float]]:
     return passes_since(engine.pass_totals(), before)
-
-
-def _passes_text(passes: dict[str, dict[str, float]]) -> str:
-    return ", ".join(f"{kind} {int(p['steps']):,} ({p['seconds']:.2f} s)" for kind, p in sorted(passes.items()))
 
 
 def _warmup_tokens(max_new_tokens: int) -> int:
@@ -401,7 +404,7 @@ class EngineBench:
                  + (f", τ {tau:.2f}" if tau else "")
                  + ("" if count is None else f", identical to {reference_name}: "
                     + ("yes" if count == 0 else f"no ({count}/{len(outputs)} prompts differ)"))
-                 + (f"; passes: {_passes_text(record['passes'])}" if record.get("passes") else ""))
+                 + (f"; passes: {passes_text(record['passes'])}" if record.get("passes") else ""))
         if self.events.row:
             self.events.row(record)
         return record

@@ -218,9 +218,10 @@ def local_hardware() -> str:
 
 def passes_since(now: dict[str, dict[str, float]], before: dict[str, dict[str, float]] | None = None
                  ) -> dict[str, dict[str, float]]:
-    """An engine's passes by kind ({kind: {steps, seconds}}, running totals) less those `before`: where a
+    """An engine's passes by kind ({kind: {steps, seconds, rows}}, running totals) less those `before`: where a
     run's time went (decode or speculative steps against prefills; AdaFlash's whole-block steps against
-    head-chosen ones and the cost rule's probes), in `bench engine` and through a server alike."""
+    head-chosen ones and the cost rule's probes) and how full its passes were, in `bench engine` and through
+    a server alike."""
     before = before or {}
     out = {}
     for kind, total in now.items():
@@ -228,7 +229,16 @@ def passes_since(now: dict[str, dict[str, float]], before: dict[str, dict[str, f
         steps = int(total["steps"] - earlier.get("steps", 0))
         if steps:
             out[kind] = {"steps": steps, "seconds": total["seconds"] - earlier.get("seconds", 0.0)}
+            if "rows" in total:
+                out[kind]["rows"] = int(total["rows"] - earlier.get("rows", 0))
     return out
+
+
+def passes_text(passes: dict[str, dict[str, float]]) -> str:
+    """`decode 2,032 (3.28 s, 61.2 rows a pass), prefill 16 (...)`: one line of where the time went."""
+    return ", ".join(f"{kind} {int(p['steps']):,} ({p['seconds']:.2f} s"
+                     + (f", {p['rows'] / p['steps']:.1f} rows a pass)" if p.get("rows") else ")")
+                     for kind, p in sorted(passes.items()))
 
 
 def loop_since(now: dict[str, float] | None, before: dict[str, float] | None) -> dict[str, float] | None:

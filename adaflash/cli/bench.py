@@ -201,8 +201,9 @@ def _print_summary(run_id: str, record: dict[str, Any]) -> None:
               title=f"{record['method']} · {record['dataset']} · concurrency {record['concurrency']} [{run_id}]")
     loop = record.get("engine_loop") or {}
     if loop.get("steps"):  # our server: where its engine's time went over the measured requests
-        passes = ", ".join(f"{kind} {int(p['steps']):,} ({p['seconds']:.2f} s)"
-                           for kind, p in sorted((record.get("passes") or {}).items()))
+        from adaflash.bench.metrics import passes_text
+
+        passes = passes_text(record.get("passes") or {})
         click.echo(f"server engine: {loop['steps']:,} steps, {loop['rows_per_step']:.1f} rows a step, "
                    f"{loop['step_ms']:.2f} ms a step, {loop['between_ms']:.2f} ms between steps; passes: {passes}")
     if record.get("failed"):

@@ -112,7 +112,7 @@ class Admitting:
         started = time.perf_counter()
         firsts = self._launch_prefill(admitted).tolist()
         elapsed = time.perf_counter() - started
-        self._count("prefill", elapsed)
+        self._count("prefill", elapsed, len(admitted))
         return self._activate(admitted, firsts, elapsed)
 
     def _launch_prefill(self, admitted: list[RunningSeq]) -> torch.Tensor:

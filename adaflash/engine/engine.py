@@ -120,6 +120,7 @@ class Engine(Admitting, VerifyLengths):
         # timing a width).
         self.step_counts: Counter[str] = Counter()
         self.step_seconds: Counter[str] = Counter()
+        self.step_rows: Counter[str] = Counter()  # rows each pass of the kind stepped (a prefill: its prompts)
         # Launch a greedy step before the host takes the last one's tokens (`step`); None: on padded
         # shapes (a GPU), where the host's work would leave the device idle. On a CPU every op runs
         # as it is called, so there is nothing to overlap.
@@ -424,7 +425,7 @@ class Engine(Admitting, VerifyLengths):
             kind = rule.mode_of(plan) or kind
             rule.record(len(seqs), max(r[1] for r in packed) + 1, seconds, rows=[(r[0], r[1]) for r in packed],
                         plan=plan)
-        self._count(kind, seconds)
+        self._count(kind, seconds, len(seqs))
 
     def _take(self, seqs: list[RunningSeq], packed: list[list[int]], *, draft_s: float,
               verify_s: float) -> list[StepEvent]:
@@ -459,12 +460,15 @@ class Engine(Admitting, VerifyLengths):
         return slots, in_order, list(torch.from_numpy(columns).to(self.device).unbind(0))
 
     def pass_totals(self) -> dict[str, dict[str, float]]:
-        """Every pass so far by kind, {kind: {steps, seconds}}: where the engine's time went (`passes_since`)."""
-        return {kind: {"steps": count, "seconds": self.step_seconds[kind]} for kind, count in self.step_counts.items()}
+        """Every pass so far by kind, {kind: {steps, seconds, rows}}: where the engine's time went, and how full
+        its passes were (rows stepped; a prefill's prompts) (`passes_since`)."""
+        return {kind: {"steps": count, "seconds": self.step_seconds[kind], "rows": self.step_rows[kind]}
+                for kind, count in self.step_counts.items()}
 
-    def _count(self, kind: str, seconds: float) -> None:
+    def _count(self, kind: str, seconds: float, rows: int) -> None:
         self.step_counts[kind] += 1
         self.step_seconds[kind] += seconds
+        self.step_rows[kind] += rows
 
     def _draft_then_verify(self, rows: torch.Tensor, pending: torch.Tensor, lens: torch.Tensor, longest: int,
                            params: list, greedy: bool, steps: int | None, chooser: LengthChooser | None,
