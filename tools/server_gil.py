@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from adaflash.bench.metrics import passes_text
 from adaflash.engine.build import build_engine
 from adaflash.engine.config import EngineConfig
 from adaflash.engine.params import Request, SamplingParams
@@ -102,7 +103,8 @@ def served_by_process(target: str, prompts: int, batch: int, gpu_ms: float) -> f
     loop = result.get("engine_loop") or {}
     if loop.get("steps"):
         print(f"server (engine process): {loop['steps']} steps, {loop['rows_per_step']:.1f} rows a step, "
-              f"{loop['step_ms']:.2f} ms a step inside engine.step, {loop['between_ms']:.3f} ms between steps")
+              f"{loop['step_ms']:.2f} ms a step inside engine.step, {loop['between_ms']:.3f} ms between steps; "
+              f"passes: {passes_text(result.get('passes') or {})}")
     return result["output_throughput"]
 
 
