@@ -1,4 +1,5 @@
-"""A greedy step on the device and what the host reads back of it: the two halves of an overlapped step.
+"""Overlapped steps: a greedy step on the device and what the host reads back of it (`Overlapping`, a part of
+`Engine`).
 
 `Engine.step` launches a step whose whole work runs on the device (no drafts or widths the host must see)
 and reads it in its next call; the step after it is launched from what was read, before the host takes
@@ -23,7 +24,11 @@ import torch
 from adaflash.engine.sequence import RunningSeq
 
 if TYPE_CHECKING:
+    from adaflash.engine.engine import StepEvent
     from adaflash.engine.length_policy import Plan
+    from adaflash.engine.passes import DevicePasses, LengthChooser
+    from adaflash.models.drafters import Drafter
+    from adaflash.models.loading import Target
 
 
 NO_STOPS, EOS, OWN_STOPS = 0, 1, 2  # what stops a row (`Rows.stops`)
@@ -138,3 +143,112 @@ class Landed:
         moved = Rows(rows.seqs, rows.slots, emitted[np.arange(len(count)), accepted], rows.lengths + count,
                      produced, rows.limits, rows.stops, rows.greedy, levels)
         return moved, ends
+
+
+class Overlapping:
+    """The Engine's overlapped steps: which rows step again, the launch, and the read. A part of `Engine` (its
+    state is the engine's), apart because keeping the device busy across two steps is one idea and what a
+    step does another."""
+
+    active: dict[int, RunningSeq]
+    overlap: bool
+    passes: DevicePasses
+    target: Target
+    drafter: Drafter | None
+    length_policy: str
+    _flight: Flight | None
+    _left: list[RunningSeq]
+    _settled: list[StepEvent]
+
+    def _decoding(self, landed: Landed | None) -> Rows:
+        """The rows to step now, by slot; a row the landed step ends (stop token, length) is not.
+
+        Where every decoding row was in the landed step (no prompt was admitted since), they come from its
+        arrays (`Landed.next_rows`): the device waits for this, and it is the common case."""
+        eos = self.target.eos_ids
+        if landed is not None:
+            moved, ends = landed.next_rows(eos)
+            if len(moved) == len(self.active):  # the landed rows are live, so these are every active row
+                return moved.pick(~ends)
+            after = {seq.slot: i for i, seq in enumerate(moved.seqs)}
+            landed.keep_levels()  # the rows below read their predictions from the rows themselves
+        seqs = [s for _, s in sorted(self.active.items()) if s.verify_ct > 0 and s.finish is None]
+        if landed is None:
+            return Rows.of(seqs, eos)
+        seqs = [s for s in seqs if s.slot not in after or not ends[after[s.slot]]]
+        column = {name: [int(getattr(moved, name)[after[s.slot]]) if s.slot in after else own(s) for s in seqs]
+                  for name, own in (("pending", lambda s: s.pending), ("lengths", lambda s: s.length),
+                                    ("produced", lambda s: len(s.output_ids)))}
+        return Rows.of(seqs, eos, **column)
+
+    def _overlappable(self, rows: Rows, chooser: LengthChooser | None) -> bool:
+        """Greedy rows whose whole step runs on the device: no drafts or lengths the host must see (the
+        cost rule's widths are chosen before the launch, from predictions earlier steps brought back)."""
+        if not self.overlap or not rows.greedy:
+            return False
+        if chooser is not None and not self._sizes_ahead():
+            return False
+        return self.drafter is None or (self._draft_steps() or 0) <= self.drafter.max_draft
+
+    @torch.no_grad()
+    def _launch(self, rows: Rows, steps: int | None = None, predict: bool = False) -> Flight:
+        """Launch a greedy step from each row's pending token and length (a landed step's where it moved the
+        row on: the host has not taken its tokens yet). `steps`: drafts every row verifies (None:
+        `_draft_steps`); `predict`: the step brings the head's predictions back."""
+        slots, in_order, (rows_d, pending_d, lens) = self._step_rows(rows.slots, rows.pending, rows.lengths, fill=True)
+        # On the engine's clock: a flight may be read in a later turn of a bench whose engines take turns.
+        longest, started = int(rows.lengths.max()), self.clock()
+        self._left = []  # rows that leave the batch from now on: the flight's `_land` drops them
+        if self.drafter is None:
+            drafts, verify_n = self.passes.draft(rows_d, pending_d, lens, longest, steps=None, choose=None)
+            packed = self.passes.greedy_step(rows_d, pending_d, drafts, verify_n, lens, longest, in_order=in_order)
+            kind = "decode"
+        else:
+            packed = self.passes.draft_and_step(rows_d, pending_d, lens, longest, steps=steps or self._draft_steps(),
+                                                predict=predict, in_order=in_order)
+            kind = "whole"
+        plan = self._cost_rule().take_plan() if self._reads_head() and self.length_policy == "cost" else None
+        at = None if len(slots) == len(rows) else np.searchsorted(np.asarray(slots), rows.slots)
+        return Flight(rows, packed, at, kind, started, predicted=predict, plan=plan)
+
+    def _land(self) -> Landed | None:
+        """Read the step in flight (the host's one sync for it); `_account_landed` counts it."""
+        flight, self._flight = self._flight, None
+        if flight is None:
+            return None
+        packed = flight.packed.cpu().numpy()
+        seconds = self.clock() - flight.started
+        if flight.at is not None:
+            packed = packed[flight.at]
+        rows = flight.rows
+        if self._left:  # rows aborted, or ended by a stop string, since the launch: theirs are dropped
+            found = np.searchsorted(rows.slots, [seq.slot for seq in self._left]).tolist()
+            gone = [i for i, seq in zip(found, self._left) if i < len(rows) and rows.seqs[i] is seq]
+            if gone:
+                live = np.ones(len(rows), dtype=bool)
+                live[gone] = False
+                rows, packed = rows.pick(live), packed[live]
+        levels = None
+        if flight.predicted:
+            levels, packed = packed[:, -1], packed[:, :-1]
+        return Landed(rows, packed, seconds, flight.kind, flight.plan, levels)
+
+    def _account_landed(self, landed: Landed) -> None:
+        landed.keep_levels()
+        if landed.seqs:
+            self._account(landed.seqs, landed.rows, landed.kind, landed.seconds, plan=landed.plan)
+
+    def _live(self, seq: RunningSeq) -> bool:
+        """Still decoding in its slot: not ended by a stop string, not aborted (its slot maybe refilled)."""
+        return seq.finish is None and self.active.get(seq.slot) is seq
+
+    def _take_landed(self, landed: Landed) -> list[StepEvent]:
+        return self._take(landed.seqs, landed.rows, draft_s=0.0, verify_s=landed.seconds)
+
+    def _settle(self) -> None:
+        """Read and take the step in flight now (its events go out with the next `step`): before
+        anything that must see every row's tokens, such as a drafter swap."""
+        landed = self._land()
+        if landed is not None:
+            self._account_landed(landed)
+            self._settled += self._take_landed(landed)
