@@ -172,3 +172,21 @@ def test_a_partial_native_chunk_is_read_for_its_counts_alone():
     assert _native_chunk(json.dumps(error).encode()) == error
     no_count = {"text": "a", "meta_info": {"finish_reason": None}}
     assert _native_chunk(json.dumps(no_count).encode()) == no_count
+
+
+def test_length_spread_sends_each_prompt_its_own_budget(live, workspace, tmp_path):
+    """`bench --length-spread`: each request asks for its prompt's own max_new_tokens (`answer_budget`, by id),
+    so with --ignore-eos the answers add up to the budgets; the record says the spread."""
+    from adaflash.bench.prompts import answer_budget
+    from adaflash.cli.main import cli
+
+    rows = [{"id": f"s{i}", "prompt": f"Say {i}"} for i in range(4)]
+    prompts = tmp_path / "spread.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(cli, ["bench", "--base-url", live.url, "--dataset", str(prompts), "--num-prompts", "4",
+                                      "--max-new-tokens", "8", "--length-spread", "0.5", "--ignore-eos", "--no-chat",
+                                      "--warmup", "0", "--concurrency", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["length_spread"] == 0.5
+    assert record["total_output_tokens"] == sum(answer_budget(r["id"], 8, 0.5) for r in rows)

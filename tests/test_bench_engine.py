@@ -556,3 +556,38 @@ def test_scripted_acceptance_sets_tau_and_keeps_vanillas_tokens(workspace, tiny_
         assert [int(part.split(":")[0]) for part in costs.group(1).split(", ")] == [2, 3, 4]
     result = _invoke(*base, "--acceptance", "1,1")
     assert result.exit_code == 2 and "give one per drafted position" in result.output
+
+
+def test_length_spread_gives_each_prompt_its_own_budget_in_every_method(workspace, tiny_llama, drafts, tmp_path):
+    """--length-spread 0.75 with 24 new tokens: each prompt's budget is drawn from [6, 24] by its id, the same for
+    every method and batch size, so the answers of this random target end at different steps; every row stays
+    Vanilla's; with --compare-hf the command refuses, naming both options."""
+    from adaflash.bench.prompts import answer_budget
+
+    rows = [{"id": f"p{i}", "prompt": f"Tell me about the number {i}."} for i in range(6)]
+    prompts = tmp_path / "six.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = _invoke("--target", str(tiny_llama), "--methods", "vanilla,dflash", "--draft-dir", str(drafts),
+                     "--prompts", str(prompts), "--num-prompts", "6", "--batch-sizes", "1,3", "--max-new-tokens", "24",
+                     "--length-spread", "0.75", "--device", "cpu", "--warmup", "none", "--format", "json")
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.stdout)["records"]
+    budgets = [answer_budget(r["id"], 24, 0.75) for r in rows]
+    assert all(6 <= b <= 24 for b in budgets) and len(set(budgets)) >= 3
+    for record in records:
+        assert record["length_spread"] == 0.75 and record["identical"] is not False, record["method"]
+        assert record["total_output_tokens"] == sum(budgets), record["method"]  # each answer its own budget
+    refused = _invoke("--target", str(tiny_llama), "--prompts", str(prompts), "--length-spread", "0.5", "--compare-hf",
+                      "--device", "cpu")
+    assert refused.exit_code != 0 and "--compare-hf" in refused.output and "--length-spread" in refused.output
+    bad = _invoke("--target", str(tiny_llama), "--prompts", str(prompts), "--length-spread", "1.5", "--device", "cpu")
+    assert bad.exit_code != 0 and "--length-spread" in bad.output
+
+
+def test_answer_budget_is_the_prompts_own_and_spans_the_range():
+    from adaflash.bench.prompts import answer_budget
+
+    budgets = [answer_budget(f"q{i}", 100, 0.5) for i in range(400)]
+    assert min(budgets) >= 50 and max(budgets) <= 100 and len(set(budgets)) > 40
+    assert budgets == [answer_budget(f"q{i}", 100, 0.5) for i in range(400)]  # by id: the same every time
+    assert answer_budget("q1", 100, 0.0) == 100 and answer_budget("q1", 1, 1.0) == 1

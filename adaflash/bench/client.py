@@ -25,7 +25,7 @@ from adaflash.bench.metrics import (
     loop_since,
     passes_since,
 )
-from adaflash.bench.prompts import BenchPrompt
+from adaflash.bench.prompts import BenchPrompt, answer_budget
 from adaflash.methods import method_for_algorithm
 
 READ_BUFSIZE = 16 * 1024 * 1024  # a cumulative stream chunk of a long answer can be large
@@ -44,6 +44,7 @@ class BenchSettings:
     api_key: str | None = None
     timeout: float = 6 * 3600.0
     api: str = "generate"  # or "openai"
+    length_spread: float = 0.0  # each prompt's max_new_tokens by its id (`answer_budget`)
     model: str | None = None  # the OpenAI API's "model" (`bench` takes the server's first in /v1/models)
 
     @property
@@ -51,8 +52,12 @@ class BenchSettings:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
+def _budget(settings: BenchSettings, prompt: BenchPrompt) -> int:
+    return answer_budget(prompt.id, settings.max_new_tokens, settings.length_spread)
+
+
 def _payload(settings: BenchSettings, prompt: BenchPrompt) -> dict[str, Any]:
-    params: dict[str, Any] = {"max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature}
+    params: dict[str, Any] = {"max_new_tokens": _budget(settings, prompt), "temperature": settings.temperature}
     if settings.top_p != 1.0:
         params["top_p"] = settings.top_p
     if settings.ignore_eos:
@@ -63,7 +68,7 @@ def _payload(settings: BenchSettings, prompt: BenchPrompt) -> dict[str, Any]:
 def _openai_payload(settings: BenchSettings, prompt: BenchPrompt) -> dict[str, Any]:
     """The same request as `_payload` in the OpenAI dialect; `continuous_usage_stats` asks servers that
     have it (vLLM) for the token count in every chunk, which tells a chunk's tokens apart."""
-    body: dict[str, Any] = {"model": settings.model, "prompt": prompt.text, "max_tokens": settings.max_new_tokens,
+    body: dict[str, Any] = {"model": settings.model, "prompt": prompt.text, "max_tokens": _budget(settings, prompt),
                             "temperature": settings.temperature, "stream": settings.stream}
     if settings.top_p != 1.0:
         body["top_p"] = settings.top_p
@@ -306,6 +311,7 @@ def build_record(
         "temperature": settings.temperature,
         "top_p": settings.top_p,
         "max_new_tokens": settings.max_new_tokens,
+        "length_spread": settings.length_spread,
         "warmup": settings.warmup,
         "stream": settings.stream,
         "label": label,

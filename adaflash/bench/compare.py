@@ -20,12 +20,12 @@ from adaflash.methods import METHOD_NAMES, VANILLA, method_for_algorithm, sglang
 STANDALONE = "standalone"
 FAIRNESS_RULES = (
     "Fair comparison: within a group every row uses the same target, prompts (dataset, num_prompts), "
-    "sampling (temperature, top_p), max new tokens, hardware and concurrency; speed-up = output tok/s "
+    "sampling (temperature, top_p), max new tokens (and their --length-spread), hardware and concurrency; speed-up = output tok/s "
     "divided by the Vanilla row of the same bench matrix (or of the standalone results) with the same "
     "target, dataset and concurrency. No Vanilla row, no speed-up. A suite's rows are per domain "
     "(suite/code, ...); its overall row gives the mean over domains of each domain's speed-up, τ and tok/s."
 )
-FAIRNESS_FIELDS = ("num_prompts", "temperature", "top_p", "max_new_tokens", "hardware")
+FAIRNESS_FIELDS = ("num_prompts", "temperature", "top_p", "max_new_tokens", "length_spread", "hardware")
 COLUMNS = ["method", "target", "dataset", "concurrency", "label", "output_throughput", "speedup", "accept_length",
            "accept_rate", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
            "p99_itl_ms", "accuracy", "n"]

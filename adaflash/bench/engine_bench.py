@@ -49,7 +49,7 @@ from adaflash.bench.metrics import (
     passes_since,
     passes_text,
 )
-from adaflash.bench.prompts import BenchPrompt, domains_of
+from adaflash.bench.prompts import BenchPrompt, answer_budget, domains_of
 from adaflash.engine.params import DRAFT_MARGIN
 from adaflash.methods import VANILLA, method_of
 
@@ -386,7 +386,7 @@ class EngineBench:
         record = {
             **metrics, "method": method, "target": spec.target, "draft": spec.drafts.get(method),
             "dataset": self.dataset, "domain": self.prompts[0].domain, "label": spec.label, "concurrency": batch, "max_concurrency": batch,
-            "batch_size": batch, "num_prompts": len(self.prompts), "max_new_tokens": spec.max_new_tokens,
+            "batch_size": batch, "num_prompts": len(self.prompts), "max_new_tokens": spec.max_new_tokens, "length_spread": spec.length_spread,
             "temperature": 0.0, "top_p": 1.0, "hardware": self.hardware, "backend": backend,
             "dtype": str(self.target.model.dtype).removeprefix("torch."), "matrix_run": self.run_id,
             "identical": None if count is None else count == 0, "mismatches": count, "mismatched_ids": bad[:10],
@@ -460,8 +460,10 @@ class EngineBench:
     def _requests(self, indices: list[int]) -> list[Any]:
         from adaflash.engine.params import Request, SamplingParams
 
-        params = SamplingParams(max_new_tokens=self.spec.max_new_tokens, temperature=0.0)
-        return [Request(list(self.ids[i]), params, prompt_text=self.prompts[i].text) for i in indices]
+        spec = self.spec
+        return [Request(list(self.ids[i]), SamplingParams(max_new_tokens=answer_budget(
+                    self.prompts[i].id, spec.max_new_tokens, spec.length_spread), temperature=0.0),
+                        prompt_text=self.prompts[i].text) for i in indices]
 
     def _timed(self, engine: Any, indices: list[int]) -> tuple[list[Any], float, dict[str, list[float]], dict[str, Any]]:
         """The prompts at `indices`, all queued at once: (outputs in that order, wall seconds, inter-token

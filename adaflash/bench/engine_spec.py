@@ -46,6 +46,7 @@ class EngineBenchSpec:
     profile_steps: int = 32  # engine steps recorded per profile, after as many to fill the batch
     # drafts follow these acceptance shares by position (engine/scripted.py): τ is the script's, not a drafter's
     acceptance: list[float] | None = None
+    length_spread: float = 0.0  # each prompt's max_new_tokens drawn by its id (`prompts.answer_budget`)
 
     def config(self) -> dict[str, Any]:
         return {"bench": "engine", **{k: getattr(self, k) for k in self.__dataclass_fields__},

@@ -42,6 +42,7 @@ class MatrixSpec:
     drafts: dict[str, str] = field(default_factory=dict)
     num_prompts: int = 16
     max_new_tokens: int = 256
+    length_spread: float = 0.0
     temperature: float = 0.0
     top_p: float = 1.0
     warmup: int = 1
@@ -208,7 +209,7 @@ def _run_cell(spec: MatrixSpec, log: Any, matrix_id: str, method: str, dataset: 
                             config={"matrix_run": matrix_id, "base_url": url, "concurrency": concurrency})
     settings = BenchSettings(url, concurrency=concurrency, max_new_tokens=spec.max_new_tokens,
                              temperature=spec.temperature, top_p=spec.top_p, warmup=spec.warmup,
-                             api_key=spec.api_key)
+                             api_key=spec.api_key, length_spread=spec.length_spread)
     try:
         record = run_benchmark(settings, prompts, dataset=dataset, on_done=events.request, method=method,
                                target=spec.target, draft=draft, label=spec.label, eval_accuracy=spec.eval_accuracy,

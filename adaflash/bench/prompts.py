@@ -6,6 +6,8 @@ whose /generate takes raw text) receives exactly the prompt text every method is
 
 from __future__ import annotations
 
+import hashlib
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,3 +90,13 @@ def raw_prompts(rows: list[PromptRow]) -> list[BenchPrompt]:
         text = row.prompt if isinstance(row.prompt, str) else "\n".join(m["content"] for m in row.prompt)
         out.append(BenchPrompt(row.id, text, row.reference, row.domain))
     return out
+
+
+def answer_budget(prompt_id: str, max_new_tokens: int, spread: float) -> int:
+    """The prompt's max_new_tokens under --length-spread: drawn from [(1 - spread) · N, N] by a hash of its
+    id, so every method, batch size and command gives a prompt the same budget."""
+    if spread <= 0:
+        return max_new_tokens
+    low = max(1, math.ceil((1 - spread) * max_new_tokens))
+    draw = int.from_bytes(hashlib.sha256(f"length-spread:{prompt_id}".encode()).digest()[:8], "big") / 2 ** 64
+    return low + int(draw * (max_new_tokens - low + 1))

@@ -112,7 +112,8 @@ class _Progress:
 @click.group(invoke_without_command=True)
 @uses(use(ServeConfig, only=("base_url", "api_key")), use(InputConfig, only=("dataset", "num_prompts")),
       use(SamplingConfig, only=("max_new_tokens", "temperature", "top_p", "chat", "seed")),
-      use(BenchConfig, only=("concurrency", "warmup", "eval_accuracy", "label", "stream", "ignore_eos", "api")),
+      use(BenchConfig, only=("concurrency", "warmup", "eval_accuracy", "label", "stream", "ignore_eos", "api",
+                             "length_spread")),
       use(ModelConfig, only=("method", "target", "draft"), notes={"method": "Metadata [default: from /get_server_info].",
                                                                  "draft": "Metadata [default: from /get_server_info]."}),
       Output(("table", "json"), help="table, or json: the recorded result."), command="bench")
@@ -137,6 +138,7 @@ def bench(ctx: click.Context, serve: ServeConfig, inputs: InputConfig, sampling:
     meta = _metadata(model, info)
     name, prompts = _prompts(ctx, inputs.dataset, inputs.num_prompts, sampling.seed, sampling.chat, meta["target"])
     settings = BenchSettings(serve.url, concurrency=concurrency, max_new_tokens=sampling.max_new_tokens,
+                             length_spread=bench.length_spread,
                              temperature=sampling.temperature, top_p=sampling.top_p, warmup=warmup_count(bench),
                              stream=bench.stream, ignore_eos=bench.ignore_eos, api_key=serve.api_key, api=bench.api,
                              model=info.get("model_path") if bench.api == "openai" else None)

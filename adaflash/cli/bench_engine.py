@@ -19,7 +19,8 @@ from adaflash.options import BenchConfig, InputConfig, ModelConfig, ProfileConfi
 
 @click.command("engine")
 @uses(use(ModelConfig, skip=("method",)), use(BenchConfig, only=("methods", "draft_dir", "batch_sizes", "warmup", "order", "compare_hf",
-                                                             "prompt_lookup_tokens", "acceptance", "label")),
+                                                             "prompt_lookup_tokens", "acceptance", "label",
+                                                             "length_spread")),
       use(InputConfig, only=("prompts", "num_prompts")), use(SamplingConfig, only=("max_new_tokens", "chat", "seed")),
       use(EngineConfig, skip=("max_batch", "max_len"), notes={"admit_batch": "At most the smallest --batch-sizes."}),
       use(ProfileConfig, only=("profile", "profile_steps")),
@@ -39,6 +40,9 @@ def engine(ctx: click.Context, model: ModelConfig, bench: BenchConfig, inputs: I
     target = model.target or ""
     methods, sizes, drafts = _plan(model, bench, engine, bench.draft_dir)
     name, prompts = _prompts(ctx, inputs.prompts or "gsm8k", inputs.num_prompts, sampling.seed, sampling.chat, target)
+    if bench.compare_hf and bench.length_spread:
+        fail("--compare-hf with --length-spread: transformers' generate() gives every row of a batch one length, so "
+             "it cannot answer each prompt within its own budget; drop one of them")
     if bench.warmup not in ("auto", "short", "full", "none"):
         fail(f"--warmup: bench engine takes auto, short, full or none, got {bench.warmup!r}")
     from adaflash.bench.cost import CostBenchError
@@ -53,7 +57,8 @@ def engine(ctx: click.Context, model: ModelConfig, bench: BenchConfig, inputs: I
                            compare_hf=bench.compare_hf, prompt_lookup_tokens=bench.prompt_lookup_tokens,
                            label=bench.label, warmup=bench.warmup, engine_config=engine, order=bench.order,
                            profile=str(Path(profile.profile).expanduser()) if profile.profile else None,
-                           profile_steps=profile.profile_steps, acceptance=acceptance)
+                           profile_steps=profile.profile_steps, acceptance=acceptance,
+                           length_spread=bench.length_spread)
     try:
         run_id, records = run_engine_bench(spec, prompts, runlog_of(ctx), EngineBenchEvents(
             message=lambda m: click.echo(m, err=True)))

@@ -19,7 +19,7 @@ from adaflash.options import BenchConfig, InputConfig, ModelConfig, SamplingConf
 
 
 @click.command("matrix")
-@uses(use(BenchConfig, only=("methods", "concurrency", "warmup", "eval_accuracy", "label")),
+@uses(use(BenchConfig, only=("methods", "concurrency", "warmup", "eval_accuracy", "label", "length_spread")),
       use(InputConfig, only=("datasets", "num_prompts")), use(ModelConfig, only=("target", "draft")),
       use(SamplingConfig, only=("max_new_tokens", "temperature", "top_p", "chat", "seed")),
       use(ServeConfig, only=("engine", "gpus", "serve_args", "ready_timeout")),
@@ -40,6 +40,7 @@ def matrix(ctx: click.Context, bench: BenchConfig, inputs: InputConfig, model: M
     prompts, names, suites = _matrix_prompts(ctx, inputs, sampling, model.target or "")
     spec = MatrixSpec(methods=methods, datasets=names, concurrency=bench.levels, target=model.target or "",
                       drafts=drafts, num_prompts=inputs.num_prompts, max_new_tokens=sampling.max_new_tokens,
+                      length_spread=bench.length_spread,
                       temperature=sampling.temperature, top_p=sampling.top_p, warmup=warmup_count(bench), eval_accuracy=bench.eval_accuracy,
                       label=bench.label, engine=serve.engine, gpus=serve.gpus, context_length=engine.max_len,
                       serve_args=[a for arg in serve.serve_args for a in shlex.split(arg)],

@@ -46,6 +46,12 @@ class BenchConfig(Settings):
                                               help="Score answers against the references (GSM8K: last number)."))
     stream: bool = setting(True, Rule(bool, flag="--stream/--no-stream", help="Stream answers (real TTFT and ITL)."))
     ignore_eos: bool = setting(False, Rule(bool, flag="--ignore-eos", help="Always generate --max-new-tokens tokens."))
+    length_spread: float = setting(0.0, Rule(float, low=0, high=1, flag="--length-spread", metavar="FRACTION",
+                                             help="Each prompt's --max-new-tokens drawn from [(1 - FRACTION) x N, N] by "
+                                                  "its id, the same in every method and command (SGLang's "
+                                                  "--random-range-ratio is 1 - FRACTION): a synthetic target's answers, "
+                                                  "which never stop on their own, then end at different steps as real "
+                                                  "ones do, and rows join a batch as they would on a server."))
     api: str = setting("generate", Rule(str, choices=("generate", "openai"), flag="--api",
                                         help="The server's dialect: generate = SGLang's /generate (ours, SGLang); "
                                              "openai = /v1/completions (any OpenAI-compatible server, vLLM's too; "
