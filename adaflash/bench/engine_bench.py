@@ -461,9 +461,9 @@ class EngineBench:
         from adaflash.engine.params import Request, SamplingParams
 
         spec = self.spec
-        return [Request(list(self.ids[i]), SamplingParams(max_new_tokens=answer_budget(
-                    self.prompts[i].id, spec.max_new_tokens, spec.length_spread), temperature=0.0),
-                        prompt_text=self.prompts[i].text) for i in indices]
+        budgets = [answer_budget(self.prompts[i].id, spec.max_new_tokens, spec.length_spread) for i in indices]
+        return [Request(list(self.ids[i]), SamplingParams(max_new_tokens=budget, temperature=0.0),
+                        prompt_text=self.prompts[i].text) for i, budget in zip(indices, budgets)]
 
     def _timed(self, engine: Any, indices: list[int]) -> tuple[list[Any], float, dict[str, list[float]], dict[str, Any]]:
         """The prompts at `indices`, all queued at once: (outputs in that order, wall seconds, inter-token

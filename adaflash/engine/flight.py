@@ -176,10 +176,13 @@ class Overlapping:
         if landed is None:
             return Rows.of(seqs, eos)
         seqs = [s for s in seqs if s.slot not in after or not ends[after[s.slot]]]
-        column = {name: [int(getattr(moved, name)[after[s.slot]]) if s.slot in after else own(s) for s in seqs]
-                  for name, own in (("pending", lambda s: s.pending), ("lengths", lambda s: s.length),
-                                    ("produced", lambda s: len(s.output_ids)))}
-        return Rows.of(seqs, eos, **column)
+        pending, lengths, produced = [], [], []
+        for seq in seqs:  # a landed row as the step moved it on (its tokens not yet taken), a new one as it is
+            i = after.get(seq.slot)
+            pending.append(seq.pending if i is None else int(moved.pending[i]))
+            lengths.append(seq.length if i is None else int(moved.lengths[i]))
+            produced.append(len(seq.output_ids) if i is None else int(moved.produced[i]))
+        return Rows.of(seqs, eos, pending, lengths, produced)
 
     def _overlappable(self, rows: Rows, chooser: LengthChooser | None) -> bool:
         """Greedy rows whose whole step runs on the device: no drafts or lengths the host must see (the

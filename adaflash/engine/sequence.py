@@ -49,12 +49,6 @@ class RunningSeq:
             self._stop_ids = frozenset(params.stop_token_ids) | frozenset(() if params.ignore_eos else eos_ids)
         return self._stop_ids
 
-    def ends_within(self, new_ids: list[int], eos_ids: Sequence[int]) -> bool:
-        """Whether taking `new_ids` ends the request by a stop token or its length: the checks that need
-        no text, so the engine can tell before it reads a step's tokens which rows step again."""
-        return len(self.output_ids) + len(new_ids) >= self.request.params.max_new_tokens \
-            or not self.stop_ids(eos_ids).isdisjoint(new_ids)
-
     def take(self, new_ids: list[int], *, accepted: int, proposed: int, eos_ids: Sequence[int],
              decode: Decode) -> list[int]:
         """Append a step's tokens up to the first stop; returns the ones taken. `proposed` drafts of
